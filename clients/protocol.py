@@ -1,0 +1,181 @@
+"""The environment-server wire protocol: every request and response body, defined once.
+
+Both the servers (`services/`) and the clients (`clients/http.py`, the rollout workers) import
+these models, so the two sides cannot drift apart. Images travel as PNG data URLs
+(`data:image/png;base64,...`), the same strings that go into OpenAI `image_url` parts and into
+SGLang's `image_data`.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PROTOCOL_VERSION = "1"
+
+
+class _Strict(BaseModel):
+    """Base for request bodies: unknown fields are an error, not silently dropped."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- observations and chat messages ----------------------------------------------------------
+
+
+class Observation(BaseModel):
+    """What the environment shows the agent: text, images (data URLs) and free-form metadata."""
+
+    text: str = ""
+    images: list[str] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class ImageURL(BaseModel):
+    url: str
+
+
+class TextPart(BaseModel):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ImagePart(BaseModel):
+    type: Literal["image_url"] = "image_url"
+    image_url: ImageURL
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
+class Message(BaseModel):
+    """An OpenAI-compatible chat message; `content` is a string or a list of content parts."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | list[ContentPart]
+
+
+# --- endpoint bodies --------------------------------------------------------------------------
+
+
+class ResetRequest(_Strict):
+    seed: int | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+    session_id: str | None = Field(default=None, min_length=1, max_length=128)
+    format: bool = False
+
+
+class ResetResponse(BaseModel):
+    session_id: str
+    observation: Observation
+    info: dict[str, Any] = Field(default_factory=dict)
+    message: Message | None = None
+
+
+class StepRequest(_Strict):
+    session_id: str = Field(min_length=1, max_length=128)
+    action: str
+    request_id: str | None = Field(default=None, min_length=1, max_length=128)
+    format: bool = False
+
+
+class StepResponse(BaseModel):
+    observation: Observation
+    reward: float
+    done: bool
+    info: dict[str, Any] = Field(default_factory=dict)
+    message: Message | None = None
+
+
+class FormatRequest(_Strict):
+    observation: Observation
+
+
+class FormatResponse(BaseModel):
+    message: Message
+
+
+class Limits(BaseModel):
+    """The server's bounds, published in `/info` so clients can size their requests."""
+
+    max_sessions: int
+    session_ttl_s: float
+    max_body_bytes: int
+    max_image_bytes: int
+    max_image_pixels: int
+    max_action_chars: int
+
+
+class InfoResponse(BaseModel):
+    name: str
+    version: str
+    description: str
+    system_prompt: str
+    action_format: str
+    config_schema: dict[str, Any]
+    limits: Limits
+    protocol_version: str = PROTOCOL_VERSION
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class ReadyResponse(BaseModel):
+    ready: bool
+    active_sessions: int
+    max_sessions: int
+    draining: bool
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+class ErrorCode(str, Enum):
+    """Machine-readable error codes; each maps to one HTTP status."""
+
+    BAD_REQUEST = "bad_request"
+    INVALID_OPTIONS = "invalid_options"
+    VALIDATION_ERROR = "validation_error"
+    INVALID_IMAGE = "invalid_image"
+    UNAUTHORIZED = "unauthorized"
+    NOT_FOUND = "not_found"
+    SESSION_NOT_FOUND = "session_not_found"
+    EPISODE_DONE = "episode_done"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    AT_CAPACITY = "at_capacity"
+    DRAINING = "draining"
+    INTERNAL = "internal_error"
+
+
+ERROR_STATUS: dict[ErrorCode, int] = {
+    ErrorCode.BAD_REQUEST: 400,
+    ErrorCode.INVALID_OPTIONS: 422,
+    ErrorCode.VALIDATION_ERROR: 422,
+    ErrorCode.INVALID_IMAGE: 422,
+    ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.SESSION_NOT_FOUND: 404,
+    ErrorCode.EPISODE_DONE: 409,
+    ErrorCode.PAYLOAD_TOO_LARGE: 413,
+    ErrorCode.AT_CAPACITY: 503,
+    ErrorCode.DRAINING: 503,
+    ErrorCode.INTERNAL: 500,
+}
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorResponse(BaseModel):
+    """Every non-2xx body: `{"error": {"code": ..., "message": ...}}`."""
+
+    error: ErrorDetail
+
+    @classmethod
+    def of(cls, code: ErrorCode | str, message: str) -> ErrorResponse:
+        return cls(error=ErrorDetail(code=ErrorCode(code).value, message=message))
