@@ -1,0 +1,105 @@
+"""Start real servers for tests: processes on free loopback ports, always torn down."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+
+import httpx
+
+
+def free_port() -> int:
+    """Ask the kernel for a free TCP port on loopback."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Poll `url` until it answers 2xx; fail early if `proc` died, and never wait past `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with code {proc.returncode} before {url} answered")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1.0).is_success:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} did not answer within {timeout}s")
+
+
+@contextlib.contextmanager
+def running_process(
+    args: Sequence[str],
+    ready_url: str | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 60.0,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run `args` as a child process (waiting for `ready_url` if given) and stop it afterwards."""
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.Popen(list(args), env=full_env, start_new_session=True)
+    try:
+        if ready_url is not None:
+            wait_http(ready_url, timeout=timeout, proc=proc)
+        yield proc
+    finally:
+        stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    """SIGTERM the process group, then SIGKILL it if it outlives `grace` seconds."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=grace)
+
+
+def vistarl_cmd(*args: str) -> list[str]:
+    """The `vistarl` CLI as a command line, run with this interpreter."""
+    return [sys.executable, "-m", "cli.main", *args]
+
+
+@contextlib.contextmanager
+def redis_server(port: int | None = None) -> Iterator[str]:
+    """A private `redis-server` on a free port, yielding its URL; falls back to $REDIS_URL."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        url = os.environ.get("REDIS_URL")
+        if not url:
+            raise RuntimeError("no redis-server binary and REDIS_URL is not set")
+        yield url
+        return
+    port = port or free_port()
+    with tempfile.TemporaryDirectory() as workdir:
+        args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        proc = subprocess.Popen([*args, "--dir", workdir], stdout=subprocess.DEVNULL, start_new_session=True)
+        try:
+            _wait_tcp(port, proc)
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            stop_process(proc)
+
+
+def _wait_tcp(port: int, proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with code {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"port {port} did not open within {timeout}s")
