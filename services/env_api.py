@@ -1,0 +1,84 @@
+"""The in-process environment contract that every environment package implements.
+
+An environment package (e.g. `services.sokoban`) exposes:
+- `build_env(sample=None, args=None, **config) -> Env`, the seeds' hook;
+- `ENV_FACTORY: EnvFactory`, which the server framework and the rollout loop use.
+
+Observations in process are `{"text": str, "images": [PIL.Image]}`; the server encodes images to
+data URLs at the boundary.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypedDict
+
+from PIL import Image
+from pydantic import BaseModel
+
+
+class EnvObservation(TypedDict):
+    text: str
+    images: list[Image.Image]
+
+
+class Env(Protocol):
+    """One episode's worth of environment state."""
+
+    def reset(self) -> tuple[EnvObservation, dict[str, Any]]:
+        """Start the episode; return the first observation and info."""
+        ...
+
+    def step(self, response_text: str) -> tuple[EnvObservation, bool, dict[str, Any]]:
+        """Apply the model's full response; `info["reward"]` holds the turn reward."""
+        ...
+
+    def format_observation(self, obs: EnvObservation) -> dict[str, Any]:
+        """Turn an observation into an OpenAI-style user message (images as PIL or data URLs)."""
+        ...
+
+    def close(self) -> None:
+        """Release resources; safe to call twice."""
+        ...
+
+
+@dataclass(frozen=True)
+class EnvFactory:
+    """Everything a server needs to host one environment: metadata plus a constructor.
+
+    `options_model` validates the `options` of `/reset` (it should forbid unknown fields, so a
+    typo is a 422 naming the field). `create(options, seed)` builds a fresh env for a session.
+    """
+
+    name: str
+    version: str
+    description: str
+    system_prompt: str
+    action_format: str
+    options_model: type[BaseModel]
+    create: Callable[[BaseModel, int | None], Env]
+
+    def config_schema(self) -> dict[str, Any]:
+        """The JSON schema of the env options, as published in `/info`."""
+        return self.options_model.model_json_schema()
+
+
+ENV_MODULES: dict[str, str] = {
+    "sokoban": "services.sokoban",
+}
+
+
+def load_env_factory(name_or_module: str) -> EnvFactory:
+    """Resolve a registered env name (`sokoban`) or an import path to its `ENV_FACTORY`."""
+    module_path = ENV_MODULES.get(name_or_module, name_or_module)
+    try:
+        module = importlib.import_module(module_path)
+    except ModuleNotFoundError as exc:
+        known = ", ".join(sorted(ENV_MODULES))
+        raise ValueError(f"unknown environment {name_or_module!r} (known: {known})") from exc
+    factory = getattr(module, "ENV_FACTORY", None)
+    if not isinstance(factory, EnvFactory):
+        raise ValueError(f"module {module_path!r} has no ENV_FACTORY of type EnvFactory")
+    return factory
