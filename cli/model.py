@@ -1,0 +1,29 @@
+"""`vistarl model ...`: model checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import cast
+
+import typer
+
+model_app = typer.Typer(help="Model checkpoints.", no_args_is_help=True)
+
+
+@model_app.command("tiny")
+def tiny(
+    out: Path = typer.Option(..., "--out", help="Directory to write the checkpoint into."),
+    arch: str = typer.Option("qwen2_5_vl", "--arch", help="qwen2_5_vl or qwen3_vl."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random initialisation."),
+) -> None:
+    """Write a tiny random-init Qwen-VL checkpoint (real tokenizer and template) for CPU runs and tests."""
+    from trainer.tiny_checkpoint import ARCHS, Arch, write_tiny_checkpoint
+
+    if arch not in ARCHS:
+        raise typer.BadParameter(f"choose one of {', '.join(ARCHS)}", param_hint="--arch")
+    path = write_tiny_checkpoint(out, cast(Arch, arch), seed)
+    typer.echo(f"wrote tiny {arch} checkpoint to {path}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(model_app, name="model")
