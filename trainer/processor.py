@@ -1,0 +1,149 @@
+"""Qwen-VL text + image processing for rollout and training, without torchvision.
+
+`VLProcessor` pairs the checkpoint's tokenizer with its image processor (the PIL backend) and
+answers the questions the two token tracks need: how many `<|image_pad|>` tokens an image expands
+to (from its size alone, so the rollout never touches pixels), and the `pixel_values` /
+`image_grid_thw` a forward pass needs.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+from transformers import AutoImageProcessor, AutoTokenizer, PreTrainedTokenizerBase
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+from clients.images import decode_image
+
+ImageLike = str | Image.Image
+Grid = tuple[int, int, int]
+
+# Bounds on images that reach the processor from environments: far above any VLM input size.
+MAX_IMAGE_BYTES = 32 * 1024 * 1024
+MAX_IMAGE_PIXELS = 64 * 1024 * 1024
+_HEADER_CHARS = 4096  # base64 characters read for a header: a multiple of 4
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    """The Qwen chat and vision special-token ids, read from the tokenizer."""
+
+    im_start: int
+    im_end: int
+    vision_start: int
+    vision_end: int
+    image_pad: int
+    newline: int
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: PreTrainedTokenizerBase) -> SpecialIds:
+        def token_id(text: str) -> int:
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            if len(ids) != 1:
+                raise ValueError(f"tokenizer encodes {text!r} as {ids}, expected one token")
+            return int(ids[0])
+
+        return cls(
+            im_start=token_id("<|im_start|>"),
+            im_end=token_id("<|im_end|>"),
+            vision_start=token_id("<|vision_start|>"),
+            vision_end=token_id("<|vision_end|>"),
+            image_pad=token_id("<|image_pad|>"),
+            newline=token_id("\n"),
+        )
+
+
+@dataclass(frozen=True)
+class PixelInputs:
+    """What the vision tower consumes: flattened patches and one (t, h, w) row per image."""
+
+    pixel_values: torch.Tensor
+    image_grid_thw: torch.Tensor
+
+
+class VLProcessor:
+    """Tokenizer + image processor of one checkpoint, loaded through `from_pretrained`."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, image_processor: object) -> None:
+        self.tokenizer = tokenizer
+        self.image_processor = image_processor
+        self.ids = SpecialIds.from_tokenizer(tokenizer)
+        self.patch_size = int(image_processor.patch_size)  # type: ignore[attr-defined]
+        self.merge_size = int(image_processor.merge_size)  # type: ignore[attr-defined]
+        size = image_processor.size  # type: ignore[attr-defined]
+        self.min_pixels = int(size["shortest_edge"])
+        self.max_pixels = int(size["longest_edge"])
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> VLProcessor:
+        """Load from a checkpoint directory (tiny or real Qwen2.5-VL / Qwen3-VL)."""
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        image_processor = AutoImageProcessor.from_pretrained(str(path), backend="pil")
+        return cls(tokenizer, image_processor)
+
+    def grid_for_size(self, height: int, width: int) -> Grid:
+        """The (t, h, w) patch grid of a still image of this size, after Qwen's smart resize."""
+        factor = self.patch_size * self.merge_size
+        h, w = smart_resize(height, width, factor, min_pixels=self.min_pixels, max_pixels=self.max_pixels)
+        return (1, h // self.patch_size, w // self.patch_size)
+
+    def image_grid(self, image: ImageLike) -> Grid:
+        """The patch grid of an image, reading only its header when given a data URL."""
+        if isinstance(image, Image.Image):
+            return self.grid_for_size(image.height, image.width)
+        width, height = image_size(image)
+        return self.grid_for_size(height, width)
+
+    def num_image_tokens(self, grid: Sequence[int]) -> int:
+        """How many `<|image_pad|>` tokens an image with this grid expands to: t·h·w / merge²."""
+        t, h, w = grid
+        return t * h * w // (self.merge_size**2)
+
+    def expand_image_pads(self, ids: Sequence[int], grids: Sequence[Sequence[int]]) -> list[int]:
+        """Replace the single pad of image k by `num_image_tokens(grids[k])` pads."""
+        out: list[int] = []
+        k = 0
+        for token in ids:
+            if token != self.ids.image_pad:
+                out.append(token)
+                continue
+            if k >= len(grids):
+                raise ValueError(f"more image pads than images ({len(grids)})")
+            out.extend([token] * self.num_image_tokens(grids[k]))
+            k += 1
+        if k != len(grids):
+            raise ValueError(f"{k} image pads for {len(grids)} images")
+        return out
+
+    def pixel_inputs(self, images: Sequence[ImageLike]) -> PixelInputs:
+        """Preprocess images (in pad order) into `pixel_values` and `image_grid_thw`."""
+        pil = [load_image(img) for img in images]
+        out = self.image_processor(images=pil, return_tensors="pt")  # type: ignore[operator]
+        return PixelInputs(pixel_values=out["pixel_values"], image_grid_thw=out["image_grid_thw"])
+
+
+def load_image(image: ImageLike) -> Image.Image:
+    """A PIL image from a PIL image or a data URL, decoded within the project's size limits."""
+    if isinstance(image, Image.Image):
+        return image.convert("RGB") if image.mode != "RGB" else image
+    return decode_image(image, max_bytes=MAX_IMAGE_BYTES, max_pixels=MAX_IMAGE_PIXELS).convert("RGB")
+
+
+def image_size(data_url: str) -> tuple[int, int]:
+    """(width, height) of an encoded image, read from its header without decoding the pixels.
+
+    PNG and most JPEG headers sit in the first few kilobytes; anything else is fully decoded
+    (within limits) instead.
+    """
+    payload = data_url.split(",", 1)[1] if data_url.startswith("data:") else data_url
+    try:
+        with Image.open(io.BytesIO(base64.b64decode(payload[:_HEADER_CHARS]))) as img:
+            return img.size
+    except (OSError, ValueError):
+        return load_image(data_url).size
