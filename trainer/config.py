@@ -1,0 +1,348 @@
+"""The training run's configuration: one typed model, loaded from YAML plus dotted `--set` overrides.
+
+Every section forbids unknown keys, so a typo in a config file or an override is an error that names
+the key instead of a silently ignored setting. `load_config` turns pydantic's errors into one
+`ConfigError` whose lines each start with the dotted path of the offending field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+AdvantageEstimator = Literal["grpo", "dr_grpo", "gae", "mc", "turn_gae"]
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+KLType = Literal["k1", "k2", "k3"]
+
+CRITIC_ESTIMATORS: frozenset[str] = frozenset({"gae", "turn_gae"})
+GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "dr_grpo"})
+
+_ENGINE_RE = re.compile(r"^(?P<kind>hf|sglang)(?::(?P<url>https?://\S+))?$")
+_IMPORT_PATH_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*([.:][A-Za-z_]\w*)$")
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; the message names every bad field."""
+
+
+class _Section(BaseModel):
+    """Base of every section: unknown keys are errors, and assignments are validated too."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    """The policy checkpoint: a local directory (nothing is downloaded) and how to load it."""
+
+    path: str = "runs/tiny-qwen2_5_vl"
+    arch: Literal["auto", "qwen2_5_vl", "qwen3_vl"] = "auto"
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    gradient_checkpointing: bool = True
+    freeze_vision: bool = False
+
+
+class EnvConfig(_Section):
+    """Which environment to train against: in process by name/import path, or remote by URL."""
+
+    name: str = Field(default="sokoban", min_length=1)
+    url: str | None = Field(default=None, pattern=r"^https?://\S+$")
+    options: dict[str, Any] = Field(default_factory=dict)
+    reward_path: str | None = None
+    eval_seeds: tuple[int, int] = (100_000, 100_032)
+
+    @field_validator("reward_path")
+    @classmethod
+    def _import_path(cls, value: str | None) -> str | None:
+        """A reward function is named `package.module:function` (or `package.module.function`)."""
+        if value is not None and not _IMPORT_PATH_RE.match(value):
+            raise ValueError(f"{value!r} is not an import path like 'package.module:function'")
+        return value
+
+    @field_validator("eval_seeds")
+    @classmethod
+    def _seed_range(cls, value: tuple[int, int]) -> tuple[int, int]:
+        """Evaluation seeds are the half-open range [start, stop) and must not be empty."""
+        if value[0] >= value[1]:
+            raise ValueError(f"[start, stop) must have start < stop, got {list(value)}")
+        return value
+
+    @property
+    def eval_seed_range(self) -> range:
+        """The evaluation seeds as a `range`."""
+        return range(*self.eval_seeds)
+
+
+class RolloutConfig(_Section):
+    """How episodes are generated: group sizes, budgets, sampling, engine and queue."""
+
+    n_samples_per_prompt: int = Field(default=4, ge=1)
+    rollout_batch_size: int = Field(default=4, ge=1, description="prompts (groups) per training step")
+    max_turns: int = Field(default=8, ge=1)
+    rollout_max_response_len: int = Field(default=1536, ge=1, description="generated tokens per episode")
+    max_new_tokens: int = Field(default=512, ge=1, description="generated tokens per turn")
+    rollout_max_context_len: int = Field(default=8192, ge=1)
+    rollout_temperature: float = Field(default=1.0, gt=0)
+    rollout_top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=-1, ge=-1, description="-1 disables top-k")
+    concurrency: int = Field(default=8, ge=1, description="episodes in flight per worker")
+    engine: str = "hf"
+    queue: str | None = Field(default=None, pattern=r"^(redis|rediss|unix)://\S+$")
+    namespace: str = Field(default="vistarl", min_length=1, pattern=r"^[\w.-]+$")
+    max_staleness: int = Field(default=0, ge=0, description="policy versions a trajectory may lag behind")
+    async_mode: bool = False
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_spec(cls, value: str) -> str:
+        """`hf` (embedded), `hf:URL` or `sglang:URL`; SGLang only runs as a server."""
+        match = _ENGINE_RE.match(value)
+        if match is None or (match["kind"] == "sglang" and match["url"] is None):
+            raise ValueError(f"{value!r} is not 'hf', 'hf:http://host:port' or 'sglang:http://host:port'")
+        return value
+
+    @model_validator(mode="after")
+    def _budgets(self) -> RolloutConfig:
+        """The per-turn budget fits in the episode budget, which fits in the context."""
+        if self.max_new_tokens > self.rollout_max_response_len:
+            raise ValueError(
+                f"max_new_tokens ({self.max_new_tokens}) exceeds "
+                f"rollout_max_response_len ({self.rollout_max_response_len})"
+            )
+        if self.rollout_max_response_len >= self.rollout_max_context_len:
+            raise ValueError(
+                f"rollout_max_response_len ({self.rollout_max_response_len}) must be below "
+                f"rollout_max_context_len ({self.rollout_max_context_len})"
+            )
+        return self
+
+    @property
+    def engine_kind(self) -> Literal["hf", "sglang"]:
+        """The engine family named by `engine`."""
+        return "sglang" if self.engine.startswith("sglang") else "hf"
+
+    @property
+    def engine_url(self) -> str | None:
+        """The engine server's URL, or None for the embedded engine."""
+        match = _ENGINE_RE.match(self.engine)
+        return match["url"] if match else None
+
+    @property
+    def samples_per_step(self) -> int:
+        """Trajectories per training step: prompts times samples per prompt."""
+        return self.rollout_batch_size * self.n_samples_per_prompt
+
+
+class AlgoConfig(_Section):
+    """The RL algorithm: advantage estimator, PPO clipping, KL, entropy and TIS."""
+
+    advantage_estimator: AdvantageEstimator = "grpo"
+    gamma: float = Field(default=1.0, ge=0, le=1, description="token-level discount")
+    lam: float = Field(default=1.0, ge=0, le=1, description="GAE lambda")
+    gamma_turn: float = Field(default=0.95, ge=0, le=1, description="turn-level discount (turn_gae)")
+    eps_clip: float = Field(default=0.2, gt=0, lt=1)
+    eps_clip_high: float = Field(default=0.2, gt=0)
+    dual_clip_c: float | None = Field(default=3.0, gt=1, description="None disables dual clip")
+    value_clip: float = Field(default=0.2, gt=0)
+    loss_agg_mode: LossAggMode = "token-mean"
+    kl_loss_coef: float = Field(default=0.0, ge=0)
+    kl_loss_type: KLType = "k3"
+    entropy_coef: float = Field(default=0.0, ge=0)
+    tis_cap: float | None = Field(default=2.0, gt=0, description="None disables TIS")
+    ppo_epochs: int = Field(default=1, ge=1)
+
+    @property
+    def use_kl(self) -> bool:
+        """A reference model is loaded only when the KL loss has weight."""
+        return self.kl_loss_coef > 0
+
+    @property
+    def needs_critic(self) -> bool:
+        """GAE-style estimators need a value model."""
+        return self.advantage_estimator in CRITIC_ESTIMATORS
+
+
+class OptimConfig(_Section):
+    """AdamW settings for the actor (and the critic, with its own learning rate)."""
+
+    lr: float = Field(default=1e-6, gt=0)
+    critic_lr: float = Field(default=1e-5, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = Field(default=1.0, gt=0)
+    warmup_steps: int = Field(default=0, ge=0)
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, value: tuple[float, float]) -> tuple[float, float]:
+        """Adam's betas lie in [0, 1)."""
+        if not all(0 <= beta < 1 for beta in value):
+            raise ValueError(f"each beta must be in [0, 1), got {list(value)}")
+        return value
+
+
+class TrainLoopConfig(_Section):
+    """The training loop: length, batch sizes, seed, checkpoints and the run directory."""
+
+    steps: int = Field(default=100, ge=1)
+    global_batch_size: int = Field(default=16, ge=1, description="trajectories per optimizer step")
+    micro_batch_tokens: int = Field(
+        default=16384, ge=1, description="token budget of one micro-batch per rank"
+    )
+    seed: int = 0
+    save_every: int = Field(default=0, ge=0, description="0: save only at the end")
+    eval_every: int = Field(default=0, ge=0, description="0: never evaluate")
+    run_dir: Path = Path("runs/default")
+    resume: bool = False
+
+
+class LogConfig(_Section):
+    """Where metrics go: TensorBoard under the run directory and, optionally, Weights & Biases."""
+
+    tensorboard: bool = True
+    wandb_project: str | None = None
+
+
+class TrainConfig(_Section):
+    """A whole training run."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    train: TrainLoopConfig = Field(default_factory=TrainLoopConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+
+    @model_validator(mode="after")
+    def _cross_section(self) -> TrainConfig:
+        """Batch sizes fit together, and group baselines have a group to compare against."""
+        samples = self.rollout.samples_per_step
+        if samples % self.train.global_batch_size:
+            raise ValueError(
+                f"train.global_batch_size ({self.train.global_batch_size}) must divide "
+                f"rollout.rollout_batch_size * rollout.n_samples_per_prompt ({samples})"
+            )
+        if self.algo.advantage_estimator in GROUP_ESTIMATORS and self.rollout.n_samples_per_prompt < 2:
+            raise ValueError(
+                f"algo.advantage_estimator={self.algo.advantage_estimator} needs "
+                f"rollout.n_samples_per_prompt >= 2 (got {self.rollout.n_samples_per_prompt})"
+            )
+        return self
+
+
+def load_config(path: str | Path | None, overrides: list[str]) -> TrainConfig:
+    """Read `path` (None: all defaults), apply `section.key=value` overrides, and validate."""
+    raw = _read_yaml(Path(path)) if path is not None else {}
+    for item in overrides:
+        keys, value = parse_override(item)
+        _set_dotted(raw, keys, value, item)
+    try:
+        return TrainConfig.model_validate(raw)
+    except ValidationError as exc:
+        source = str(path) if path is not None else "defaults"
+        lines = [_describe_error(error) for error in exc.errors()]
+        raise ConfigError(f"invalid config ({source}):\n  " + "\n  ".join(lines)) from None
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """Split `a.b.c=value` into its checked key path and the value parsed as a YAML scalar or list."""
+    dotted, sep, text = item.partition("=")
+    keys = dotted.strip().split(".")
+    if not sep or not all(keys):
+        raise ConfigError(f"override {item!r} must look like section.key=value")
+    _check_key_path(keys, item)
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {item!r}: the value is not valid YAML ({exc})") from None
+    return keys, value
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    """Load a YAML mapping from `path`; an empty file is an empty mapping."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections, not {type(data).__name__}")
+    return data
+
+
+def _check_key_path(keys: list[str], item: str) -> None:
+    """Walk `keys` through the config schema; unknown keys and keys below a plain value are errors."""
+    model: type[BaseModel] = TrainConfig
+    for depth, key in enumerate(keys):
+        dotted = ".".join(keys[: depth + 1])
+        field = model.model_fields.get(key)
+        if field is None:
+            raise ConfigError(f"override {item!r}: unknown key {dotted!r}{_suggest(key, model)}")
+        annotation = field.annotation
+        if typing.get_origin(annotation) is dict:
+            return
+        if not _is_section(annotation):
+            if depth < len(keys) - 1:
+                raise ConfigError(f"override {item!r}: {dotted!r} is a value, not a section")
+            return
+        model = annotation
+
+
+def _set_dotted(raw: dict[str, Any], keys: list[str], value: Any, item: str) -> None:
+    """Set `raw[k0][k1]...[kn] = value`, creating the sections that the file left out."""
+    node = raw
+    for depth, key in enumerate(keys[:-1]):
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            dotted = ".".join(keys[: depth + 1])
+            raise ConfigError(f"override {item!r}: {dotted!r} in the config file is not a mapping")
+        node = child
+    node[keys[-1]] = value
+
+
+def _describe_error(error: Any) -> str:
+    """One line per pydantic error: the dotted field path, then what is wrong with it."""
+    loc = tuple(str(part) for part in error["loc"])
+    where = ".".join(loc)
+    if error["type"] == "extra_forbidden":
+        return f"{where}: unknown key{_suggest(loc[-1], _model_at(loc[:-1]))}"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if not where:
+        return message
+    if error["type"] == "value_error":
+        return f"{where}: {message}"
+    return f"{where}: {message} (got {error['input']!r})"
+
+
+def _model_at(loc: tuple[str, ...]) -> type[BaseModel] | None:
+    """The section model at a dotted location, or None below a plain value or free-form mapping."""
+    model: type[BaseModel] = TrainConfig
+    for key in loc:
+        field = model.model_fields.get(key)
+        annotation = field.annotation if field is not None else None
+        if not _is_section(annotation):
+            return None
+        model = annotation
+    return model
+
+
+def _is_section(annotation: Any) -> typing.TypeGuard[type[BaseModel]]:
+    """Whether a field's annotation is a nested section model."""
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _suggest(key: str, model: type[BaseModel] | None) -> str:
+    """A ` (did you mean ...?)` hint naming the closest valid key, or nothing."""
+    if model is None:
+        return ""
+    close = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else ""
