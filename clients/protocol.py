@@ -143,6 +143,7 @@ class ErrorCode(str, Enum):
     UNAUTHORIZED = "unauthorized"
     NOT_FOUND = "not_found"
     SESSION_NOT_FOUND = "session_not_found"
+    SESSION_EXISTS = "session_exists"
     EPISODE_DONE = "episode_done"
     PAYLOAD_TOO_LARGE = "payload_too_large"
     AT_CAPACITY = "at_capacity"
@@ -158,6 +159,7 @@ ERROR_STATUS: dict[ErrorCode, int] = {
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.SESSION_NOT_FOUND: 404,
+    ErrorCode.SESSION_EXISTS: 409,
     ErrorCode.EPISODE_DONE: 409,
     ErrorCode.PAYLOAD_TOO_LARGE: 413,
     ErrorCode.AT_CAPACITY: 503,

@@ -1,0 +1,104 @@
+"""The image codec of the wire protocol: PIL image <-> base64 data URL, with hard size limits.
+
+Images travel as `data:image/png;base64,...` strings (the form OpenAI `image_url` parts and SGLang's
+`image_data` take). Decoding checks every limit before doing the expensive work: the base64 length
+before decoding it, and the header's pixel count before decompressing the pixels.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+
+from PIL import Image
+
+from clients.errors import ImageError
+
+__all__ = [
+    "DEFAULT_MAX_IMAGE_BYTES",
+    "DEFAULT_MAX_IMAGE_PIXELS",
+    "ImageError",
+    "decode_image",
+    "encode_image",
+]
+
+DEFAULT_MAX_IMAGE_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096
+
+_MEDIA_TYPES = {"image/png": "PNG", "image/jpeg": "JPEG", "image/jpg": "JPEG", "image/webp": "WEBP"}
+_FORMATS = tuple(sorted(set(_MEDIA_TYPES.values())))
+_PNG_MODES = {"1", "L", "LA", "P", "RGB", "RGBA", "I", "I;16"}
+
+
+def encode_image(img: Image.Image) -> str:
+    """Encode `img` as a PNG data URL; compress_level=1 trades a little size for much faster encoding."""
+    if img.mode not in _PNG_MODES:
+        img = img.convert("RGBA" if "A" in img.getbands() else "RGB")
+    buf = io.BytesIO()
+    img.save(buf, format="PNG", compress_level=1)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def decode_image(
+    data_url: str,
+    *,
+    max_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+) -> Image.Image:
+    """Decode a PNG/JPEG/WebP data URL (or bare base64) into a loaded PIL image, enforcing both limits.
+
+    Raises `ImageError` (a `ValueError`) with a message saying which check failed.
+    """
+    payload = _base64_payload(data_url)
+    max_b64_chars = 4 * -(-max_bytes // 3)
+    if len(payload) > max_b64_chars:
+        raise ImageError(
+            f"image payload too large: about {len(payload) * 3 // 4} bytes, limit is {max_bytes} bytes"
+        )
+    try:
+        raw = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ImageError(f"invalid base64 in image payload: {exc}") from None
+    if len(raw) > max_bytes:
+        raise ImageError(f"image payload too large: {len(raw)} bytes, limit is {max_bytes} bytes")
+    return _open_checked(raw, max_pixels)
+
+
+def _base64_payload(data_url: str) -> str:
+    """The base64 part of a `data:<image type>;base64,<payload>` URL; other strings are bare base64."""
+    if not isinstance(data_url, str):
+        raise ImageError(f"image must be a data URL string, got {type(data_url).__name__}")
+    text = data_url.strip()
+    if not text.startswith("data:"):
+        return text
+    header, sep, payload = text.partition(",")
+    if not sep:
+        raise ImageError("malformed data URL: no ',' between header and payload")
+    params = header[len("data:") :].split(";")
+    media_type = params[0].strip().lower()
+    if media_type not in _MEDIA_TYPES:
+        allowed = ", ".join(sorted(_MEDIA_TYPES))
+        raise ImageError(f"unsupported media type {media_type or '(none)'!r} in data URL; expected {allowed}")
+    if params[-1].strip().lower() != "base64":
+        raise ImageError("data URL is not base64-encoded (missing ';base64')")
+    return payload
+
+
+def _open_checked(raw: bytes, max_pixels: int) -> Image.Image:
+    """Open `raw` as PNG/JPEG/WebP, check the header's size against `max_pixels`, then decode the pixels."""
+    try:
+        img = Image.open(io.BytesIO(raw), formats=_FORMATS)
+    except Image.DecompressionBombError as exc:
+        raise ImageError(f"image too large: {exc}") from None
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise ImageError(f"payload is not a PNG, JPEG or WebP image: {exc}") from None
+    width, height = img.size
+    if width * height > max_pixels:
+        pixels = width * height
+        raise ImageError(f"image too large: {width}x{height} = {pixels} pixels, limit is {max_pixels}")
+    try:
+        img.load()
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        raise ImageError(f"corrupt or truncated {img.format} image: {exc}") from None
+    return img
