@@ -1,0 +1,115 @@
+"""The environment server: `create_app(env_factory, settings)` serves one env over the wire protocol.
+
+Endpoints (see docs/server.md): POST /reset, POST /step, POST /format, DELETE /sessions/{id},
+GET /info, GET /health, GET /ready, GET /metrics. Session rules live in `services.sessions`, error
+shapes in `services.errors`, auth in `services.security`; this module only wires them together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Response
+
+from clients.protocol import (
+    FormatRequest,
+    FormatResponse,
+    HealthResponse,
+    InfoResponse,
+    ReadyResponse,
+    ResetRequest,
+    ResetResponse,
+    StepRequest,
+    StepResponse,
+)
+from services.env_api import EnvFactory
+from services.errors import install_error_handlers
+from services.metrics import ServerMetrics
+from services.security import BearerAuthMiddleware, BodySizeLimitMiddleware
+from services.sessions import SessionManager
+from services.settings import ServerSettings
+
+
+def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) -> FastAPI:
+    """A FastAPI app hosting sessions of `env_factory`, bounded and configured by `settings`."""
+    settings = settings or ServerSettings()
+    metrics = ServerMetrics()
+    manager = SessionManager(env_factory, settings, metrics)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        """Run the idle reaper while serving; on shutdown drain, stop the reaper and close every env."""
+        reaper = asyncio.create_task(manager.run_reaper(), name="vistarl-session-reaper")
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
+            await manager.shutdown()
+
+    app = FastAPI(
+        title=f"vistarl environment: {env_factory.name}",
+        version=env_factory.version,
+        description=env_factory.description,
+        lifespan=lifespan,
+    )
+    install_error_handlers(app, metrics)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=metrics)
+    if settings.api_token is not None:  # added last, so it runs first: no body is read before auth
+        app.add_middleware(BearerAuthMiddleware, token=settings.api_token.get_secret_value(), metrics=metrics)
+
+    info = InfoResponse(
+        name=env_factory.name,
+        version=env_factory.version,
+        description=env_factory.description,
+        system_prompt=env_factory.system_prompt,
+        action_format=env_factory.action_format,
+        config_schema=env_factory.config_schema(),
+        limits=settings.limits(),
+    )
+
+    @app.post("/reset")
+    async def reset(request: ResetRequest) -> ResetResponse:
+        """Start an episode; returns the session id and the first observation."""
+        return await manager.reset(request)
+
+    @app.post("/step")
+    async def step(request: StepRequest) -> StepResponse:
+        """Apply one action to a session."""
+        return await manager.step(request)
+
+    @app.post("/format")
+    async def format_observation(request: FormatRequest) -> FormatResponse:
+        """Turn an observation into the env's chat message."""
+        return await manager.format(request)
+
+    @app.delete("/sessions/{session_id}", status_code=204)
+    async def delete_session(session_id: str) -> Response:
+        """End a session and free its slot."""
+        await manager.close(session_id)
+        return Response(status_code=204)
+
+    @app.get("/info")
+    async def get_info() -> InfoResponse:
+        """What this env is, how to talk to it, and the server's limits."""
+        return info
+
+    @app.get("/health")
+    async def health() -> HealthResponse:
+        """Liveness: the process answers."""
+        return HealthResponse()
+
+    @app.get("/ready")
+    async def ready() -> ReadyResponse:
+        """Readiness: 503 while draining or at capacity."""
+        return await manager.ready()
+
+    @app.get("/metrics")
+    async def get_metrics() -> Response:
+        """Prometheus text exposition of this server's registry."""
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    return app

@@ -1,0 +1,48 @@
+"""Prometheus metrics of one environment server, kept in a registry of its own.
+
+A per-app `CollectorRegistry` lets several servers live in one process (tests, embedded use) without
+their metric names colliding in the global registry.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class ServerMetrics:
+    """The counters, gauge and histogram that `GET /metrics` exposes."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.active_sessions = Gauge(
+            "vistarl_env_active_sessions", "Sessions currently held by this server.", registry=self.registry
+        )
+        self.resets = Counter("vistarl_env_resets", "Episodes started with /reset.", registry=self.registry)
+        self.steps = Counter("vistarl_env_steps", "Environment steps taken.", registry=self.registry)
+        self.step_seconds = Histogram(
+            "vistarl_env_step_seconds",
+            "Time spent in one environment step, including image encoding.",
+            buckets=STEP_BUCKETS,
+            registry=self.registry,
+        )
+        self.expired_sessions = Counter(
+            "vistarl_env_expired_sessions", "Sessions closed by the idle reaper.", registry=self.registry
+        )
+        self.errors = Counter(
+            "vistarl_env_errors", "Error answers, by error code.", ["code"], registry=self.registry
+        )
+
+    def render(self) -> bytes:
+        """The registry in the Prometheus text format."""
+        return generate_latest(self.registry)

@@ -1,0 +1,401 @@
+"""Sessions of an environment server: the store they live in and the manager that runs their envs.
+
+`SessionManager` owns the rules: bounded capacity, one step at a time per session (an `asyncio.Lock`),
+different sessions in parallel (env code runs in a bounded thread pool, never on the event loop),
+idempotent retries by `request_id`, an idle-TTL reaper, and a bound on every env call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import anyio
+import anyio.to_thread
+from pydantic import BaseModel, ValidationError
+
+from clients.images import ImageError
+from clients.protocol import (
+    ErrorCode,
+    FormatRequest,
+    FormatResponse,
+    Message,
+    ReadyResponse,
+    ResetRequest,
+    ResetResponse,
+    StepRequest,
+    StepResponse,
+)
+from services.encoding import json_safe, message_to_wire, observation_from_wire, observation_to_wire
+from services.env_api import Env, EnvFactory
+from services.errors import ServiceError, describe_validation_errors
+from services.metrics import ServerMetrics
+from services.settings import ServerSettings
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class Session:
+    """One live episode: its env, whether it ended, and the answers kept for retried steps."""
+
+    id: str
+    env: Env
+    done: bool = False
+    closed: bool = False
+    last_active: float = field(default_factory=time.monotonic)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    answers: OrderedDict[str, StepResponse] = field(default_factory=OrderedDict)
+
+    def remember(self, request_id: str, answer: StepResponse, limit: int) -> None:
+        """Keep `answer` for retries of `request_id`, forgetting the oldest beyond `limit`."""
+        self.answers[request_id] = answer
+        while len(self.answers) > limit:
+            self.answers.popitem(last=False)
+
+    def idle_seconds(self) -> float:
+        """Seconds since the session was last stored."""
+        return time.monotonic() - self.last_active
+
+
+class SessionStore(Protocol):
+    """Where sessions live between requests.
+
+    The in-memory store keeps live `Session` objects. A shared store (Redis) would serialize a session's
+    env state and answer cache in `put` and rebuild the session in `get` (which is why the manager calls
+    `put` after every change), lock through Redis, and let key TTLs do the expiry.
+    """
+
+    async def get(self, session_id: str) -> Session | None:
+        """The session, or None if unknown."""
+        ...
+
+    async def put(self, session: Session) -> None:
+        """Insert or update a session and restart its idle clock."""
+        ...
+
+    async def delete(self, session_id: str) -> Session | None:
+        """Remove a session; returns it, or None if it was not there."""
+        ...
+
+    async def count(self) -> int:
+        """How many sessions are stored."""
+        ...
+
+    async def sessions(self) -> list[Session]:
+        """Every stored session."""
+        ...
+
+    async def expired(self, idle_s: float) -> list[Session]:
+        """The sessions idle for longer than `idle_s` seconds."""
+        ...
+
+
+class InMemorySessionStore:
+    """A `SessionStore` in a dict: live envs, one process."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, Session] = {}
+
+    async def get(self, session_id: str) -> Session | None:
+        return self._sessions.get(session_id)
+
+    async def put(self, session: Session) -> None:
+        session.last_active = time.monotonic()
+        self._sessions[session.id] = session
+
+    async def delete(self, session_id: str) -> Session | None:
+        return self._sessions.pop(session_id, None)
+
+    async def count(self) -> int:
+        return len(self._sessions)
+
+    async def sessions(self) -> list[Session]:
+        return list(self._sessions.values())
+
+    async def expired(self, idle_s: float) -> list[Session]:
+        return [s for s in self._sessions.values() if s.idle_seconds() > idle_s]
+
+
+class SessionManager:
+    """Runs reset/step/format/close for the server, enforcing capacity, ordering, retries and timeouts."""
+
+    def __init__(
+        self,
+        factory: EnvFactory,
+        settings: ServerSettings,
+        metrics: ServerMetrics,
+        store: SessionStore | None = None,
+    ) -> None:
+        self.factory = factory
+        self.settings = settings
+        self.metrics = metrics
+        self.store: SessionStore = store or InMemorySessionStore()
+        self.draining = False
+        self._limiter = anyio.CapacityLimiter(settings.env_threads)
+        self._admission = asyncio.Lock()
+        self._reserved: set[str] = set()
+        self._formatter: Env | None = None
+        self._formatter_lock = asyncio.Lock()
+
+    # --- endpoints ------------------------------------------------------------------------------
+
+    async def reset(self, request: ResetRequest) -> ResetResponse:
+        """Start an episode in a new session; 409 if a chosen `session_id` is taken, 503 when full."""
+        options = self._validate_options(request.options)
+        session_id = request.session_id or uuid.uuid4().hex
+        await self._reserve(session_id)
+        try:
+            env, response = await self._env_call(
+                "reset", _start_episode, self.factory, options, request.seed, session_id, request.format
+            )
+            await self.store.put(Session(id=session_id, env=env))
+        finally:
+            self._reserved.discard(session_id)
+        self.metrics.resets.inc()
+        await self._update_gauge()
+        return response
+
+    async def step(self, request: StepRequest) -> StepResponse:
+        """Step a session; a retried `request_id` gets the stored answer instead of a second step."""
+        if len(request.action) > self.settings.max_action_chars:
+            raise ServiceError(
+                ErrorCode.VALIDATION_ERROR,
+                f"action has {len(request.action)} characters; the limit is {self.settings.max_action_chars}",
+            )
+        session = await self._session(request.session_id)
+        async with session.lock:
+            if session.closed:
+                raise _not_found(session.id)
+            if request.request_id is not None and request.request_id in session.answers:
+                return session.answers[request.request_id]
+            if session.done:
+                raise ServiceError(ErrorCode.EPISODE_DONE, f"episode of session {session.id} is done; reset")
+            started = time.perf_counter()
+            try:
+                answer = await self._env_call("step", _take_step, session.env, request.action, request.format)
+            except EnvTimeoutError as exc:  # the env may still be running: it cannot be trusted again
+                await self._retire(session, close_env=False)
+                raise ServiceError(exc.code, f"{exc.message}; session {session.id} was closed") from None
+            self.metrics.step_seconds.observe(time.perf_counter() - started)
+            self.metrics.steps.inc()
+            session.done = answer.done
+            if request.request_id is not None:
+                session.remember(request.request_id, answer, self.settings.idempotency_cache_size)
+            await self.store.put(session)
+        return answer
+
+    async def format(self, request: FormatRequest) -> FormatResponse:
+        """Format a client's observation as a chat message; its images are decoded within the limits."""
+        env = await self._formatter_env()
+        limits = (self.settings.max_image_bytes, self.settings.max_image_pixels)
+        message = await self._env_call("format", _format_observation, env, request, *limits)
+        return FormatResponse(message=message)
+
+    async def close(self, session_id: str) -> None:
+        """End a session and close its env (after any step in flight); 404 if unknown."""
+        session = await self._session(session_id)
+        async with session.lock:
+            if session.closed:
+                raise _not_found(session_id)
+            await self._retire(session)
+
+    async def ready(self) -> ReadyResponse:
+        """Readiness; 503 while draining or at capacity, so a load balancer routes elsewhere."""
+        active = await self.store.count()
+        if self.draining:
+            raise ServiceError(ErrorCode.DRAINING, "server is shutting down", self._retry_after())
+        if active + len(self._reserved) >= self.settings.max_sessions:
+            message = f"at capacity: {active} of {self.settings.max_sessions} sessions in use"
+            raise ServiceError(ErrorCode.AT_CAPACITY, message, self._retry_after())
+        return ReadyResponse(
+            ready=True, active_sessions=active, max_sessions=self.settings.max_sessions, draining=False
+        )
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    async def run_reaper(self) -> None:
+        """Reap idle sessions every `reaper_interval_s`, forever; a failed round is logged, not fatal."""
+        while True:
+            await anyio.sleep(self.settings.reaper_interval_s)
+            try:
+                await self.reap_expired()
+            except Exception:
+                logger.exception("session reaper round failed")
+
+    async def reap_expired(self) -> int:
+        """Close the sessions idle past the TTL (skipping any with a step in flight); returns how many."""
+        reaped = 0
+        for session in await self.store.expired(self.settings.session_ttl_s):
+            if session.lock.locked():
+                continue
+            async with session.lock:
+                if session.closed or session.idle_seconds() <= self.settings.session_ttl_s:
+                    continue
+                await self._retire(session)
+                reaped += 1
+        if reaped:
+            logger.info("reaped %d idle sessions", reaped)
+            self.metrics.expired_sessions.inc(reaped)
+        return reaped
+
+    async def shutdown(self) -> None:
+        """Refuse new episodes, then close every env (bounded by `shutdown_timeout_s`)."""
+        self.draining = True
+        with anyio.move_on_after(self.settings.shutdown_timeout_s):
+            for session in await self.store.sessions():
+                await self._retire(session)
+            if self._formatter is not None:
+                await self._close_env(self._formatter)
+                self._formatter = None
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    def _validate_options(self, raw: dict[str, Any]) -> BaseModel:
+        """The env options as the env's options model; 422 naming each bad field."""
+        try:
+            return self.factory.options_model.model_validate(raw)
+        except ValidationError as exc:
+            message = describe_validation_errors(exc.errors(), prefix="options")
+            raise ServiceError(ErrorCode.INVALID_OPTIONS, message) from None
+
+    async def _reserve(self, session_id: str) -> None:
+        """Claim a slot and the id for a session being created, or refuse (draining, taken, full)."""
+        async with self._admission:
+            if self.draining:
+                raise ServiceError(ErrorCode.DRAINING, "server is shutting down", self._retry_after())
+            if session_id in self._reserved or await self.store.get(session_id) is not None:
+                raise ServiceError(
+                    ErrorCode.SESSION_EXISTS,
+                    f"session {session_id} already exists; delete it or pick another id",
+                )
+            active = await self.store.count() + len(self._reserved)
+            if active >= self.settings.max_sessions:
+                raise ServiceError(
+                    ErrorCode.AT_CAPACITY,
+                    f"at capacity: {active} of {self.settings.max_sessions} sessions in use; retry later",
+                    self._retry_after(),
+                )
+            self._reserved.add(session_id)
+
+    async def _session(self, session_id: str) -> Session:
+        """The stored session, or 404."""
+        session = await self.store.get(session_id)
+        if session is None:
+            raise _not_found(session_id)
+        return session
+
+    async def _retire(self, session: Session, close_env: bool = True) -> None:
+        """Remove a session (caller holds its lock or the server is stopping) and close its env."""
+        session.closed = True
+        await self.store.delete(session.id)
+        await self._update_gauge()
+        if close_env:
+            await self._close_env(session.env)
+
+    async def _close_env(self, env: Env) -> None:
+        """Close an env in the pool; a failing or hanging close is logged (by `_env_call`), never raised."""
+        with contextlib.suppress(ServiceError):
+            await self._env_call("close", env.close)
+
+    async def _formatter_env(self) -> Env:
+        """The env that serves `/format`: built once, with default options, on first use."""
+        async with self._formatter_lock:
+            if self._formatter is None:
+                self._formatter = await self._env_call("format", _default_env, self.factory)
+            return self._formatter
+
+    async def _env_call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        """Run env code in the bounded pool within `env_timeout_s`; its failures become 500 `ServiceError`s.
+
+        A `ServiceError` raised by `fn` passes unchanged. A timeout abandons the thread (threads cannot be
+        killed) and raises `EnvTimeoutError`.
+        """
+        with anyio.move_on_after(self.settings.env_timeout_s):
+            try:
+                return await anyio.to_thread.run_sync(
+                    fn, *args, limiter=self._limiter, abandon_on_cancel=True
+                )
+            except ServiceError:
+                raise
+            except Exception as exc:
+                logger.error("env %s failed", what, exc_info=exc)
+                message = f"environment {what} failed: {type(exc).__name__}: {exc}"
+                raise ServiceError(ErrorCode.INTERNAL, message) from exc
+        logger.error("env %s exceeded %ss", what, self.settings.env_timeout_s)
+        raise EnvTimeoutError(f"environment {what} exceeded {self.settings.env_timeout_s}s")
+
+    async def _update_gauge(self) -> None:
+        self.metrics.active_sessions.set(await self.store.count())
+
+    def _retry_after(self) -> dict[str, str]:
+        return {"Retry-After": str(self.settings.retry_after_s)}
+
+
+class EnvTimeoutError(ServiceError):
+    """An env call that overran `env_timeout_s` (a 500)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.INTERNAL, message)
+
+
+def _not_found(session_id: str) -> ServiceError:
+    return ServiceError(ErrorCode.SESSION_NOT_FOUND, f"unknown or expired session {session_id}")
+
+
+# --- env work, run in the thread pool -------------------------------------------------------------
+
+
+def _start_episode(
+    factory: EnvFactory, options: BaseModel, seed: int | None, session_id: str, with_message: bool
+) -> tuple[Env, ResetResponse]:
+    """Build and reset an env; the env's own ValueError on its options is the caller's fault (422)."""
+    try:
+        env = factory.create(options, seed)
+    except ValueError as exc:
+        raise ServiceError(ErrorCode.INVALID_OPTIONS, f"options rejected by {factory.name}: {exc}") from exc
+    try:
+        obs, info = env.reset()
+        message = message_to_wire(env.format_observation(obs)) if with_message else None
+        response = ResetResponse(
+            session_id=session_id, observation=observation_to_wire(obs), info=json_safe(info), message=message
+        )
+    except BaseException:
+        env.close()
+        raise
+    return env, response
+
+
+def _default_env(factory: EnvFactory) -> Env:
+    """An env with default options and no seed (serves `/format`)."""
+    return factory.create(factory.options_model.model_validate({}), None)
+
+
+def _take_step(env: Env, action: str, with_message: bool) -> StepResponse:
+    """One env step, encoded for the wire; the turn reward is `info["reward"]`."""
+    obs, done, info = env.step(action)
+    return StepResponse(
+        observation=observation_to_wire(obs),
+        reward=float(info.get("reward", 0.0)),
+        done=bool(done),
+        info=json_safe(info),
+        message=message_to_wire(env.format_observation(obs)) if with_message else None,
+    )
+
+
+def _format_observation(env: Env, request: FormatRequest, max_bytes: int, max_pixels: int) -> Message:
+    """Decode the observation's images within the limits (422 otherwise) and format it with `env`."""
+    try:
+        obs = observation_from_wire(request.observation, max_bytes=max_bytes, max_pixels=max_pixels)
+    except ImageError as exc:
+        raise ServiceError(ErrorCode.INVALID_IMAGE, str(exc)) from None
+    return message_to_wire(env.format_observation(obs))

@@ -1,0 +1,56 @@
+"""Environment-server settings: one pydantic model, filled from CLI flags and `VISTARL_*` variables.
+
+Precedence, highest first: values passed to `ServerSettings(...)` (the CLI flags), then environment
+variables (`VISTARL_MAX_SESSIONS=64`, `VISTARL_API_TOKEN=...`), then the defaults below.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from clients.protocol import Limits
+
+LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
+
+
+class ServerSettings(BaseSettings):
+    """How one environment server listens, how many sessions it keeps, and the bounds it enforces."""
+
+    model_config = SettingsConfigDict(env_prefix="VISTARL_", env_ignore_empty=True, extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    log_level: LogLevel = "info"
+
+    max_sessions: int = Field(default=256, ge=1, description="Live sessions; more resets get 503.")
+    session_ttl_s: float = Field(default=600.0, gt=0, description="Idle time after which a session expires.")
+    reaper_interval_s: float = Field(default=10.0, gt=0, description="How often expired sessions are reaped.")
+    retry_after_s: int = Field(default=1, ge=1, description="The Retry-After header of 503 answers.")
+
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="Request body limit (413).")
+    max_image_bytes: int = Field(default=8 * 1024 * 1024, ge=1, description="Decoded size of one image.")
+    max_image_pixels: int = Field(default=4096 * 4096, ge=1, description="Width x height of one image.")
+    max_action_chars: int = Field(default=32_768, ge=1, description="Length of a step's action (422).")
+
+    idempotency_cache_size: int = Field(default=64, ge=1, description="Stored step answers per session.")
+    env_threads: int = Field(default=32, ge=1, description="Threads that run env code off the event loop.")
+    env_timeout_s: float = Field(default=60.0, gt=0, description="Bound on one env call (reset/step/format).")
+    shutdown_timeout_s: float = Field(
+        default=10.0, gt=0, description="Grace for in-flight requests and close."
+    )
+
+    api_token: SecretStr | None = Field(default=None, description="Bearer token required on all but /health.")
+
+    def limits(self) -> Limits:
+        """The bounds published in `GET /info`."""
+        return Limits(
+            max_sessions=self.max_sessions,
+            session_ttl_s=self.session_ttl_s,
+            max_body_bytes=self.max_body_bytes,
+            max_image_bytes=self.max_image_bytes,
+            max_image_pixels=self.max_image_pixels,
+            max_action_chars=self.max_action_chars,
+        )

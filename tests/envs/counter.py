@@ -1,0 +1,99 @@
+"""A tiny test environment: count to `target` by sending "inc".
+
+Loaded by import path (`load_env_factory("tests.envs.counter")`). Each observation carries a small
+image whose colour encodes the count, so image encoding is exercised. `step_delay_s` makes every step
+sleep (for concurrency and slow-episode tests), `fail_on` makes a step raise (for crash handling),
+`refuse` makes the constructor reject its options, and `close_marker` names a file that `close()` creates
+(to observe shutdown).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.env_api import EnvFactory, EnvObservation
+
+BAD_ACTION_PENALTY = -0.1
+
+
+class CounterOptions(BaseModel):
+    """Options of the counter env; unknown fields are rejected."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target: int = Field(default=3, ge=1, le=1000, description="Count at which the episode ends.")
+    step_delay_s: float = Field(default=0.0, ge=0.0, le=60.0, description="Sleep inside every step.")
+    image_size: int = Field(default=8, ge=1, le=512, description="Side of the square observation image.")
+    fail_on: str | None = Field(default=None, description="An action that makes the step raise.")
+    close_marker: str | None = Field(default=None, description="A file created when the env is closed.")
+    refuse: str | None = Field(default=None, description="Makes the constructor raise ValueError(refuse).")
+
+
+class CounterEnv:
+    """Counts "inc" actions; anything else is answered with feedback and a penalty, as a game would."""
+
+    def __init__(self, options: CounterOptions, seed: int | None) -> None:
+        if options.refuse is not None:
+            raise ValueError(options.refuse)
+        self.options = options
+        self.start = seed or 0
+        self.count = self.start
+        self.steps = 0
+        self.total_reward = 0.0
+
+    def reset(self) -> tuple[EnvObservation, dict[str, Any]]:
+        self.count, self.steps, self.total_reward = self.start, 0, 0.0
+        return self._observe("start"), {"target": self.options.target}
+
+    def step(self, response_text: str) -> tuple[EnvObservation, bool, dict[str, Any]]:
+        if self.options.step_delay_s:
+            time.sleep(self.options.step_delay_s)
+        if self.options.fail_on is not None and response_text == self.options.fail_on:
+            raise RuntimeError(f"counter env was told to fail on {response_text!r}")
+        self.steps += 1
+        valid = response_text.strip().lower() == "inc"
+        reward = 1.0 if valid else BAD_ACTION_PENALTY
+        self.count += int(valid)
+        self.total_reward += reward
+        done = self.count >= self.options.target
+        info: dict[str, Any] = {"reward": reward, "valid": valid}
+        if done:
+            info["episode_reward"] = self.total_reward
+            info["metrics"] = {"steps": self.steps, "success": 1.0}
+        return self._observe("ok" if valid else f"unknown action {response_text[:20]!r}"), done, info
+
+    def format_observation(self, obs: EnvObservation) -> dict[str, Any]:
+        images = [{"type": "image_url", "image_url": {"url": image}} for image in obs["images"]]
+        return {"role": "user", "content": [*images, {"type": "text", "text": obs["text"]}]}
+
+    def close(self) -> None:
+        if self.options.close_marker is not None:
+            Path(self.options.close_marker).touch()
+
+    def _observe(self, feedback: str) -> EnvObservation:
+        """Text with the count and step number, plus an image whose red channel is the count."""
+        side = self.options.image_size
+        image = Image.new("RGB", (side, side), (self.count % 256, 0, 0))
+        text = f"count={self.count} steps={self.steps} target={self.options.target} ({feedback})"
+        return EnvObservation(text=text, images=[image])
+
+
+def _create(options: BaseModel, seed: int | None) -> CounterEnv:
+    assert isinstance(options, CounterOptions)
+    return CounterEnv(options, seed)
+
+
+ENV_FACTORY = EnvFactory(
+    name="counter",
+    version="1.0",
+    description="Count to a target by sending 'inc'.",
+    system_prompt="You are counting. Answer with 'inc' to add one.",
+    action_format="inc",
+    options_model=CounterOptions,
+    create=_create,
+)

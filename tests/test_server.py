@@ -1,0 +1,305 @@
+"""The environment server over a real socket: every endpoint, every error path, concurrency and retries.
+
+One `vistarl serve tests.envs.counter` process serves the whole module; each test opens its own sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
+
+from clients.images import decode_image, encode_image
+from clients.protocol import ErrorResponse, InfoResponse, ResetResponse, StepResponse
+from tests.envs.counter import BAD_ACTION_PENALTY, CounterOptions
+from tests.envs.serving import counter_server
+
+MAX_BODY = 64 * 1024
+MAX_ACTION = 1000
+MAX_PIXELS = 64 * 64
+TIMEOUT = 30.0
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    """The server: body and image limits from flags and env vars, small enough to hit in tests."""
+    env = {"VISTARL_MAX_ACTION_CHARS": str(MAX_ACTION), "VISTARL_MAX_IMAGE_PIXELS": str(MAX_PIXELS)}
+    with counter_server("--max-body-bytes", str(MAX_BODY), "--max-sessions", "100", env=env) as base:
+        yield base
+
+
+@pytest.fixture
+def http(url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=url, timeout=TIMEOUT) as client:
+        yield client
+
+
+def reset(http: httpx.Client, **body: Any) -> ResetResponse:
+    response = http.post("/reset", json=body)
+    assert response.status_code == 200, response.text
+    return ResetResponse.model_validate(response.json())
+
+
+def step(http: httpx.Client, session_id: str, action: str = "inc", **body: Any) -> StepResponse:
+    response = http.post("/step", json={"session_id": session_id, "action": action, **body})
+    assert response.status_code == 200, response.text
+    return StepResponse.model_validate(response.json())
+
+
+def assert_error(response: httpx.Response, status: int, code: str, *mentions: str) -> ErrorResponse:
+    """The response is an `ErrorResponse` with this status and code whose message names `mentions`."""
+    assert response.status_code == status, response.text
+    error = ErrorResponse.model_validate(response.json())
+    assert error.error.code == code
+    for word in mentions:
+        assert word in error.error.message
+    return error
+
+
+def metric_values(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Prometheus text as {(sample name, sorted labels): value}."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+# --- info, health, reset, step ---------------------------------------------------------------------
+
+
+def test_info_describes_the_env_and_the_limits(http: httpx.Client) -> None:
+    info = InfoResponse.model_validate(http.get("/info").json())
+    assert info.name == "counter"
+    assert info.action_format == "inc"
+    assert "You are counting" in info.system_prompt
+    assert set(info.config_schema["properties"]) == set(CounterOptions.model_fields)
+    assert info.config_schema["additionalProperties"] is False
+    assert info.limits.max_body_bytes == MAX_BODY  # from a CLI flag
+    assert info.limits.max_image_pixels == MAX_PIXELS  # from a VISTARL_* variable
+    assert info.limits.max_action_chars == MAX_ACTION
+    assert info.limits.max_sessions == 100
+
+
+def test_health_and_ready(http: httpx.Client) -> None:
+    assert http.get("/health").json() == {"status": "ok"}
+    ready = http.get("/ready")
+    assert ready.status_code == 200
+    assert ready.json()["ready"] is True
+    assert ready.json()["max_sessions"] == 100
+
+
+def test_reset_encodes_images_and_formats_a_message(http: httpx.Client) -> None:
+    first = reset(http, seed=5, options={"image_size": 12, "target": 10}, format=True)
+    assert first.observation.text.startswith("count=5 steps=0")
+    image = decode_image(first.observation.images[0], max_bytes=1 << 20, max_pixels=1 << 20)
+    assert image.size == (12, 12)
+    assert image.convert("RGB").getpixel((0, 0)) == (5, 0, 0)
+    assert first.info == {"target": 10}
+    assert first.message is not None
+    parts = first.message.model_dump()["content"]
+    assert parts[0] == {"type": "image_url", "image_url": {"url": first.observation.images[0]}}
+    assert parts[-1] == {"type": "text", "text": first.observation.text}
+    other = reset(http)
+    assert other.session_id != first.session_id
+    assert other.message is None
+
+
+def test_an_episode_runs_to_done_and_then_refuses_steps(http: httpx.Client) -> None:
+    session = reset(http, options={"target": 2}).session_id
+    assert step(http, session).reward == 1.0
+    bad = step(http, session, action="jump")  # a bad action is the env's business, not an HTTP error
+    assert bad.reward == pytest.approx(BAD_ACTION_PENALTY)
+    assert bad.done is False
+    assert "unknown action" in bad.observation.text
+    last = step(http, session, format=True)
+    assert last.done is True
+    assert last.info["episode_reward"] == pytest.approx(2.0 + BAD_ACTION_PENALTY)
+    assert last.info["metrics"] == {"steps": 3, "success": 1.0}
+    assert last.message is not None
+    after = http.post("/step", json={"session_id": session, "action": "inc"})
+    assert_error(after, 409, "episode_done", session)
+
+
+def test_delete_frees_the_session(http: httpx.Client) -> None:
+    session = reset(http).session_id
+    assert http.delete(f"/sessions/{session}").status_code == 204
+    assert_error(http.delete(f"/sessions/{session}"), 404, "session_not_found", session)
+    assert_error(http.post("/step", json={"session_id": session, "action": "inc"}), 404, "session_not_found")
+
+
+def test_client_chosen_session_id_and_its_conflict(http: httpx.Client) -> None:
+    chosen = f"mine-{time.monotonic_ns()}"
+    assert reset(http, session_id=chosen).session_id == chosen
+    assert step(http, chosen).observation.text.startswith("count=1")
+    assert_error(http.post("/reset", json={"session_id": chosen}), 409, "session_exists", chosen)
+    http.delete(f"/sessions/{chosen}")
+    assert reset(http, session_id=chosen).observation.text.startswith("count=0")
+
+
+# --- input errors ----------------------------------------------------------------------------------
+
+
+def test_unknown_session_is_404(http: httpx.Client) -> None:
+    assert_error(http.post("/step", json={"session_id": "nope", "action": "inc"}), 404, "session_not_found")
+
+
+def test_options_are_validated_naming_the_field(http: httpx.Client) -> None:
+    assert_error(http.post("/reset", json={"options": {"targt": 3}}), 422, "invalid_options", "options.targt")
+    assert_error(
+        http.post("/reset", json={"options": {"target": 0}}), 422, "invalid_options", "options.target"
+    )
+    slow = http.post("/reset", json={"options": {"step_delay_s": "slow"}})
+    assert_error(slow, 422, "invalid_options", "options.step_delay_s")
+    refused = http.post("/reset", json={"options": {"refuse": "no level fits"}})  # the env's own ValueError
+    assert_error(refused, 422, "invalid_options", "no level fits")
+
+
+def test_malformed_and_invalid_bodies(http: httpx.Client) -> None:
+    headers = {"content-type": "application/json"}
+    assert_error(http.post("/step", content=b'{"session_id": ', headers=headers), 400, "bad_request", "JSON")
+    assert_error(http.post("/step", json={"session_id": "x"}), 422, "validation_error", "body.action")
+    assert_error(http.post("/reset", json={"seed": "one"}), 422, "validation_error", "body.seed")
+    assert_error(http.post("/reset", json={"sed": 1}), 422, "validation_error", "body.sed")
+
+
+def test_unknown_route_and_method(http: httpx.Client) -> None:
+    assert_error(http.get("/nowhere"), 404, "not_found")
+    assert_error(http.get("/reset"), 405, "bad_request")
+
+
+def test_action_longer_than_the_limit_is_422(http: httpx.Client) -> None:
+    session = reset(http).session_id
+    long = http.post("/step", json={"session_id": session, "action": "x" * (MAX_ACTION + 1)})
+    assert_error(long, 422, "validation_error", str(MAX_ACTION))
+    assert step(http, session, action="x" * MAX_ACTION).reward == pytest.approx(BAD_ACTION_PENALTY)
+
+
+def test_body_over_the_limit_is_413(http: httpx.Client) -> None:
+    body = b'{"session_id": "s", "action": "' + b"x" * MAX_BODY + b'"}'
+    assert_error(
+        http.post("/step", content=body, headers={"content-type": "application/json"}),
+        413,
+        "payload_too_large",
+    )
+
+    def chunks() -> Iterator[bytes]:  # streamed without Content-Length: counted as it arrives
+        for start in range(0, len(body), 4096):
+            yield body[start : start + 4096]
+
+    chunked = http.post("/step", content=chunks(), headers={"content-type": "application/json"})
+    assert "content-length" not in chunked.request.headers
+    assert_error(chunked, 413, "payload_too_large")
+    assert http.get("/health").status_code == 200
+
+
+# --- /format ---------------------------------------------------------------------------------------
+
+
+def test_format_decodes_and_reencodes_images(http: httpx.Client) -> None:
+    image = Image.new("RGB", (16, 16), (1, 2, 3))
+    response = http.post("/format", json={"observation": {"text": "look", "images": [encode_image(image)]}})
+    assert response.status_code == 200, response.text
+    parts = response.json()["message"]["content"]
+    assert parts[-1] == {"type": "text", "text": "look"}
+    echoed = decode_image(parts[0]["image_url"]["url"], max_bytes=1 << 20, max_pixels=1 << 20)
+    assert echoed.size == (16, 16)
+    assert echoed.convert("RGB").getpixel((3, 3)) == (1, 2, 3)
+
+
+@pytest.mark.parametrize(
+    ("image", "mention"),
+    [
+        ("data:image/png;base64,!!!not-base64!!!", "base64"),
+        ("data:image/png;base64,aGVsbG8gd29ybGQ=", "not a PNG"),
+        (encode_image(Image.new("RGB", (65, 65))), "too large"),
+    ],
+)
+def test_format_rejects_bad_images_with_422(http: httpx.Client, image: str, mention: str) -> None:
+    response = http.post("/format", json={"observation": {"text": "t", "images": [image]}})
+    assert_error(response, 422, "invalid_image", mention)
+
+
+# --- failures, retries, concurrency ------------------------------------------------------------------
+
+
+def test_env_crash_is_500_and_the_server_carries_on(http: httpx.Client) -> None:
+    session = reset(http, options={"fail_on": "boom"}).session_id
+    assert_error(http.post("/step", json={"session_id": session, "action": "boom"}), 500, "internal_error")
+    assert step(http, session).observation.text.startswith("count=1")
+    samples = metric_values(http.get("/metrics").text)
+    assert samples[("vistarl_env_errors_total", (("code", "internal_error"),))] >= 1
+
+
+def test_a_retried_step_returns_the_stored_answer(http: httpx.Client) -> None:
+    session = reset(http).session_id
+    first = step(http, session, request_id="r1")
+    again = step(http, session, request_id="r1")
+    assert again == first
+    assert first.observation.text.startswith("count=1 steps=1")
+    assert step(http, session, request_id="r2").observation.text.startswith("count=2 steps=2")
+
+
+async def test_a_concurrent_duplicate_waits_for_the_first(url: str, http: httpx.Client) -> None:
+    session = reset(http, options={"step_delay_s": 0.5, "target": 10}).session_id
+    body = {"session_id": session, "action": "inc", "request_id": "dup"}
+    async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as client:
+        one, two = await asyncio.gather(client.post("/step", json=body), client.post("/step", json=body))
+    assert one.status_code == two.status_code == 200
+    assert one.json() == two.json()
+    assert one.json()["observation"]["text"].startswith("count=1 steps=1")
+    assert step(http, session).observation.text.startswith("count=2 steps=2")
+
+
+async def test_steps_of_one_session_are_serialized(url: str, http: httpx.Client) -> None:
+    delay, n = 0.2, 5
+    session = reset(http, options={"step_delay_s": delay, "target": 100}).session_id
+    body = {"session_id": session, "action": "inc"}
+    async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as client:
+        started = time.monotonic()
+        answers = await asyncio.gather(*(client.post("/step", json=body) for _ in range(n)))
+        elapsed = time.monotonic() - started
+    counts = sorted(StepResponse.model_validate(a.json()).observation.text.split()[0] for a in answers)
+    assert counts == [f"count={i}" for i in range(1, n + 1)]  # no lost or doubled update
+    assert elapsed >= n * delay  # one at a time, whatever the machine's speed
+
+
+async def test_different_sessions_step_concurrently(url: str, http: httpx.Client) -> None:
+    delay, n = 0.5, 20
+    sessions = [reset(http, options={"step_delay_s": delay}).session_id for _ in range(n)]
+    async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as client:
+        started = time.monotonic()
+        answers = await asyncio.gather(
+            *(client.post("/step", json={"session_id": s, "action": "inc"}) for s in sessions)
+        )
+        elapsed = time.monotonic() - started
+    assert all(a.status_code == 200 for a in answers)
+    assert elapsed < n * delay / 2, f"{n} steps of {delay}s took {elapsed:.1f}s: they did not overlap"
+    for session in sessions:
+        http.delete(f"/sessions/{session}")
+
+
+def test_metrics_count_resets_steps_and_errors(http: httpx.Client) -> None:
+    before = metric_values(http.get("/metrics").text)
+    session = reset(http).session_id
+    step(http, session)
+    step(http, session)
+    http.post("/step", json={"session_id": "missing", "action": "inc"})
+    response = http.get("/metrics")
+    assert response.headers["content-type"].startswith("text/plain")
+    after = metric_values(response.text)
+
+    def grew(name: str, labels: tuple[tuple[str, str], ...] = ()) -> float:
+        return after[(name, labels)] - before.get((name, labels), 0.0)
+
+    assert grew("vistarl_env_resets_total") == 1
+    assert grew("vistarl_env_steps_total") == 2
+    assert grew("vistarl_env_step_seconds_count") == 2
+    assert grew("vistarl_env_errors_total", (("code", "session_not_found"),)) == 1
+    assert after[("vistarl_env_active_sessions", ())] >= 1
