@@ -19,9 +19,27 @@ def _root() -> None:
 
 def _register() -> None:
     """Attach every command group. Heavy imports (torch) stay inside the commands themselves."""
-    from cli import serve
+    from cli import engine, model, serve
 
     serve.register(app)
+    model.register(app)
+    engine.register(app)
+
+    from cli import queue, rollout, worker
+
+    queue.register(app)
+    worker.register(app)
+    rollout.register(app)
+
+    from cli import data, demo, sokoban
+
+    data.register(app)
+    demo.register(app)
+    sokoban.register(app)
+
+    from cli import train
+
+    train.register(app)
 
 
 _register()

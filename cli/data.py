@@ -1,0 +1,68 @@
+"""`vistarl data ...`: build training data sets; `vistarl data sokoban` writes the Sokoban parquet splits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+
+data_app = typer.Typer(help="Build data sets.", no_args_is_help=True)
+
+
+@data_app.command("sokoban")
+def sokoban_command(
+    out: Annotated[Path, typer.Option("--out", help="Directory for train.parquet and test.parquet.")],
+    n_train: Annotated[int, typer.Option("--n-train", min=0, help="Training levels.")] = 1000,
+    n_test: Annotated[int, typer.Option("--n-test", min=0, help="Test levels.")] = 100,
+    seed: Annotated[
+        int, typer.Option("--seed", min=0, help="Base seed (train seeds even, test seeds odd).")
+    ] = 0,
+    grid_size: Annotated[int, typer.Option("--grid-size", help="Grid side, border walls included.")] = 6,
+    num_boxes: Annotated[int, typer.Option("--num-boxes", help="Boxes per level.")] = 1,
+    wall_fraction: Annotated[
+        float, typer.Option("--wall-fraction", help="Chance of an interior wall.")
+    ] = 0.05,
+    min_moves: Annotated[int, typer.Option("--min-moves", help="Shortest optimal solution allowed.")] = 1,
+    max_moves: Annotated[
+        int | None, typer.Option("--max-moves", help="Longest optimal solution allowed.")
+    ] = None,
+    render_mode: Annotated[str, typer.Option("--render-mode", help="vision, text or both.")] = "vision",
+    max_steps: Annotated[int, typer.Option("--max-steps", help="Primitive moves per episode.")] = 100,
+) -> None:
+    """Generate solvable Sokoban levels and write them in the seed's processed parquet schema."""
+    from pydantic import ValidationError
+
+    from services.sokoban.dataset import DatasetError, write_dataset
+    from services.sokoban.options import SokobanOptions
+
+    try:
+        options = SokobanOptions.model_validate(
+            {
+                "grid_size": grid_size,
+                "num_boxes": num_boxes,
+                "wall_fraction": wall_fraction,
+                "min_solution_len": min_moves,
+                "max_solution_len": max_moves,
+                "render_mode": render_mode,
+                "max_steps": max_steps,
+            }
+        )
+    except ValidationError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    console = Console()
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("generating levels", total=n_train + n_test)
+        try:
+            paths = write_dataset(out, n_train, n_test, seed, options, lambda: progress.advance(task))
+        except DatasetError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(1) from None
+    console.print(f"wrote {n_train} rows to {paths['train']} and {n_test} rows to {paths['test']}")
+
+
+def register(app: typer.Typer) -> None:
+    """Attach `vistarl data ...`."""
+    app.add_typer(data_app, name="data")

@@ -1,0 +1,238 @@
+"""`vistarl demo solver`: a scripted agent plays Sokoban against a real server, over HTTP, end to end.
+
+The command starts `vistarl serve sokoban` on a free port, lets an agent that knows the BFS solution send
+it as `<answer>..</answer>` turns of up to three moves through the Python client, prints each episode's
+result, and saves every turn's image (PNG) and a trajectory JSON per episode under the run directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from clients.http import EnvClient
+
+demo_app = typer.Typer(help="End-to-end demonstrations that run on this machine; with no command, `solver`.")
+
+SERVER_START_TIMEOUT_S = 60.0
+SERVER_STOP_GRACE_S = 10.0
+TABLE_COLUMNS = (
+    "episode",
+    "seed",
+    "optimal moves",
+    "turns",
+    "sum of turn rewards",
+    "episode reward",
+    "solved",
+)
+
+
+@dataclass(frozen=True)
+class EpisodeResult:
+    """What one demo episode came to."""
+
+    seed: int
+    optimal_moves: int
+    turns: int
+    total_reward: float
+    episode_reward: float | None
+    success: bool
+
+
+@demo_app.callback(invoke_without_command=True)
+def _default(ctx: typer.Context) -> None:
+    """Run `solver` with its defaults when no command is given."""
+    if ctx.invoked_subcommand is None:
+        solver_command()
+
+
+@demo_app.command("solver")
+def solver_command(
+    levels: Annotated[int, typer.Option("--levels", min=1, max=100, help="Levels to play.")] = 5,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Run directory (default runs/demo-solver-<time>).")
+    ] = None,
+    port: Annotated[int | None, typer.Option("--port", help="Server port (default: a free one).")] = None,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the first level; the next add 1.")] = 0,
+) -> None:
+    """Serve Sokoban, play generated levels with a scripted BFS agent over HTTP, and save what it saw."""
+    from clients.errors import EnvClientError
+    from clients.http import EnvClient
+
+    run_dir = out or Path("runs") / f"demo-solver-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    port = port or _free_port()
+    url = f"http://127.0.0.1:{port}"
+    console = Console()
+    console.print(f"starting vistarl serve sokoban on {url} (log: {run_dir / 'server.log'})")
+    try:
+        with EnvClient(url) as client, _sokoban_server(port, run_dir / "server.log") as server:
+            _wait_healthy(client, server)
+            results = [_play(client, seed + i, run_dir / f"episode-{i:02d}") for i in range(levels)]
+    except (EnvClientError, RuntimeError, TimeoutError) as exc:
+        console.print(f"[red]demo failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+    console.print(_table(results))
+    console.print(f"images and trajectories saved under {run_dir}")
+    if not all(r.success for r in results):
+        raise typer.Exit(1)
+
+
+def _play(client: EnvClient, seed: int, out_dir: Path) -> EpisodeResult:
+    """Play one level: solve the level the server sent, send the moves in turns, save images and JSON."""
+    from services.sokoban.game import Level
+    from services.sokoban.options import SokobanOptions
+    from services.sokoban.solver import solve
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    per_turn = SokobanOptions().max_actions_per_turn
+    with client.episode(seed=seed) as episode:
+        level = Level.from_xsb(episode.info["level"])
+        solution = solve(level)
+        if solution.moves is None:
+            raise RuntimeError(f"seed {seed}: the solver found no solution ({solution.status})")
+        turns: list[dict[str, Any]] = [
+            {"turn": 0, "images": _save_images(episode.observation.images, out_dir, 0), "info": episode.info}
+        ]
+        moves = list(solution.moves)
+        for turn, start in enumerate(range(0, len(moves), per_turn), start=1):
+            action = _answer(moves[start : start + per_turn])
+            result = episode.step(action)
+            turns.append(
+                {
+                    "turn": turn,
+                    "action": action,
+                    "reward": result.reward,
+                    "done": result.done,
+                    "observation_text": result.observation.text,
+                    "images": _save_images(result.observation.images, out_dir, turn),
+                    "info": result.info,
+                }
+            )
+            if result.done:
+                break
+        final = episode.info
+        outcome = EpisodeResult(
+            seed=seed,
+            optimal_moves=len(moves),
+            turns=episode.turns,
+            total_reward=episode.total_reward,
+            episode_reward=final.get("episode_reward"),
+            success=bool(final.get("success")),
+        )
+    trajectory = {"result": asdict(outcome), "level": level.to_xsb(), "solution": moves, "turns": turns}
+    (out_dir / "trajectory.json").write_text(json.dumps(trajectory, indent=2))
+    return outcome
+
+
+def _answer(moves: list[str]) -> str:
+    """The scripted agent's response for one turn, e.g. `<answer>Up, Left</answer>`."""
+    return "<answer>" + ", ".join(move.capitalize() for move in moves) + "</answer>"
+
+
+def _save_images(urls: list[str], out_dir: Path, turn: int) -> list[str]:
+    """Write a turn's images as PNG files; return their names."""
+    from clients.images import decode_image
+
+    names = []
+    for index, url in enumerate(urls):
+        name = f"turn-{turn:02d}-{index}.png"
+        decode_image(url).save(out_dir / name)
+        names.append(name)
+    return names
+
+
+def _table(results: list[EpisodeResult]) -> Table:
+    table = Table(title="Scripted solver on Sokoban over HTTP")
+    for column in TABLE_COLUMNS:
+        table.add_column(column, justify="right")
+    for i, r in enumerate(results):
+        episode_reward = "-" if r.episode_reward is None else f"{r.episode_reward:.2f}"
+        solved = "[green]yes[/green]" if r.success else "[red]no[/red]"
+        table.add_row(
+            str(i),
+            str(r.seed),
+            str(r.optimal_moves),
+            str(r.turns),
+            f"{r.total_reward:.2f}",
+            episode_reward,
+            solved,
+        )
+    return table
+
+
+@contextlib.contextmanager
+def _sokoban_server(port: int, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Run `vistarl serve sokoban` (output to `log_path`) until the block ends, then stop it."""
+    command = [
+        sys.executable,
+        "-m",
+        "cli.main",
+        "serve",
+        "sokoban",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            yield proc
+        finally:
+            _stop(proc)
+
+
+def _wait_healthy(client: EnvClient, proc: subprocess.Popen[bytes]) -> None:
+    """Poll /health until it answers; fail early if the server died, and never wait past the timeout."""
+    from clients.errors import EnvClientError
+
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with code {proc.returncode}; see its log")
+        with contextlib.suppress(EnvClientError):
+            client.health(timeout=1.0)
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"the server did not become healthy within {SERVER_START_TIMEOUT_S:.0f}s")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the server's process group, then SIGKILL it if it is still there after the grace period."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=SERVER_STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=SERVER_STOP_GRACE_S)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def register(app: typer.Typer) -> None:
+    """Attach `vistarl demo ...`."""
+    app.add_typer(demo_app, name="demo")

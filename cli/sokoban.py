@@ -1,0 +1,115 @@
+"""`vistarl sokoban solve`: how many vendored Boxoban levels the solver finishes within a time budget."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+sokoban_app = typer.Typer(
+    help="Sokoban tools: the solver over the vendored Boxoban levels.", no_args_is_help=True
+)
+
+
+@dataclass
+class FileReport:
+    """The solver's tally on one Boxoban file."""
+
+    file: str
+    levels: int
+    attempted: int = 0
+    solved: int = 0
+    seconds: list[float] = field(default_factory=list)
+    moves: list[int] = field(default_factory=list)
+    elapsed: float = 0.0
+
+
+@sokoban_app.command("solve")
+def solve_command(
+    file: Annotated[
+        list[str] | None, typer.Option("--file", help="Boxoban file (repeatable); all three if omitted.")
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, help="Only the first N levels of each file.")
+    ] = None,
+    time_budget: Annotated[
+        float, typer.Option("--time-budget", min=0.1, help="Seconds per file, in all.")
+    ] = 120.0,
+    per_level: Annotated[
+        float, typer.Option("--per-level", min=0.01, help="Seconds per level at most.")
+    ] = 10.0,
+) -> None:
+    """Run the solver over Boxoban levels within a time budget and print the solve rate of each file.
+
+    A level counts as solved only when replaying the solution's moves solves it; levels not reached
+    before the budget runs out count as unsolved.
+    """
+    from services.sokoban.boxoban import BOXOBAN_FILES, boxoban_file_name
+
+    try:
+        files = [boxoban_file_name(name) for name in file] if file else list(BOXOBAN_FILES)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--file") from None
+    console = Console()
+    reports = [_solve_file(name, limit, time_budget, per_level, console) for name in files]
+    console.print(_summary(reports, time_budget, per_level))
+
+
+def _solve_file(
+    name: str, limit: int | None, budget: float, per_level: float, console: Console
+) -> FileReport:
+    """Solve the levels of one file in order until they or the budget run out."""
+    from services.sokoban.boxoban import boxoban_levels
+    from services.sokoban.game import Game
+    from services.sokoban.solver import solve
+
+    levels = boxoban_levels(name)[:limit]
+    report = FileReport(name, len(levels))
+    start = time.monotonic()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task(f"{name}: 0 solved", total=len(levels))
+        for level in levels:
+            remaining = budget - (time.monotonic() - start)
+            if remaining <= 0:
+                break
+            began = time.monotonic()
+            result = solve(level, time_limit=min(per_level, remaining))
+            report.attempted += 1
+            if result.moves is not None and Game(level).play(result.moves):
+                report.solved += 1
+                report.seconds.append(time.monotonic() - began)
+                report.moves.append(len(result.moves))
+            progress.update(task, advance=1, description=f"{name}: {report.solved} solved")
+    report.elapsed = time.monotonic() - start
+    return report
+
+
+def _summary(reports: list[FileReport], budget: float, per_level: float) -> Table:
+    """One row per file: levels, attempted, solved, solve rate, and the solved levels' time and length."""
+    table = Table(title=f"Boxoban solve rate (budget {budget:g} s per file, {per_level:g} s per level)")
+    for column in ("file", "levels", "attempted", "solved", "rate", "median s", "mean moves", "elapsed s"):
+        table.add_column(column, justify="left" if column == "file" else "right")
+    for r in reports:
+        table.add_row(
+            r.file,
+            str(r.levels),
+            str(r.attempted),
+            str(r.solved),
+            f"{r.solved / r.levels:.1%}" if r.levels else "-",
+            f"{statistics.median(r.seconds):.2f}" if r.seconds else "-",
+            f"{statistics.fmean(r.moves):.0f}" if r.moves else "-",
+            f"{r.elapsed:.1f}",
+        )
+    return table
+
+
+def register(app: typer.Typer) -> None:
+    """Attach `vistarl sokoban ...`."""
+    app.add_typer(sokoban_app, name="sokoban")

@@ -1,0 +1,34 @@
+"""The Sokoban environment (seed: slime's multi-turn VLM Sokoban): Python API and server factory."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from services.env_api import EnvFactory
+from services.sokoban.env import SokobanEnv, build_env
+from services.sokoban.options import SokobanOptions
+from services.sokoban.prompt import ACTION_FORMAT, system_prompt
+
+__all__ = ["ENV_FACTORY", "SokobanEnv", "SokobanOptions", "build_env"]
+
+
+def _create(options: BaseModel, seed: int | None) -> SokobanEnv:
+    """The server's constructor: validated options plus the `/reset` seed (used by generated levels)."""
+    if not isinstance(options, SokobanOptions):
+        raise TypeError(f"expected SokobanOptions, got {type(options).__name__}")
+    return SokobanEnv(options, seed)
+
+
+ENV_FACTORY = EnvFactory(
+    name="sokoban",
+    version="1.0.0",
+    description=(
+        "Sokoban (seed rules): push every box onto a target with Up/Down/Left/Right, up to 3 moves per turn. "
+        "Levels are generated from a seed (verified solvable), given as XSB or initial_* fields, or taken "
+        "from the vendored Boxoban files."
+    ),
+    system_prompt=system_prompt(),
+    action_format=ACTION_FORMAT,
+    options_model=SokobanOptions,
+    create=_create,
+)

@@ -1,0 +1,194 @@
+"""The Sokoban environment behind the seeds' hooks: `build_env`, and `SokobanEnv` with reset / step / format.
+
+A turn is one model response: up to `max_actions_per_turn` moves, each scored by the per-move reward
+table; the turn reward is their sum. The episode ends when every box is on a target or after
+`max_steps` primitive moves (blocked moves count). Every step's info carries `metrics`; the final one
+adds `episode_reward` (see `reward.py`).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from PIL import Image
+
+from services.env_api import EnvObservation
+from services.sokoban.actions import parse_actions
+from services.sokoban.game import Game, Level
+from services.sokoban.generator import generate_level
+from services.sokoban.options import SokobanOptions
+from services.sokoban.prompt import observation_text, system_prompt
+from services.sokoban.render import render_image
+from services.sokoban.reward import box_target_distance, episode_reward
+
+
+class SokobanEnv:
+    """One Sokoban level, played as an episode that `reset()` restarts from the same initial state."""
+
+    level: Level
+    turn_rewards: list[float]
+    steps: int
+    valid_actions: int
+    effective_actions: int
+    _game: Game
+    _done: bool
+    _last_actions: list[str]
+
+    def __init__(self, options: SokobanOptions | None = None, seed: int | None = None) -> None:
+        """Fix the level now: the given one, or the one generated from `seed` / `options.seed` / at random."""
+        self.options = options or SokobanOptions()
+        self.seed: int | None = None
+        self.optimal_moves: int | None = None
+        fixed = self.options.fixed_level
+        if fixed is not None:
+            self.level = fixed
+        else:
+            if seed is None:
+                seed = self.options.seed if self.options.seed is not None else secrets.randbelow(2**31)
+            self.seed = seed
+            generated = generate_level(
+                self.seed,
+                self.options.shape,
+                self.options.num_boxes,
+                self.options.wall_fraction,
+                self.options.min_solution_len,
+                self.options.max_moves,
+            )
+            self.level, self.optimal_moves = generated.level, len(generated.solution)
+        self._targets = self.level.targets
+        self._started = False
+        self._new_episode()
+        self.dist0 = self._distance()
+
+    @property
+    def system_prompt(self) -> str:
+        """The system prompt for this env's settings."""
+        return system_prompt(self.options.max_actions_per_turn)
+
+    @property
+    def done(self) -> bool:
+        """True once the episode has ended (solved or out of steps)."""
+        return self._done
+
+    def reset(self) -> tuple[EnvObservation, dict[str, Any]]:
+        """Restart the level; info has the seed, the level as XSB, dist0 and the optimal length if known."""
+        self._new_episode()
+        self._started = True
+        info = {
+            "seed": self.seed,
+            "level": self.level.to_xsb(),
+            "dist0": self.dist0,
+            "optimal_moves": self.optimal_moves,
+            "max_steps": self.options.max_steps,
+        }
+        return self._observation(), info
+
+    def step(self, response_text: str) -> tuple[EnvObservation, bool, dict[str, Any]]:
+        """Play the moves of one response; `info["reward"]` is the turn reward."""
+        if not self._started:
+            raise RuntimeError("call reset() before step()")
+        if self._done:
+            raise RuntimeError("the episode is over; call reset() to play again")
+        actions = parse_actions(response_text, self.options.max_actions_per_turn)
+        reward = 0.0
+        moved = 0
+        taken: list[str] = []
+        for action in actions:
+            result = self._game.move(action)
+            taken.append(action)
+            reward += result.reward
+            moved += result.moved
+            self.steps += 1
+            if self._game.solved or self.steps >= self.options.max_steps:
+                break
+        self.valid_actions += len(taken)
+        self.effective_actions += moved
+        self._last_actions = taken
+        self.turn_rewards.append(reward)
+        solved = self._game.solved
+        self._done = solved or self.steps >= self.options.max_steps
+        metrics = self.metrics()
+        info: dict[str, Any] = {
+            "reward": reward,
+            "actions": taken,
+            "action_is_valid": bool(actions),
+            "action_is_effective": moved > 0,
+            "success": solved,
+            "metrics": metrics,
+        }
+        if self._done:
+            info["episode_reward"] = episode_reward(self.turn_rewards, solved, self.dist0, metrics["dist1"])
+        return self._observation(), self._done, info
+
+    def metrics(self) -> dict[str, Any]:
+        """Episode metrics so far: success, steps, turns, valid/effective action counts, dist0, dist1."""
+        return {
+            "success": self._game.solved,
+            "steps": self.steps,
+            "turns": len(self.turn_rewards),
+            "valid_actions": self.valid_actions,
+            "effective_actions": self.effective_actions,
+            "dist0": self.dist0,
+            "dist1": self._distance(),
+        }
+
+    def render_text(self) -> str:
+        """The current state as XSB text, one line per row."""
+        return self._game.to_xsb()
+
+    def render_image(self) -> Image.Image:
+        """The current state as an RGB image, `cell_size` pixels per cell."""
+        return render_image(self.level.grid, self._game.boxes, self._game.player, self.options.cell_size)
+
+    def format_observation(self, obs: EnvObservation) -> dict[str, Any]:
+        """An OpenAI-style user message: one `image_url` part per image (PIL here), then the text."""
+        content: list[dict[str, Any]] = [
+            {"type": "image_url", "image_url": {"url": image}} for image in obs["images"]
+        ]
+        content.append({"type": "text", "text": obs["text"]})
+        return {"role": "user", "content": content}
+
+    def close(self) -> None:
+        """Nothing to release; present for the Env contract."""
+
+    def _new_episode(self) -> None:
+        """Put the level back in its initial state and zero the episode's counters."""
+        self._game = Game(self.level)
+        self._done = False
+        self._last_actions = []
+        self.turn_rewards = []
+        self.steps = self.valid_actions = self.effective_actions = 0
+
+    def _observation(self) -> EnvObservation:
+        mode = self.options.render_mode
+        grid = self.render_text() if mode in ("text", "both") else None
+        images = [self.render_image()] if mode in ("vision", "both") else []
+        return {"text": observation_text(grid, self._last_actions), "images": images}
+
+    def _distance(self) -> int:
+        return box_target_distance(self._game.boxes, self._targets)
+
+
+def build_env(sample: Any = None, args: Any = None, **config: Any) -> SokobanEnv:
+    """The seeds' hook: an env from a dataset row's `extra_info.env_config`, overridden by `config`.
+
+    `sample` is a processed-dataset row (a mapping) or a rollout sample with a `metadata["env_config"]`;
+    `args` (the trainer's arguments in the seeds) is not needed here.
+    """
+    base = _sample_env_config(sample) if sample is not None else {}
+    return SokobanEnv(SokobanOptions.model_validate({**base, **config}))
+
+
+def _sample_env_config(sample: Any) -> dict[str, Any]:
+    """The env config carried by a dataset row or a rollout sample; a clear error when it is absent."""
+    if isinstance(sample, Mapping):
+        config = (sample.get("extra_info") or {}).get("env_config")
+    else:
+        config = (getattr(sample, "metadata", None) or {}).get("env_config")
+    if not isinstance(config, Mapping):
+        raise ValueError(
+            "sample has no env config: expected extra_info.env_config (or metadata['env_config'])"
+        )
+    return dict(config)

@@ -1,0 +1,64 @@
+"""Sokoban behind a real `vistarl serve sokoban` process, through the Python client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from clients.errors import BadRequestError
+from clients.http import EnvClient
+from clients.images import decode_image
+from services.sokoban.game import Level
+from services.sokoban.solver import solve
+from tests.servers import free_port, running_process, vistarl_cmd
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[EnvClient]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = vistarl_cmd("serve", "sokoban", "--port", str(port), "--log-level", "warning")
+    with (
+        running_process(command, ready_url=f"{url}/health", env={"VISTARL_API_TOKEN": ""}),
+        EnvClient(url) as c,
+    ):
+        yield c
+
+
+def test_an_episode_over_http_ends_with_the_episode_reward(client: EnvClient) -> None:
+    with client.episode(seed=9, options={"render_mode": "both"}, format=True) as episode:
+        assert episode.info["seed"] == 9
+        level = Level.from_xsb(episode.info["level"])
+        assert episode.observation.text.count("\n") > level.shape[0]
+        assert decode_image(episode.observation.images[0]).size == (384, 384)
+        assert episode.message is not None and episode.message.content[0].type == "image_url"
+        moves = solve(level).moves
+        assert moves is not None
+        for start in range(0, len(moves), 3):
+            result = episode.step(f"<answer>{', '.join(moves[start : start + 3])}</answer>")
+        assert result.done and result.info["success"]
+        assert result.info["episode_reward"] == pytest.approx(
+            episode.total_reward / episode.turns + 5 + result.info["metrics"]["dist0"]
+        )
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"num_boxes": 9}, "num_boxes"),
+        ({"xsb": "#####\n#@x.#\n#####"}, "xsb"),
+        ({"boxoban": {"file": "hard_000", "index": 5000}}, "index"),
+        ({"grid_size": 5, "min_solution_len": 90}, "relax the bounds"),
+    ],
+)
+def test_bad_options_are_422_naming_the_problem(client: EnvClient, options: dict, field: str) -> None:
+    with pytest.raises(BadRequestError) as caught:
+        client.reset(options=options)
+    assert caught.value.status == 422 and field in caught.value.message
+
+
+def test_info_publishes_the_options_schema(client: EnvClient) -> None:
+    info = client.info()
+    assert info.name == "sokoban"
+    assert {"seed", "xsb", "boxoban", "render_mode", "max_steps"} <= info.config_schema["properties"].keys()
