@@ -1,8 +1,10 @@
-"""HTTP clients for environment servers: `EnvClient` (blocking) and `AsyncEnvClient` (asyncio), on httpx.
+"""HTTP clients for environment servers: `EnvClient` (blocking, on httpx) and `AsyncEnvClient` (asyncio,
+on aiohttp, whose connection pool stays cheap with hundreds of concurrent requests; see docs/client.md).
 
 Every API call is first described as a `Call` (request, retry safety, decoder) and then run by a
-short I/O loop. The decisions -- whether and when to retry, how a response becomes a model or a
-typed exception -- are pure functions shared by both clients; only the sleeping and sending differ.
+short I/O loop. The decisions -- whether and when to retry, how an answer becomes a model or a
+typed exception -- are pure functions of a library-neutral `Reply` or the library's exception, shared
+by both clients; only the sleeping and sending differ.
 """
 
 from __future__ import annotations
@@ -10,17 +12,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import enum
 import logging
 import os
 import random
 import time
+import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from http import HTTPStatus
 from typing import Any, Generic, TypeVar
-from urllib.parse import quote
 
+import aiohttp
 import httpx
 from pydantic import BaseModel, ValidationError
 
@@ -58,19 +64,71 @@ M = TypeVar("M", bound=BaseModel)
 TOKEN_ENV_VAR = "VISTARL_API_TOKEN"
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_LIMITS = httpx.Limits(max_connections=512, max_keepalive_connections=128, keepalive_expiry=4.0)
+_JSON_CONTENT = {"content-type": "application/json"}
 
-# Failures where the request never reached the server: always safe to resend.
-_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
-# Failures where the server may have acted on the request: resend only idempotent calls.
-_MAYBE_APPLIED = (
+# Failures before the request reached the server (no connection, or none free in time).
+_NOT_SENT: tuple[type[Exception], ...] = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    aiohttp.ConnectionTimeoutError,  # connect or pool wait; a subclass of TimeoutError, so listed first
+    aiohttp.ClientConnectorError,  # DNS, refused, TLS handshake
+)
+# Failures after the request was (maybe partly) sent: the server may have acted on it.
+_MAYBE_APPLIED: tuple[type[Exception], ...] = (
     httpx.ReadTimeout,
     httpx.WriteTimeout,
     httpx.ReadError,
     httpx.WriteError,
     httpx.RemoteProtocolError,
+    asyncio.TimeoutError,  # aiohttp's read timeout, and its total timeout once connected
+    aiohttp.ClientConnectionError,  # server disconnected, connection reset, broken pipe
+    aiohttp.ClientPayloadError,  # the body was cut short
+    aiohttp.ClientResponseError,  # the answer was not valid HTTP
 )
 
-Outcome = httpx.Response | httpx.TransportError
+
+class Delivery(enum.Enum):
+    """How far a request that got no answer went, which decides whether resending it is safe."""
+
+    NOT_SENT = "not sent"  # it never reached the server: always safe to resend
+    MAYBE_APPLIED = "maybe applied"  # the server may have acted on it: resend idempotent calls only
+    FATAL = (
+        "fatal"  # a fault of the request or the setup (bad URL, unsupported scheme): resending cannot help
+    )
+
+
+def delivery(error: Exception) -> Delivery:
+    """Classify a transport exception of httpx or aiohttp by how far its request went."""
+    if isinstance(error, _NOT_SENT):
+        return Delivery.NOT_SENT
+    if isinstance(error, _MAYBE_APPLIED):
+        return Delivery.MAYBE_APPLIED
+    return Delivery.FATAL
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An HTTP answer as the shared logic sees it, whichever library fetched it."""
+
+    status: int
+    body: bytes
+    url: str
+    retry_after: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """A 2xx status."""
+        return 200 <= self.status < 300
+
+    @property
+    def text(self) -> str:
+        """The body as text, for error messages."""
+        return self.body.decode("utf-8", errors="replace")
+
+
+# An attempt ends with an answer or with the transport exception that stopped it.
+Outcome = Reply | Exception
 
 
 @dataclass(frozen=True)
@@ -124,46 +182,53 @@ def retry_delay(
     """
     if attempt >= policy.max_attempts:
         return None
-    if isinstance(outcome, httpx.Response):
-        if outcome.status_code not in policy.retry_statuses:
+    if isinstance(outcome, Reply):
+        if outcome.status not in policy.retry_statuses:
             return None
-        delay = policy.delay(attempt, retry_after_seconds(outcome.headers.get("retry-after")))
-    elif isinstance(outcome, _NOT_SENT) or (idempotent and isinstance(outcome, _MAYBE_APPLIED)):
-        delay = policy.delay(attempt, None)
+        delay = policy.delay(attempt, retry_after_seconds(outcome.retry_after))
     else:
-        return None
+        sent = delivery(outcome)
+        if not (sent is Delivery.NOT_SENT or (idempotent and sent is Delivery.MAYBE_APPLIED)):
+            return None
+        delay = policy.delay(attempt, None)
     return delay if delay < remaining else None
 
 
-def error_from_response(response: httpx.Response) -> EnvServerError:
-    """The typed exception for an error response; a non-JSON or foreign body still gets its status's type."""
+def status_phrase(status: int) -> str:
+    """The standard reason phrase of `status`, or "" for a status outside the standard."""
     try:
-        detail = ErrorResponse.model_validate_json(response.content).error
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
+def error_from_reply(reply: Reply) -> EnvServerError:
+    """The typed exception for an error answer; a non-JSON or foreign body still gets its status's type."""
+    try:
+        detail = ErrorResponse.model_validate_json(reply.body).error
         code, message = detail.code, detail.message
     except ValidationError:
-        code = f"http_{response.status_code}"
-        message = response.text.strip()[:500] or response.reason_phrase
-    return error_for_status(response.status_code, code, message)
+        code = f"http_{reply.status}"
+        message = reply.text.strip()[:500] or status_phrase(reply.status)
+    return error_for_status(reply.status, code, message)
 
 
-def decode_response(response: httpx.Response, model: type[M]) -> M:
+def decode_reply(reply: Reply, model: type[M]) -> M:
     """Validate a success body into `model`; raise the typed exception for an error status."""
-    if not response.is_success:
-        raise error_from_response(response)
+    if not reply.ok:
+        raise error_from_reply(reply)
     try:
-        return model.model_validate_json(response.content)
+        return model.model_validate_json(reply.body)
     except ValidationError as exc:
-        raise ProtocolError(
-            f"{response.request.url} answered a body that is not a {model.__name__}: {exc}"
-        ) from None
+        raise ProtocolError(f"{reply.url} answered a body that is not a {model.__name__}: {exc}") from None
 
 
-def decode_closed(response: httpx.Response) -> bool:
+def decode_closed(reply: Reply) -> bool:
     """True if the session was deleted, False if it was already gone (404); other errors raise."""
-    if response.status_code == 404:
+    if reply.status == 404:
         return False
-    if not response.is_success:
-        raise error_from_response(response)
+    if not reply.ok:
+        raise error_from_reply(reply)
     return True
 
 
@@ -176,19 +241,14 @@ class Call(Generic[T]):
 
     method: str
     path: str
-    decode: Callable[[httpx.Response], T]
+    decode: Callable[[Reply], T]
     body: BaseModel | None = None
     idempotent: bool = True
     probe: bool = False
 
-    def request_kwargs(self) -> dict[str, Any]:
-        """The body and headers of the request, for `httpx.Client.request`."""
-        if self.body is None:
-            return {}
-        return {
-            "content": self.body.model_dump_json(exclude_none=True),
-            "headers": {"content-type": "application/json"},
-        }
+    def content(self) -> bytes | None:
+        """The JSON body of the request, if it has one."""
+        return None if self.body is None else self.body.model_dump_json(exclude_none=True).encode()
 
 
 def reset_call(
@@ -196,7 +256,7 @@ def reset_call(
 ) -> Call[ResetResponse]:
     """POST /reset. Not resent after a lost response, which could have started a second session."""
     body = ResetRequest(seed=seed, options=dict(options or {}), session_id=session_id, format=format)
-    return Call("POST", "/reset", lambda r: decode_response(r, ResetResponse), body, idempotent=False)
+    return Call("POST", "/reset", lambda r: decode_reply(r, ResetResponse), body, idempotent=False)
 
 
 def step_call(session_id: str, action: str, request_id: str | None, format: bool) -> Call[StepResponse]:
@@ -204,81 +264,94 @@ def step_call(session_id: str, action: str, request_id: str | None, format: bool
     body = StepRequest(
         session_id=session_id, action=action, request_id=request_id or uuid.uuid4().hex, format=format
     )
-    return Call("POST", "/step", lambda r: decode_response(r, StepResponse), body)
+    return Call("POST", "/step", lambda r: decode_reply(r, StepResponse), body)
 
 
 def format_call(observation: Observation | Mapping[str, Any]) -> Call[Message]:
     """POST /format: the chat message the server's environment makes of an observation."""
     body = FormatRequest(observation=Observation.model_validate(observation))
-    return Call("POST", "/format", lambda r: decode_response(r, FormatResponse).message, body)
+    return Call("POST", "/format", lambda r: decode_reply(r, FormatResponse).message, body)
 
 
 def close_call(session_id: str) -> Call[bool]:
     """DELETE /sessions/{id}; a session that is already gone is not an error."""
-    return Call("DELETE", f"/sessions/{quote(session_id, safe='')}", decode_closed)
+    return Call("DELETE", f"/sessions/{urllib.parse.quote(session_id, safe='')}", decode_closed)
 
 
-INFO_CALL = Call("GET", "/info", lambda r: decode_response(r, InfoResponse))
-HEALTH_CALL = Call("GET", "/health", lambda r: decode_response(r, HealthResponse), probe=True)
-READY_CALL = Call("GET", "/ready", lambda r: decode_response(r, ReadyResponse), probe=True)
+INFO_CALL = Call("GET", "/info", lambda r: decode_reply(r, InfoResponse))
+HEALTH_CALL = Call("GET", "/health", lambda r: decode_reply(r, HealthResponse), probe=True)
+READY_CALL = Call("GET", "/ready", lambda r: decode_reply(r, ReadyResponse), probe=True)
 
 
 class _Attempts(Generic[T]):
-    """The bookkeeping of one call's attempts: the per-attempt timeout, the deadline, the next delay."""
+    """The bookkeeping of one call's attempts: its body, the per-attempt timeout, the deadline, the delay."""
 
     def __init__(self, call: Call[T], policy: RetryPolicy, timeout: float, base_url: str) -> None:
         self.call = call
         self.policy = policy
         self.timeout = timeout
-        self.base_url = base_url
+        self.url = base_url + call.path
+        self.content = call.content()
+        self.headers = None if self.content is None else _JSON_CONTENT
         self.started = time.monotonic()
         self.deadline = self.started + policy.deadline_s
         self.count = 0
 
-    def next_timeout(self) -> httpx.Timeout:
-        """Count a new attempt and give it the request timeout, cut short by the call's deadline."""
+    def remaining(self) -> float:
+        """Seconds left before the call's deadline."""
+        return self.deadline - time.monotonic()
+
+    def next_timeout(self) -> float:
+        """Count a new attempt and give it the request timeout in seconds, cut short by the deadline."""
         self.count += 1
-        return httpx.Timeout(max(0.001, min(self.timeout, self.deadline - time.monotonic())))
+        return max(0.001, min(self.timeout, self.remaining()))
 
     def next_delay(self, outcome: Outcome) -> float | None:
         """Seconds to wait before the next attempt, or None when `outcome` is final."""
         if self.call.probe:
             return None
-        remaining = self.deadline - time.monotonic()
-        idempotent = self.call.idempotent
         delay = retry_delay(
-            self.policy, outcome, attempt=self.count, idempotent=idempotent, remaining=remaining
+            self.policy,
+            outcome,
+            attempt=self.count,
+            idempotent=self.call.idempotent,
+            remaining=self.remaining(),
         )
         if delay is not None:
-            reason = outcome.status_code if isinstance(outcome, httpx.Response) else type(outcome).__name__
+            reason = outcome.status if isinstance(outcome, Reply) else type(outcome).__name__
             log.info(
                 "%s %s: %s, retry %d in %.2fs", self.call.method, self.call.path, reason, self.count, delay
             )
         return delay
 
     def finish(self, outcome: Outcome) -> T:
-        """Decode the final response, or turn the final transport failure into `EnvConnectionError`."""
-        if isinstance(outcome, httpx.Response):
+        """Decode the final answer, or turn the final transport failure into `EnvConnectionError`."""
+        if isinstance(outcome, Reply):
             return self.call.decode(outcome)
         elapsed = time.monotonic() - self.started
         raise EnvConnectionError(
-            f"{self.call.method} {self.base_url}{self.call.path} failed after {self.count} attempt(s) "
+            f"{self.call.method} {self.url} failed after {self.count} attempt(s) "
             f"in {elapsed:.1f}s: {type(outcome).__name__}: {outcome}"
         ) from outcome
 
 
-def _client_options(
-    base_url: str,
-    token: str | None,
-    limits: httpx.Limits | None,
-    headers: Mapping[str, str] | None,
-) -> dict[str, Any]:
-    """The httpx client settings both clients share: base URL, bearer token, pool limits."""
+def env_proxy(url: str) -> str | None:
+    """The proxy that $HTTP(S)_PROXY / $ALL_PROXY name for `url` unless $NO_PROXY exempts it, as httpx
+    reads them. Looked up once per client: aiohttp's own `trust_env` does it in a thread per request."""
+    parts = urllib.parse.urlsplit(url)
+    proxies = urllib.request.getproxies_environment()
+    if not proxies or urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return proxies.get(parts.scheme) or proxies.get("all")
+
+
+def _default_headers(token: str | None, headers: Mapping[str, str] | None) -> dict[str, str]:
+    """The headers of every request: JSON accepted, the caller's own, and the bearer token."""
     token = os.environ.get(TOKEN_ENV_VAR) if token is None else token
     all_headers = {"accept": "application/json", **(headers or {})}
     if token:
         all_headers["authorization"] = f"Bearer {token}"
-    return {"base_url": base_url, "headers": all_headers, "limits": limits or DEFAULT_LIMITS}
+    return all_headers
 
 
 @contextlib.contextmanager
@@ -336,7 +409,7 @@ class EnvClient:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
-        self._http = httpx.Client(**_client_options(self.base_url, token, limits, headers))
+        self._http = httpx.Client(headers=_default_headers(token, headers), limits=limits or DEFAULT_LIMITS)
 
     def reset(
         self,
@@ -420,8 +493,15 @@ class EnvClient:
         while True:
             outcome: Outcome
             try:
-                outcome = self._http.request(
-                    call.method, call.path, timeout=attempts.next_timeout(), **call.request_kwargs()
+                response = self._http.request(
+                    call.method,
+                    attempts.url,
+                    content=attempts.content,
+                    headers=attempts.headers,
+                    timeout=attempts.next_timeout(),
+                )
+                outcome = Reply(
+                    response.status_code, response.content, attempts.url, response.headers.get("retry-after")
                 )
             except httpx.TransportError as exc:
                 outcome = exc
@@ -431,8 +511,26 @@ class EnvClient:
             time.sleep(delay)
 
 
+def _aiohttp_timeout(attempts: _Attempts[Any]) -> aiohttp.ClientTimeout:
+    """The next attempt's timeouts, split by phase as httpx's are, so that a timeout tells how far it got.
+
+    `connect` (waiting for a free connection, then connecting) raises `ConnectionTimeoutError`: not sent.
+    `sock_read` (no bytes for that long) raises `SocketTimeoutError`: maybe applied. `total` is only a
+    backstop at the call's deadline; aiohttp reports it as a bare `TimeoutError` whatever the phase.
+    """
+    per_phase = attempts.next_timeout()
+    return aiohttp.ClientTimeout(
+        total=max(per_phase, attempts.remaining()), connect=per_phase, sock_read=per_phase
+    )
+
+
 class AsyncEnvClient:
-    """The asyncio twin of `EnvClient`: same arguments, same behaviour, awaitable methods."""
+    """The asyncio twin of `EnvClient`: same arguments, same behaviour, awaitable methods.
+
+    It runs on aiohttp, whose cost per request stays flat with hundreds of requests in flight. Of
+    `limits` it uses `max_connections` and `keepalive_expiry`. Its connection pool belongs to the
+    event loop of its first call; use one client per loop.
+    """
 
     def __init__(
         self,
@@ -447,7 +545,11 @@ class AsyncEnvClient:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
-        self._http = httpx.AsyncClient(**_client_options(self.base_url, token, limits, headers))
+        self._headers = _default_headers(token, headers)
+        self._limits = limits or DEFAULT_LIMITS
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
 
     async def reset(
         self,
@@ -517,7 +619,9 @@ class AsyncEnvClient:
 
     async def shutdown(self) -> None:
         """Close the connection pool."""
-        await self._http.aclose()
+        self._closed = True
+        if self._session is not None:
+            await self._session.close()
 
     async def __aenter__(self) -> AsyncEnvClient:
         return self
@@ -527,19 +631,44 @@ class AsyncEnvClient:
 
     async def _run(self, call: Call[T], timeout: float | None) -> T:
         """Send `call` with bounded retries and decode the final outcome."""
+        session = self._open_session()
         attempts = _Attempts(call, self.retry, timeout or self.timeout, self.base_url)
         while True:
             outcome: Outcome
             try:
-                outcome = await self._http.request(
-                    call.method, call.path, timeout=attempts.next_timeout(), **call.request_kwargs()
-                )
-            except httpx.TransportError as exc:
+                async with session.request(
+                    call.method,
+                    attempts.url,
+                    data=attempts.content,
+                    headers=attempts.headers,
+                    timeout=_aiohttp_timeout(attempts),
+                    allow_redirects=False,
+                ) as response:
+                    body = await response.read()
+                outcome = Reply(response.status, body, attempts.url, response.headers.get("retry-after"))
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 outcome = exc
             delay = attempts.next_delay(outcome)
             if delay is None:
                 return attempts.finish(outcome)
             await asyncio.sleep(delay)
+
+    def _open_session(self) -> aiohttp.ClientSession:
+        """The connection pool, made on first use because aiohttp ties it to the running event loop."""
+        loop = asyncio.get_running_loop()
+        if self._closed:
+            raise RuntimeError("this AsyncEnvClient is shut down")
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=self._limits.max_connections or 0, keepalive_timeout=self._limits.keepalive_expiry
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector, headers=self._headers, proxy=env_proxy(self.base_url)
+            )
+            self._loop = loop
+        elif loop is not self._loop:
+            raise RuntimeError("an AsyncEnvClient serves the event loop of its first call; make one per loop")
+        return self._session
 
 
 class Episode(_EpisodeState):

@@ -3,22 +3,30 @@
 `ScriptedEnvServer` is a stdlib HTTP server on a loopback port that speaks the env protocol for a
 counter (each applied step adds one) and first plays a script of canned answers: busy replies with
 Retry-After, connections dropped after the request was applied, stalls, and error bodies.
+
+The two clients run on different HTTP libraries (httpx, aiohttp), so the retry and error tests run
+on both: `BlockingAsyncClient` drives an `AsyncEnvClient` from a plain test body.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 import json
+import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
+import aiohttp
 import httpx
 import pytest
 
@@ -38,7 +46,7 @@ from clients import (
     SessionExistsError,
     SessionNotFoundError,
 )
-from clients.http import retry_after_seconds, retry_delay
+from clients.http import Delivery, Reply, delivery, env_proxy, retry_after_seconds, retry_delay
 from clients.protocol import (
     ErrorResponse,
     InfoResponse,
@@ -189,8 +197,42 @@ def server() -> Iterator[ScriptedEnvServer]:
         thread.join(timeout=5)
 
 
+class BlockingAsyncClient:
+    """An `AsyncEnvClient` whose calls run one at a time on a private event loop, so that one test
+    body checks both clients. Takes `AsyncEnvClient`'s arguments; use it as a context manager."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._runner = asyncio.Runner()
+        self._client = AsyncEnvClient(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self._client, name)
+        return lambda *args, **kwargs: self._runner.run(method(*args, **kwargs))
+
+    def __enter__(self) -> BlockingAsyncClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._runner.run(self._client.shutdown())
+        self._runner.close()
+
+
+Client = EnvClient | BlockingAsyncClient
+
+
+@pytest.fixture(params=[EnvClient, BlockingAsyncClient], ids=["sync", "async"])
+def client_type(request: pytest.FixtureRequest) -> type[Client]:
+    return request.param  # type: ignore[no-any-return]
+
+
 @pytest.fixture
-def client(server: ScriptedEnvServer) -> Iterator[EnvClient]:
+def client(server: ScriptedEnvServer, client_type: type[Client]) -> Iterator[Client]:
+    with client_type(server.url, token="", retry=FAST, timeout=5.0) as c:
+        yield c
+
+
+@pytest.fixture
+def sync_client(server: ScriptedEnvServer) -> Iterator[EnvClient]:
     with EnvClient(server.url, token="", retry=FAST, timeout=5.0) as c:
         yield c
 
@@ -210,18 +252,46 @@ def test_retry_after_accepts_seconds_and_http_dates() -> None:
 
 def test_retry_delay_decisions() -> None:
     policy = RetryPolicy(max_attempts=3, base_delay=0.1, max_delay=1.0, deadline_s=30)
-    busy = httpx.Response(503, headers={"retry-after": "2"})
-    lost = httpx.ReadTimeout("lost")
+    busy = Reply(503, b"", "http://env/info", retry_after="2")
+    for lost in (httpx.ReadTimeout("lost"), aiohttp.ServerDisconnectedError()):
+        assert retry_delay(policy, lost, attempt=1, idempotent=True, remaining=30) is not None
+        assert retry_delay(policy, lost, attempt=1, idempotent=False, remaining=30) is None
+    for unsent in (httpx.ConnectError("refused"), aiohttp.ConnectionTimeoutError()):
+        assert retry_delay(policy, unsent, attempt=2, idempotent=False, remaining=30) is not None
     assert 2.0 <= (retry_delay(policy, busy, attempt=1, idempotent=False, remaining=30) or 0) <= 2.1
     assert retry_delay(policy, busy, attempt=3, idempotent=True, remaining=30) is None
     assert retry_delay(policy, busy, attempt=1, idempotent=True, remaining=1.5) is None
-    assert retry_delay(policy, httpx.Response(500), attempt=1, idempotent=True, remaining=30) is None
-    assert retry_delay(policy, lost, attempt=1, idempotent=True, remaining=30) is not None
-    assert retry_delay(policy, lost, attempt=1, idempotent=False, remaining=30) is None
+    assert retry_delay(policy, Reply(500, b"", "u"), attempt=1, idempotent=True, remaining=30) is None
     assert (
-        retry_delay(policy, httpx.ConnectError("refused"), attempt=2, idempotent=False, remaining=30)
-        is not None
+        retry_delay(policy, httpx.UnsupportedProtocol("ftp"), attempt=1, idempotent=True, remaining=30)
+        is None
     )
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (httpx.ConnectError("refused"), Delivery.NOT_SENT),
+        (httpx.ConnectTimeout("slow connect"), Delivery.NOT_SENT),
+        (httpx.PoolTimeout("no free connection"), Delivery.NOT_SENT),
+        (httpx.ReadTimeout("slow answer"), Delivery.MAYBE_APPLIED),
+        (httpx.WriteError("broken pipe"), Delivery.MAYBE_APPLIED),
+        (httpx.RemoteProtocolError("server disconnected"), Delivery.MAYBE_APPLIED),
+        (httpx.UnsupportedProtocol("ftp://"), Delivery.FATAL),
+        (aiohttp.ConnectionTimeoutError("connect or pool wait"), Delivery.NOT_SENT),
+        (aiohttp.SocketTimeoutError("slow answer"), Delivery.MAYBE_APPLIED),
+        (asyncio.TimeoutError(), Delivery.MAYBE_APPLIED),
+        (aiohttp.ServerDisconnectedError(), Delivery.MAYBE_APPLIED),
+        (aiohttp.ClientOSError(104, "connection reset"), Delivery.MAYBE_APPLIED),
+        (aiohttp.ClientPayloadError("cut short"), Delivery.MAYBE_APPLIED),
+        (aiohttp.InvalidURL("no host"), Delivery.FATAL),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, Exception) else value.name,
+)
+def test_transport_failures_are_classified_by_how_far_the_request_went(
+    error: Exception, expected: Delivery
+) -> None:
+    assert delivery(error) is expected
 
 
 def test_retry_policy_rejects_nonsense() -> None:
@@ -234,7 +304,7 @@ def test_retry_policy_rejects_nonsense() -> None:
 # --- retries against a real server ----------------------------------------------------------------
 
 
-def test_busy_server_is_retried_honouring_retry_after(server: ScriptedEnvServer, client: EnvClient) -> None:
+def test_busy_server_is_retried_honouring_retry_after(server: ScriptedEnvServer, client: Client) -> None:
     server.script.extend([BUSY, BUSY])
     assert client.info().name == "scripted"
     times = [s.at for s in server.requests_to("/info")]
@@ -242,11 +312,13 @@ def test_busy_server_is_retried_honouring_retry_after(server: ScriptedEnvServer,
     assert all(later - earlier >= 1.0 for earlier, later in itertools.pairwise(times))
 
 
-def test_deadline_bounds_total_time_and_then_raises_busy(server: ScriptedEnvServer) -> None:
+def test_deadline_bounds_total_time_and_then_raises_busy(
+    server: ScriptedEnvServer, client_type: type[Client]
+) -> None:
     server.script.extend([BUSY] * 20)
     policy = RetryPolicy(max_attempts=100, base_delay=0.05, max_delay=0.2, deadline_s=2.5)
     start = time.monotonic()
-    with EnvClient(server.url, token="", retry=policy) as c, pytest.raises(ServerBusyError) as err:
+    with client_type(server.url, token="", retry=policy) as c, pytest.raises(ServerBusyError) as err:
         c.info()
     elapsed = time.monotonic() - start
     assert err.value.status == 503 and err.value.code == "at_capacity"
@@ -254,9 +326,7 @@ def test_deadline_bounds_total_time_and_then_raises_busy(server: ScriptedEnvServ
     assert elapsed < policy.deadline_s + 2.0
 
 
-def test_step_resent_after_a_lost_response_is_applied_once(
-    server: ScriptedEnvServer, client: EnvClient
-) -> None:
+def test_step_resent_after_a_lost_response_is_applied_once(server: ScriptedEnvServer, client: Client) -> None:
     server.script.append(Canned(drop_after_apply=True))
     result = client.step("s-1", "up")
     assert result.observation.text == "count=1"
@@ -267,7 +337,7 @@ def test_step_resent_after_a_lost_response_is_applied_once(
     assert server.applied == 1
 
 
-def test_steps_get_fresh_request_ids_unless_given(server: ScriptedEnvServer, client: EnvClient) -> None:
+def test_steps_get_fresh_request_ids_unless_given(server: ScriptedEnvServer, client: Client) -> None:
     client.step("s-1", "a")
     client.step("s-1", "b")
     client.step("s-1", "c", request_id="mine")
@@ -276,26 +346,84 @@ def test_steps_get_fresh_request_ids_unless_given(server: ScriptedEnvServer, cli
     assert server.applied == 3
 
 
-def test_reset_is_not_resent_after_a_lost_response(server: ScriptedEnvServer, client: EnvClient) -> None:
+def test_reset_is_not_resent_after_a_lost_response(server: ScriptedEnvServer, client: Client) -> None:
+    """The server read the reset and dropped the connection: "disconnected" is not "never connected"."""
     server.script.append(Canned(drop_after_apply=True))
     with pytest.raises(EnvConnectionError, match="1 attempt"):
         client.reset(seed=1)
     assert len(server.requests_to("/reset")) == 1
 
 
-def test_read_timeout_on_an_idempotent_call_is_retried(server: ScriptedEnvServer, client: EnvClient) -> None:
+def test_reset_is_not_resent_after_a_read_timeout(server: ScriptedEnvServer, client: Client) -> None:
+    server.script.append(Canned(stall_s=1.5))
+    with pytest.raises(EnvConnectionError, match="1 attempt"):
+        client.reset(seed=1, timeout=0.3)
+    assert len(server.requests_to("/reset")) == 1
+
+
+def test_read_timeout_on_an_idempotent_call_is_retried(server: ScriptedEnvServer, client: Client) -> None:
     server.script.append(Canned(stall_s=2.0))
     assert client.info(timeout=0.5).name == "scripted"
     assert len(server.requests_to("/info")) == 2
 
 
-def test_unreachable_server_raises_connection_error_after_bounded_attempts() -> None:
+def test_unreachable_server_raises_connection_error_after_bounded_attempts(client_type: type[Client]) -> None:
+    """A refused connection never reached the server, so even a reset is resent, within the bound."""
     policy = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05, deadline_s=10)
-    with EnvClient(f"http://127.0.0.1:{free_port()}", token="", retry=policy) as c:
+    with client_type(f"http://127.0.0.1:{free_port()}", token="", retry=policy) as c:
+        with pytest.raises(EnvConnectionError, match="3 attempt"):
+            c.reset()
         with pytest.raises(EnvConnectionError, match="3 attempt"):
             c.info()
         with pytest.raises(EnvConnectionError, match="1 attempt"):
             c.health()
+
+
+async def test_a_reset_that_timed_out_waiting_for_a_free_connection_is_resent(
+    server: ScriptedEnvServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the only connection busy, a reset's wait for it times out before anything is sent."""
+    server.script.append(Canned(stall_s=1.5))
+    patient = RetryPolicy(max_attempts=50, base_delay=0.01, max_delay=0.05, deadline_s=30)
+    one_connection = httpx.Limits(max_connections=1)
+    caplog.set_level(logging.INFO, logger="clients.http")
+    async with AsyncEnvClient(server.url, token="", retry=patient, limits=one_connection) as c:
+        slow = asyncio.create_task(c.info(timeout=10))
+        for _ in range(500):
+            if server.requests_to("/info"):
+                break
+            await asyncio.sleep(0.01)
+        first = await c.reset(timeout=0.2)
+        assert (await slow).name == "scripted"
+    assert first.session_id == "s-1"
+    assert len(server.requests_to("/reset")) == 1
+    assert any("POST /reset: ConnectionTimeoutError" in r.getMessage() for r in caplog.records)
+
+
+async def test_async_client_refuses_a_second_event_loop_and_use_after_shutdown(
+    server: ScriptedEnvServer,
+) -> None:
+    c = AsyncEnvClient(server.url, token="")
+    assert (await c.health()).status == "ok"
+    with concurrent.futures.ThreadPoolExecutor(1) as other_thread:
+        on_another_loop = other_thread.submit(asyncio.run, c.health())
+        with pytest.raises(RuntimeError, match="event loop of its first call"):
+            on_another_loop.result(timeout=10)
+    await c.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        await c.health()
+
+
+def test_proxy_settings_of_the_environment_are_honoured(
+    server: ScriptedEnvServer, client_type: type[Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both clients send through $HTTP_PROXY, as httpx does, unless $NO_PROXY exempts the host."""
+    monkeypatch.setenv("HTTP_PROXY", server.url)
+    monkeypatch.setenv("NO_PROXY", "exempt.invalid")
+    assert env_proxy("http://exempt.invalid:1") is None
+    with client_type("http://env.invalid:9", token="", retry=FAST) as c, pytest.raises(EnvServerError):
+        c.info()
+    assert [s.path for s in server.seen] == ["http://env.invalid:9/info"]
 
 
 # --- typed errors ---------------------------------------------------------------------------------
@@ -316,7 +444,7 @@ def test_unreachable_server_raises_connection_error_after_bounded_attempts() -> 
     ],
 )
 def test_error_answers_become_typed_exceptions(
-    server: ScriptedEnvServer, client: EnvClient, status: int, code: str, exc_type: type[EnvServerError]
+    server: ScriptedEnvServer, client: Client, status: int, code: str, exc_type: type[EnvServerError]
 ) -> None:
     server.script.append(Canned(status, error_body(code, "told you so")))
     with pytest.raises(exc_type) as err:
@@ -326,9 +454,7 @@ def test_error_answers_become_typed_exceptions(
     assert len(server.requests_to("/step")) == 1
 
 
-def test_non_json_error_body_still_gives_a_typed_exception(
-    server: ScriptedEnvServer, client: EnvClient
-) -> None:
+def test_non_json_error_body_still_gives_a_typed_exception(server: ScriptedEnvServer, client: Client) -> None:
     server.script.append(Canned(502, b"<html>Bad Gateway</html>"))
     with pytest.raises(ServerError) as err:
         client.info()
@@ -337,14 +463,14 @@ def test_non_json_error_body_still_gives_a_typed_exception(
 
 
 def test_success_body_outside_the_protocol_raises_protocol_error(
-    server: ScriptedEnvServer, client: EnvClient
+    server: ScriptedEnvServer, client: Client
 ) -> None:
     server.script.append(Canned(200, b'{"unexpected": true}'))
     with pytest.raises(ProtocolError, match="not a StepResponse"):
         client.step("s-1", "x")
 
 
-def test_probes_are_tried_once(server: ScriptedEnvServer, client: EnvClient) -> None:
+def test_probes_are_tried_once(server: ScriptedEnvServer, client: Client) -> None:
     server.script.append(Canned(503, error_body("draining", "shutting down"), {"retry-after": "1"}))
     with pytest.raises(ServerBusyError, match="draining"):
         client.ready()
@@ -355,14 +481,14 @@ def test_probes_are_tried_once(server: ScriptedEnvServer, client: EnvClient) -> 
 
 
 def test_bearer_token_comes_from_the_environment_by_default(
-    server: ScriptedEnvServer, monkeypatch: pytest.MonkeyPatch
+    server: ScriptedEnvServer, client_type: type[Client], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("VISTARL_API_TOKEN", "from-env")
-    with EnvClient(server.url) as c:
+    with client_type(server.url) as c:
         c.health()
-    with EnvClient(server.url, token="explicit") as c:
+    with client_type(server.url, token="explicit") as c:
         c.health()
-    with EnvClient(server.url, token="") as c:
+    with client_type(server.url, token="") as c:
         c.health()
     auth = [s.headers.get("authorization") for s in server.requests_to("/health")]
     assert auth == ["Bearer from-env", "Bearer explicit", None]
@@ -371,8 +497,8 @@ def test_bearer_token_comes_from_the_environment_by_default(
 # --- episodes -------------------------------------------------------------------------------------
 
 
-def test_episode_plays_and_closes_its_session(server: ScriptedEnvServer, client: EnvClient) -> None:
-    with client.episode(seed=3, options={"level": 1}) as ep:
+def test_episode_plays_and_closes_its_session(server: ScriptedEnvServer, sync_client: EnvClient) -> None:
+    with sync_client.episode(seed=3, options={"level": 1}) as ep:
         assert ep.session_id == "s-1" and ep.observation.text == "count=0"
         while not ep.done:
             ep.step("go")
@@ -385,22 +511,24 @@ def test_episode_plays_and_closes_its_session(server: ScriptedEnvServer, client:
     assert [s.method for s in server.requests_to("/sessions/s-1")] == ["DELETE"]
 
 
-def test_closing_a_session_already_gone_is_not_an_error(server: ScriptedEnvServer, client: EnvClient) -> None:
+def test_closing_a_session_already_gone_is_not_an_error(
+    server: ScriptedEnvServer, sync_client: EnvClient
+) -> None:
     server.script.append(Canned(404, error_body("session_not_found", "expired")))
-    assert client.close("s-1") is False
-    assert client.close("s-1") is True
-    with client.episode():
+    assert sync_client.close("s-1") is False
+    assert sync_client.close("s-1") is True
+    with sync_client.episode():
         server.script.append(Canned(404, error_body("session_not_found", "expired")))
     assert len(server.requests_to("/sessions/s-1")) == 3
 
 
-def test_episode_close_surfaces_other_errors(server: ScriptedEnvServer, client: EnvClient) -> None:
-    with pytest.raises(ServerError), client.episode():
+def test_episode_close_surfaces_other_errors(server: ScriptedEnvServer, sync_client: EnvClient) -> None:
+    with pytest.raises(ServerError), sync_client.episode():
         server.script.append(Canned(500, error_body("internal_error", "boom")))
 
 
-def test_episode_error_wins_over_a_failing_close(server: ScriptedEnvServer, client: EnvClient) -> None:
-    with pytest.raises(KeyError), client.episode():
+def test_episode_error_wins_over_a_failing_close(server: ScriptedEnvServer, sync_client: EnvClient) -> None:
+    with pytest.raises(KeyError), sync_client.episode():
         server.script.append(Canned(500, error_body("internal_error", "boom")))
         raise KeyError("the agent's own failure")
     assert len(server.requests_to("/sessions/s-1")) == 1

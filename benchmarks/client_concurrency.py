@@ -1,0 +1,140 @@
+"""Client concurrency benchmark: N episodes at once through ONE `AsyncEnvClient`.
+
+    .venv/bin/python -m benchmarks.client_concurrency [--seconds 10] [--concurrency 1 16 64 256]
+
+Starts `vistarl serve tests.envs.counter` (1x1 images, so the server is cheap) and, per row, runs N
+episodes on one shared client: reset, then "inc" until done, close, reset again, until time is up.
+After a warm-up it counts the steps that finish in the measured window and reports steps/s, p50 / p99
+latency of `step`, and CPU per step of this process (`time.process_time()`) and of the server process
+(from /proc, on Linux). Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from clients.http import AsyncEnvClient, RetryPolicy
+from tests.servers import free_port, running_process, vistarl_cmd
+
+EPISODE_OPTIONS = {"target": 100, "image_size": 1}
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One benchmark row."""
+
+    concurrency: int
+    steps_per_s: float
+    p50_ms: float
+    p99_ms: float
+    client_cpu_ms: float
+    server_cpu_ms: float | None
+
+
+@dataclass
+class Window:
+    """The measured window and what happened in it."""
+
+    start: float
+    stop: float
+    steps: int = 0
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` from /proc (None where there is no /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of proc(5))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+async def play(client: AsyncEnvClient, window: Window) -> list[float]:
+    """One episode slot: play counter episodes back to back until the window closes; step latencies."""
+    latencies: list[float] = []
+    while time.perf_counter() < window.stop:
+        async with client.episode(options=EPISODE_OPTIONS) as ep:
+            while not ep.done and (sent := time.perf_counter()) < window.stop:
+                await ep.step("inc")
+                done = time.perf_counter()
+                if window.start <= done <= window.stop:
+                    window.steps += 1
+                    if window.start <= sent:
+                        latencies.append(done - sent)
+    return latencies
+
+
+async def cpu_in_window(window: Window, server_pid: int) -> tuple[float, float | None]:
+    """CPU seconds spent by this process and by the server between the window's start and stop."""
+    await asyncio.sleep(window.start - time.perf_counter())
+    client_start, server_start = time.process_time(), process_cpu_s(server_pid)
+    await asyncio.sleep(window.stop - time.perf_counter())
+    client_end, server_end = time.process_time(), process_cpu_s(server_pid)
+    server = None if server_start is None or server_end is None else server_end - server_start
+    return client_end - client_start, server
+
+
+async def measure(url: str, server_pid: int, concurrency: int, seconds: float, warmup: float) -> Figures:
+    """Run `concurrency` episode slots on one client for warmup + seconds and summarise the window."""
+    retry = RetryPolicy(deadline_s=seconds + warmup + 60.0)
+    async with AsyncEnvClient(url, token="", timeout=60.0, retry=retry) as client:
+        start = time.perf_counter() + warmup
+        window = Window(start, start + seconds)
+        cpu = asyncio.create_task(cpu_in_window(window, server_pid))
+        per_slot = await asyncio.gather(*(play(client, window) for _ in range(concurrency)))
+        client_cpu, server_cpu = await cpu
+    latencies = sorted(latency for slot in per_slot for latency in slot)
+    cuts = statistics.quantiles(latencies, n=100)
+    steps = max(window.steps, 1)
+    return Figures(
+        concurrency,
+        window.steps / seconds,
+        cuts[49] * 1e3,
+        cuts[98] * 1e3,
+        client_cpu / steps * 1e3,
+        None if server_cpu is None else server_cpu / steps * 1e3,
+    )
+
+
+def markdown(rows: list[Figures]) -> str:
+    """The figures as a markdown table."""
+    lines = [
+        "| concurrency | steps/s | p50 ms | p99 ms | client CPU ms/step | server CPU ms/step |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        server = "-" if r.server_cpu_ms is None else f"{r.server_cpu_ms:.2f}"
+        cells = [r.concurrency, f"{r.steps_per_s:.0f}", f"{r.p50_ms:.1f}", f"{r.p99_ms:.1f}"]
+        lines.append("| " + " | ".join(map(str, [*cells, f"{r.client_cpu_ms:.2f}", server])) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=10.0, help="Measured seconds per row.")
+    parser.add_argument("--warmup", type=float, default=2.0, help="Unmeasured seconds before each row.")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
+    args = parser.parse_args()
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    serve = vistarl_cmd(
+        "serve", "tests.envs.counter", "--host", "127.0.0.1", "--port", str(port),
+        "--max-sessions", str(2 * max(args.concurrency)), "--log-level", "warning",
+    )  # fmt: skip
+    with running_process(serve, ready_url=f"{url}/health", env={"VISTARL_API_TOKEN": ""}) as server:
+        rows = [asyncio.run(measure(url, server.pid, n, args.seconds, args.warmup)) for n in args.concurrency]
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
