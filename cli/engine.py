@@ -1,0 +1,59 @@
+"""`vistarl engine serve`: the in-process transformers engine behind SGLang's HTTP API."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from cli.serve import _exit_cleanly
+
+engine_app = typer.Typer(help="Generation engines.", no_args_is_help=True)
+
+
+@engine_app.command("serve")
+def serve(
+    model: Annotated[Path, typer.Option(exists=True, file_okay=False, help="HF checkpoint directory.")],
+    host: Annotated[str | None, typer.Option(help="Interface to bind. (env VISTARL_HOST)")] = None,
+    port: Annotated[int | None, typer.Option(help="TCP port, 30000 by default. (env VISTARL_PORT)")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N. (env VISTARL_DEVICE)")] = None,
+    max_batch_size: Annotated[
+        int | None, typer.Option(help="Requests decoded together. (env VISTARL_MAX_BATCH_SIZE)")
+    ] = None,
+    max_body_bytes: Annotated[
+        int | None, typer.Option(help="Request body limit in bytes. (env VISTARL_MAX_BODY_BYTES)")
+    ] = None,
+    log_level: Annotated[str | None, typer.Option(help="uvicorn log level. (env VISTARL_LOG_LEVEL)")] = None,
+) -> None:
+    """Serve a checkpoint with the HF engine over SGLang's /generate API. VISTARL_API_TOKEN sets a token."""
+    import uvicorn
+    from pydantic import ValidationError
+
+    from trainer.engines.hf import HFEngine
+    from trainer.engines.server import EngineServerSettings, create_app
+
+    flags: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "device": device,
+        "max_batch_size": max_batch_size,
+        "max_body_bytes": max_body_bytes,
+        "log_level": log_level,
+    }
+    try:
+        settings = EngineServerSettings(**{name: value for name, value in flags.items() if value is not None})
+    except ValidationError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    logging.basicConfig(level="DEBUG" if settings.log_level == "trace" else settings.log_level.upper())
+    engine = HFEngine.from_pretrained(model, device=settings.device, max_batch_size=settings.max_batch_size)
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    app = create_app(engine, settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `engine ...` to the `vistarl` command line."""
+    app.add_typer(engine_app, name="engine")

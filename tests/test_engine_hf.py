@@ -1,0 +1,343 @@
+"""HFEngine on the tiny real checkpoints: sampling semantics, stops, batching, logprobs, weights, aborts."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForImageTextToText, PreTrainedModel
+
+from clients.images import encode_image
+from tests.vl_samples import noise_image
+from trainer.engines import EngineRequestError, GenerateRequest, GenerateResult, HFEngine, SamplingParams
+from trainer.logprobs import sequence_logprobs
+from trainer.processor import VLProcessor
+
+Loaded = tuple[PreTrainedModel, VLProcessor]
+ATOL = 1e-4
+
+
+def load(path: Path) -> Loaded:
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    return model, VLProcessor.from_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def qwen25(tiny_qwen25: Path) -> Loaded:
+    return load(tiny_qwen25)
+
+
+@pytest.fixture(scope="module")
+def qwen3(tiny_qwen3: Path) -> Loaded:
+    return load(tiny_qwen3)
+
+
+@pytest.fixture
+def engine(qwen25: Loaded) -> Iterator[HFEngine]:
+    """An engine over the shared (never modified) Qwen2.5-VL model."""
+    yield HFEngine(*qwen25, batch_wait_s=0.0)
+
+
+def images(seed: int, *sizes: tuple[int, int]) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [encode_image(noise_image(rng, w, h)) for w, h in sizes]
+
+
+def user_turn(processor: VLProcessor, text: str, n_images: int = 0, first: bool = True) -> list[int]:
+    """A user message with single-pad images, then the assistant prefix; later turns open with `\\n`."""
+    vision = "<|vision_start|><|image_pad|><|vision_end|>" * n_images
+    opening = "" if first else "\n"
+    rendered = f"{opening}<|im_start|>user\n{vision}{text}<|im_end|>\n<|im_start|>assistant\n"
+    return list(processor.tokenizer.encode(rendered))
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_new_tokens=n, temperature=0.0)
+
+
+def sampled(n: int, seed: int, **kw: float) -> SamplingParams:
+    return SamplingParams(max_new_tokens=n, temperature=1.0, sampling_seed=seed, **kw)
+
+
+async def test_greedy_is_deterministic_and_stops_at_length(engine: HFEngine) -> None:
+    ids = user_turn(engine.processor, "hello")
+    first = await engine.generate(GenerateRequest(engine_ids=ids, sampling=greedy(5)))
+    second = await engine.generate(GenerateRequest(engine_ids=ids, sampling=greedy(5)))
+    assert first.output_ids == second.output_ids
+    assert first.logprobs == second.logprobs
+    assert len(first.output_ids) == 5
+    assert first.finish_reason.type == "length" and first.finish_reason.length == 5
+    assert first.prompt_tokens == len(ids)
+    assert first.weight_version == "0"
+    assert all(lp <= 0.0 for lp in first.logprobs)
+    await engine.close()
+
+
+async def test_sampling_seed_reproduces_a_sample(engine: HFEngine) -> None:
+    ids = user_turn(engine.processor, "roll the dice")
+    runs = [
+        await engine.generate(GenerateRequest(engine_ids=ids, sampling=sampled(4, seed)))
+        for seed in (7, 7, 8)
+    ]
+    assert runs[0].output_ids == runs[1].output_ids
+    assert runs[0].logprobs == runs[1].logprobs
+    assert runs[0].output_ids != runs[2].output_ids
+    filtered = await engine.generate(GenerateRequest(engine_ids=ids, sampling=sampled(4, 7, top_k=1)))
+    plain_greedy = await engine.generate(GenerateRequest(engine_ids=ids, sampling=greedy(4)))
+    assert filtered.output_ids == plain_greedy.output_ids  # top_k=1 leaves only the argmax
+    await engine.close()
+
+
+async def test_stop_token_ids_end_at_the_first_match_and_keep_it(engine: HFEngine) -> None:
+    ids = user_turn(engine.processor, "count")
+    free = await engine.generate(GenerateRequest(engine_ids=ids, sampling=sampled(8, 3)))
+    stop = free.output_ids[-2]  # on the last allowed token, `length` would win (as in SGLang)
+    at = free.output_ids.index(stop)
+    params = sampled(8, 3).model_copy(update={"stop_token_ids": [stop]})
+    stopped = await engine.generate(GenerateRequest(engine_ids=ids, sampling=params))
+    assert stopped.output_ids == free.output_ids[: at + 1]
+    assert stopped.logprobs == free.logprobs[: at + 1]
+    assert stopped.finish_reason.type == "stop" and stopped.finish_reason.matched == stop
+    assert stopped.text == engine.processor.tokenizer.decode(free.output_ids[:at], skip_special_tokens=True)
+    await engine.close()
+
+
+async def test_stop_strings_end_generation_and_are_trimmed_from_text(engine: HFEngine) -> None:
+    ids = user_turn(engine.processor, "say something")
+    free = await engine.generate(GenerateRequest(engine_ids=ids, sampling=sampled(8, 5)))
+    decode = engine.processor.tokenizer.decode
+    stop = decode(free.output_ids[4:6])
+    params = sampled(8, 5).model_copy(update={"stop": [stop]})
+    stopped = await engine.generate(GenerateRequest(engine_ids=ids, sampling=params))
+    out = stopped.output_ids
+    assert out == free.output_ids[: len(out)]
+    assert stopped.finish_reason.type == "stop" and stopped.finish_reason.matched == stop
+    assert stop in decode(out) and stop not in decode(out[:-1])
+    assert stopped.text == decode(out)[: decode(out).find(stop)]
+    await engine.close()
+
+
+async def test_stops_on_im_end_unless_ignore_eos(qwen25: Loaded) -> None:
+    model, processor = qwen25
+    biased = copy.deepcopy(model)
+    head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(model.lm_head.weight)
+        head.bias.zero_()
+        head.bias[processor.ids.im_end] = 100.0
+    biased.lm_head = head
+    engine = HFEngine(biased, processor, batch_wait_s=0.0)
+    ids = user_turn(processor, "finish now")
+    done = await engine.generate(GenerateRequest(engine_ids=ids, sampling=sampled(8, 1)))
+    assert done.output_ids == [processor.ids.im_end]
+    assert done.finish_reason.type == "stop" and done.finish_reason.matched == processor.ids.im_end
+    assert done.text == ""
+    assert done.logprobs[0] == pytest.approx(0.0, abs=1e-6)
+    params = sampled(3, 1).model_copy(update={"ignore_eos": True})
+    ignored = await engine.generate(GenerateRequest(engine_ids=ids, sampling=params))
+    assert ignored.output_ids == [processor.ids.im_end] * 3
+    assert ignored.finish_reason.type == "length"
+    await engine.close()
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+async def test_batched_multimodal_requests_equal_one_at_a_time(
+    request: pytest.FixtureRequest, arch: str
+) -> None:
+    model, processor = request.getfixturevalue("qwen25" if arch == "qwen2_5_vl" else "qwen3")
+    two = images(0, (56, 84), (112, 56))
+    requests = [
+        GenerateRequest(engine_ids=user_turn(processor, "just text, a longer one"), sampling=greedy(4)),
+        GenerateRequest(engine_ids=user_turn(processor, "one", 1), images=two[:1], sampling=sampled(4, 11)),
+        GenerateRequest(
+            engine_ids=user_turn(processor, "two images", 2), images=two[::-1], sampling=sampled(4, 12)
+        ),
+    ]
+    alone = HFEngine(model, processor, max_batch_size=1, batch_wait_s=0.0)
+    singles = [await alone.generate(r) for r in requests]
+    await alone.close()
+    together = HFEngine(model, processor, max_batch_size=8, batch_wait_s=1.0)
+    batched = await asyncio.gather(*(together.generate(r) for r in requests))
+    await together.close()
+    assert together.stats.largest_batch == len(requests)
+    for single, joint in zip(singles, batched, strict=True):
+        assert joint.output_ids == single.output_ids
+        assert joint.prompt_tokens == single.prompt_tokens
+        np.testing.assert_allclose(joint.logprobs, single.logprobs, atol=ATOL)
+    assert singles[2].prompt_tokens > len(requests[2].engine_ids)  # the pads were expanded
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+async def test_logprobs_are_log_softmax_of_a_fresh_forward_pass(engine: HFEngine, temperature: float) -> None:
+    ids = user_turn(engine.processor, "score me")
+    params = SamplingParams(max_new_tokens=6, temperature=temperature, sampling_seed=2)
+    result = await engine.generate(GenerateRequest(engine_ids=ids, sampling=params))
+    full = torch.tensor([ids + result.output_ids])
+    with torch.no_grad():
+        logits = engine.model(input_ids=full).logits[0, len(ids) - 1 : -1].float()
+    logits = logits if temperature == 0 else logits / temperature
+    expected = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(result.output_ids)[:, None])
+    np.testing.assert_allclose(result.logprobs, expected.squeeze(-1).tolist(), atol=ATOL)
+    await engine.close()
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+async def test_multiturn_logprobs_match_the_trainer_recompute(
+    request: pytest.FixtureRequest, arch: str
+) -> None:
+    """HFEngine's logprobs equal `trainer.logprobs.sequence_logprobs` over train_ids, at mask-1 positions."""
+    model, processor = request.getfixturevalue("qwen25" if arch == "qwen2_5_vl" else "qwen3")
+    engine = HFEngine(model, processor, batch_wait_s=0.0)
+    temperature = 0.8
+    pics = images(1, (84, 56), (56, 56))
+    params = SamplingParams(max_new_tokens=5, temperature=temperature, sampling_seed=4)
+    engine_ids = user_turn(processor, "first look", 1)
+    train_ids = processor.expand_image_pads(engine_ids, [processor.image_grid(pics[0])])
+    mask = [0] * len(train_ids)
+    engine_logprobs: list[float] = []
+    for turn in range(2):
+        result = await engine.generate(
+            GenerateRequest(engine_ids=engine_ids, images=pics[: turn + 1], sampling=params)
+        )
+        assert result.prompt_tokens == len(train_ids)
+        engine_ids = engine_ids + result.output_ids
+        train_ids = train_ids + result.output_ids
+        mask += [1] * len(result.output_ids)
+        engine_logprobs += result.logprobs
+        if turn == 0:
+            observation = user_turn(processor, "second look", 1, first=False)
+            engine_ids += observation
+            train_ids += processor.expand_image_pads(observation, [processor.image_grid(pics[1])])
+            mask += [0] * (len(train_ids) - len(mask))
+    await engine.close()
+    recomputed = sequence_logprobs(model, processor, train_ids, pics, temperature, mask=mask)
+    scored = recomputed[torch.tensor(mask, dtype=torch.bool)]
+    np.testing.assert_allclose(engine_logprobs, scored.tolist(), atol=ATOL)
+
+
+async def test_update_weights_bumps_the_version_and_changes_outputs(qwen25: Loaded) -> None:
+    model, processor = qwen25
+    engine = HFEngine(copy.deepcopy(model), processor, batch_wait_s=0.0)
+    ids = user_turn(processor, "before and after")
+    before = await engine.generate(GenerateRequest(engine_ids=ids, sampling=greedy(3)))
+    name = "model.language_model.norm.weight"
+    new = {name: torch.full_like(engine.model.state_dict()[name], 3.0)}
+    assert await engine.update_weights(new) == "1"
+    assert engine.weight_version == "1"
+    after = await engine.generate(GenerateRequest(engine_ids=ids, sampling=greedy(3)))
+    assert after.weight_version == "1"
+    assert not np.allclose(after.logprobs, before.logprobs, atol=ATOL)
+    with pytest.raises(EngineRequestError, match="unknown parameter names"):
+        await engine.update_weights({"no.such.weight": torch.zeros(1)})
+    with pytest.raises(EngineRequestError, match="shape mismatch"):
+        await engine.update_weights({name: torch.zeros(3)})
+    assert engine.weight_version == "1"
+    assert await engine.update_weights(new, weight_version="step-7") == "step-7"
+    await engine.close()
+
+
+async def test_weight_update_waits_for_the_running_batch(qwen25: Loaded) -> None:
+    model, processor = qwen25
+    ids = user_turn(processor, "long")
+    reference = HFEngine(model, processor, batch_wait_s=0.0)
+    old = await reference.generate(GenerateRequest(engine_ids=ids, sampling=greedy(12)))
+    await reference.close()
+    engine = HFEngine(copy.deepcopy(model), processor, batch_wait_s=0.0)
+    running = asyncio.create_task(engine.generate(GenerateRequest(engine_ids=ids, sampling=greedy(12))))
+    while not engine.stats.batches:
+        await asyncio.sleep(0.01)
+    name = "model.language_model.norm.weight"
+    await engine.update_weights({name: torch.full_like(engine.model.state_dict()[name], 2.0)})
+    result = await running
+    assert result.weight_version == "0"
+    assert result.output_ids == old.output_ids and result.logprobs == old.logprobs  # no torn weights
+    new = await engine.generate(GenerateRequest(engine_ids=ids, sampling=greedy(12)))
+    assert new.weight_version == "1"
+    assert not np.allclose(new.logprobs, old.logprobs, atol=ATOL)
+    await engine.close()
+
+
+async def test_abort_ends_queued_and_running_requests(engine: HFEngine) -> None:
+    engine.max_batch_size = 1
+    ids = user_turn(engine.processor, "go on forever")
+    endless = SamplingParams(max_new_tokens=20_000, temperature=0.0, ignore_eos=True)
+
+    def start(rid: str) -> asyncio.Task[GenerateResult]:
+        return asyncio.create_task(
+            engine.generate(GenerateRequest(engine_ids=ids, sampling=endless, rid=rid))
+        )
+
+    async def abort_until_done(rid: str, task: asyncio.Task[GenerateResult]) -> GenerateResult:
+        while not task.done():
+            await engine.abort(rid)
+            await asyncio.sleep(0.05)
+        return task.result()
+
+    running = start("a")
+    while not engine.stats.batches:
+        await asyncio.sleep(0.01)
+    queued = start("b")  # waits behind "a": the batch holds one request
+    second = await asyncio.wait_for(abort_until_done("b", queued), 60)
+    assert second.finish_reason.type == "abort" and second.output_ids == []
+    first = await asyncio.wait_for(abort_until_done("a", running), 60)
+    assert first.finish_reason.type == "abort" and first.finish_reason.message == "aborted by request"
+    assert 0 < len(first.output_ids) < 20_000
+    assert len(first.logprobs) == len(first.output_ids)
+    await engine.close()
+
+
+async def test_pause_holds_new_batches_until_continue(engine: HFEngine) -> None:
+    ids = user_turn(engine.processor, "wait for it")
+    await engine.pause_generation("retract")
+    assert not await engine.health()
+    held = asyncio.create_task(engine.generate(GenerateRequest(engine_ids=ids, sampling=greedy(2))))
+    await asyncio.sleep(0.3)
+    assert not held.done() and engine.stats.batches == 0
+    await engine.continue_generation()
+    assert (await asyncio.wait_for(held, 60)).finish_reason.type == "length"
+    endless = SamplingParams(max_new_tokens=20_000, temperature=0.0, ignore_eos=True)
+    running = asyncio.create_task(engine.generate(GenerateRequest(engine_ids=ids, sampling=endless)))
+    while engine.stats.batches < 2:
+        await asyncio.sleep(0.01)
+    await engine.pause_generation("abort")
+    assert (await asyncio.wait_for(running, 60)).finish_reason.type == "abort"
+    await engine.continue_generation()
+    assert await engine.health()
+    await engine.close()
+
+
+async def test_bad_requests_raise_and_leave_the_engine_working(engine: HFEngine) -> None:
+    processor = engine.processor
+    one_image = images(2, (56, 56))
+    ids = user_turn(processor, "look", 1)
+    with pytest.raises(EngineRequestError, match=r"1 <\|image_pad\|> tokens for 0 images"):
+        await engine.generate(GenerateRequest(engine_ids=ids, sampling=greedy(1)))
+    expanded = processor.expand_image_pads(ids, [processor.image_grid(one_image[0])])
+    with pytest.raises(EngineRequestError, match="single-pad"):
+        await engine.generate(GenerateRequest(engine_ids=expanded, images=one_image, sampling=greedy(1)))
+    with pytest.raises(EngineRequestError, match="out of range"):
+        await engine.generate(GenerateRequest(engine_ids=[10**7], sampling=greedy(1)))
+    with pytest.raises(EngineRequestError, match="bad image"):
+        await engine.generate(GenerateRequest(engine_ids=ids, images=["data:image/png;base64,AAAA"]))
+    ok = await engine.generate(GenerateRequest(engine_ids=ids, images=one_image, sampling=greedy(1)))
+    assert not ok.aborted and ok.prompt_tokens == len(expanded)
+    assert await engine.health()
+    await engine.close()
+
+
+async def test_close_aborts_pending_requests(engine: HFEngine) -> None:
+    ids = user_turn(engine.processor, "interrupted")
+    endless = SamplingParams(max_new_tokens=20_000, temperature=0.0, ignore_eos=True)
+    pending = asyncio.create_task(engine.generate(GenerateRequest(engine_ids=ids, sampling=endless)))
+    while not engine.stats.batches:
+        await asyncio.sleep(0.01)
+    await engine.close()
+    result = await asyncio.wait_for(pending, 30)
+    assert result.aborted and result.finish_reason.message == "engine is closed"
+    late = await engine.generate(GenerateRequest(engine_ids=ids, sampling=greedy(1)))
+    assert late.aborted

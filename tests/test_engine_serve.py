@@ -1,0 +1,236 @@
+"""`SGLangEngine` against `vistarl engine serve` over real HTTP; the app's guards; a dead engine."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from pydantic import ValidationError
+from transformers import AutoModelForImageTextToText, PreTrainedModel
+
+from clients.images import encode_image
+from tests.servers import free_port, running_process, vistarl_cmd
+from tests.vl_samples import noise_image
+from trainer.engines import (
+    EngineRequestError,
+    EngineUnavailableError,
+    GenerateRequest,
+    HFEngine,
+    SamplingParams,
+    SGLangEngine,
+    make_engine,
+)
+from trainer.engines.server import EngineServerSettings, create_app
+from trainer.processor import VLProcessor
+from trainer.tiny_checkpoint import build_model
+
+
+@pytest.fixture(scope="module")
+def served(tiny_qwen25: Path) -> Iterator[str]:
+    """`vistarl engine serve` on the tiny Qwen2.5-VL checkpoint, in its own process."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = vistarl_cmd(
+        "engine", "serve", "--model", str(tiny_qwen25), "--port", str(port), "--log-level", "warning"
+    )
+    with running_process(args, ready_url=f"{url}/health_generate", timeout=180):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def processor(tiny_qwen25: Path) -> VLProcessor:
+    return VLProcessor.from_pretrained(tiny_qwen25)
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_qwen25: Path, processor: VLProcessor) -> tuple[PreTrainedModel, VLProcessor]:
+    """The same checkpoint loaded in this process, for in-process engines."""
+    return AutoModelForImageTextToText.from_pretrained(tiny_qwen25, dtype=torch.float32), processor
+
+
+@pytest.fixture
+async def client(served: str, processor: VLProcessor) -> AsyncIterator[SGLangEngine]:
+    engine = SGLangEngine(served, processor, retry_deadline_s=10)
+    yield engine
+    await engine.close()
+
+
+def pictures(seed: int, *sizes: tuple[int, int]) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [encode_image(noise_image(rng, w, h)) for w, h in sizes]
+
+
+def user_turn(processor: VLProcessor, text: str, n_images: int = 0, first: bool = True) -> list[int]:
+    vision = "<|vision_start|><|image_pad|><|vision_end|>" * n_images
+    opening = "" if first else "\n"
+    rendered = f"{opening}<|im_start|>user\n{vision}{text}<|im_end|>\n<|im_start|>assistant\n"
+    return list(processor.tokenizer.encode(rendered))
+
+
+GREEDY = SamplingParams(max_new_tokens=4, temperature=0.0)
+
+
+async def test_text_generation_over_http(client: SGLangEngine, processor: VLProcessor) -> None:
+    ids = user_turn(processor, "hello over http")
+    result = await client.generate(GenerateRequest(engine_ids=ids, sampling=GREEDY))
+    assert not result.aborted
+    assert result.prompt_tokens == len(ids)
+    assert len(result.output_ids) == len(result.logprobs) == 4
+    assert result.finish_reason.type == "length" and result.finish_reason.length == 4
+    assert result.text == processor.tokenizer.decode(result.output_ids, skip_special_tokens=True)
+    assert client.weight_version == result.weight_version
+
+
+async def test_images_across_turns_pass_the_prompt_tokens_check(
+    client: SGLangEngine, processor: VLProcessor
+) -> None:
+    images = pictures(0, (56, 84), (84, 56))
+    engine_ids = user_turn(processor, "first board", 1)
+    first = await client.generate(GenerateRequest(engine_ids=engine_ids, images=images[:1], sampling=GREEDY))
+    assert not first.aborted
+    engine_ids = engine_ids + first.output_ids + user_turn(processor, "second board", 1, first=False)
+    request = GenerateRequest(engine_ids=engine_ids, images=images, sampling=GREEDY)
+    second = await client.generate(request)
+    assert not second.aborted, second.finish_reason.message
+    assert second.prompt_tokens == client.expected_prompt_tokens(request) > len(engine_ids)
+
+
+async def test_served_greedy_output_equals_in_process_hf_engine(
+    client: SGLangEngine, loaded: tuple[PreTrainedModel, VLProcessor]
+) -> None:
+    local = HFEngine(*loaded)
+    images = pictures(1, (56, 56))
+    request = GenerateRequest(
+        engine_ids=user_turn(local.processor, "same answer?", 1), images=images, sampling=GREEDY
+    )
+    remote_result = await client.generate(request)
+    local_result = await local.generate(request)
+    await local.close()
+    assert remote_result.output_ids == local_result.output_ids
+    np.testing.assert_allclose(remote_result.logprobs, local_result.logprobs, atol=1e-5)
+    assert remote_result.prompt_tokens == local_result.prompt_tokens
+
+
+async def test_unknown_sampling_key_is_rejected_with_400(served: str) -> None:
+    body = {"input_ids": [1, 2, 3], "sampling_params": {"max_tokens": 4}}
+    async with httpx.AsyncClient(base_url=served, timeout=30) as http:
+        response = await http.post("/generate", json=body)
+    assert response.status_code == 400
+    assert "max_tokens" in response.json()["error"]["message"]
+    with pytest.raises(ValidationError):
+        SamplingParams.model_validate({"max_tokens": 4})
+
+
+async def test_abort_request_ends_a_running_generation(client: SGLangEngine, processor: VLProcessor) -> None:
+    endless = SamplingParams(max_new_tokens=20_000, temperature=0.0, ignore_eos=True)
+    request = GenerateRequest(
+        engine_ids=user_turn(processor, "never stop"), sampling=endless, rid="endless-1"
+    )
+    task = asyncio.create_task(client.generate(request))
+    deadline = time.monotonic() + 60
+    while not task.done() and time.monotonic() < deadline:
+        await client.abort("endless-1")  # a no-op until the server knows the rid
+        await asyncio.sleep(0.1)
+    result = await asyncio.wait_for(task, 10)
+    assert result.finish_reason.type == "abort"
+    assert len(result.output_ids) < 20_000
+
+
+async def test_pause_and_continue_generation(client: SGLangEngine) -> None:
+    await client.pause_generation("retract")
+    try:
+        assert not await client.health()
+    finally:
+        await client.continue_generation()
+    assert await client.health()
+
+
+async def test_update_weights_from_disk_bumps_weight_version(
+    client: SGLangEngine, processor: VLProcessor, tiny_qwen25: Path, tmp_path: Path
+) -> None:
+    other = tmp_path / "seed1"
+    build_model("qwen2_5_vl", seed=1).save_pretrained(other)
+    ids = user_turn(processor, "which weights?")
+    before = await client.generate(GenerateRequest(engine_ids=ids, sampling=GREEDY))
+    try:
+        version = await client.update_weights_from_disk(str(other))
+        assert version != before.weight_version
+        assert (await client.model_info()).weight_version == version
+        after = await client.generate(GenerateRequest(engine_ids=ids, sampling=GREEDY))
+        assert after.weight_version == version
+        assert not np.allclose(after.logprobs, before.logprobs, atol=1e-4)
+        with pytest.raises(EngineRequestError, match="cannot load"):
+            await client.update_weights_from_disk(str(tmp_path / "missing"))
+        assert client.weight_version == version
+    finally:
+        await client.update_weights_from_disk(str(tiny_qwen25), weight_version="restored")
+    restored = await client.generate(GenerateRequest(engine_ids=ids, sampling=GREEDY))
+    assert restored.weight_version == "restored"
+    np.testing.assert_allclose(restored.logprobs, before.logprobs, atol=1e-6)
+
+
+async def test_prompt_tokens_mismatch_becomes_an_abort_naming_both_counts(
+    served: str, tiny_qwen3: Path, processor: VLProcessor
+) -> None:
+    wrong = SGLangEngine(served, VLProcessor.from_pretrained(tiny_qwen3))  # patch 16 instead of 14
+    request = GenerateRequest(
+        engine_ids=user_turn(processor, "look", 1), images=pictures(2, (56, 56)), sampling=GREEDY
+    )
+    result = await wrong.generate(request)
+    await wrong.close()
+    served_count = SGLangEngine(served, processor).expected_prompt_tokens(request)
+    local_count = wrong.expected_prompt_tokens(request)
+    assert result.aborted and result.output_ids == []
+    message = result.finish_reason.message or ""
+    assert "prompt_tokens mismatch" in message
+    assert f"counted {served_count}" in message and f"gives {local_count}" in message
+
+
+async def test_dead_engine_returns_an_abort_within_its_deadline(processor: VLProcessor) -> None:
+    engine = SGLangEngine(f"http://127.0.0.1:{free_port()}", processor, retry_deadline_s=1.5)
+    started = time.monotonic()
+    result = await engine.generate(
+        GenerateRequest(engine_ids=user_turn(processor, "anyone?"), sampling=GREEDY)
+    )
+    elapsed = time.monotonic() - started
+    assert result.aborted and "ConnectError" in (result.finish_reason.message or "")
+    assert elapsed < 30  # bounded by the retry deadline, not by the /generate read timeout
+    assert not await engine.health()
+    with pytest.raises(EngineUnavailableError):
+        await engine.model_info()
+    await engine.close()
+
+
+async def test_bearer_token_and_body_limit_guard_the_app(loaded: tuple[PreTrainedModel, VLProcessor]) -> None:
+    local = HFEngine(*loaded)
+    settings = EngineServerSettings(api_token="s3cret", max_body_bytes=4096)
+    app = create_app(local, settings)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://engine") as http:
+        assert (await http.get("/model_info")).status_code == 401
+        assert (await http.get("/health_generate")).status_code == 200
+        auth = {"authorization": "Bearer s3cret"}
+        assert (await http.get("/model_info", headers=auth)).json()["weight_version"] == "0"
+        big = {"input_ids": [1] * 5000, "sampling_params": {"max_new_tokens": 1}}
+        assert (await http.post("/generate", json=big, headers=auth)).status_code == 413
+    await local.close()
+
+
+async def test_make_engine_parses_specs(tiny_qwen25: Path, processor: VLProcessor) -> None:
+    remote = make_engine("sglang:http://127.0.0.1:30000", processor)
+    assert isinstance(remote, SGLangEngine) and remote.url == "http://127.0.0.1:30000"
+    served = make_engine("hf:http://127.0.0.1:30001/", processor)
+    assert isinstance(served, SGLangEngine) and served.url == "http://127.0.0.1:30001"
+    local = make_engine(f"hf:{tiny_qwen25}", max_batch_size=2)
+    assert isinstance(local, HFEngine) and local.max_batch_size == 2
+    for engine in (remote, served, local):
+        await engine.close()
+    for bad in ("hf", "vllm:http://x", "sglang:/some/dir", "sglang:"):
+        with pytest.raises(ValueError):
+            make_engine(bad)
