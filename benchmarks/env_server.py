@@ -1,0 +1,167 @@
+"""Sokoban environment-server benchmark: the in-process floor, then HTTP throughput and latency.
+
+    .venv/bin/python -m benchmarks.env_server [--seconds 10] [--concurrency 1 16 64 256]
+
+(a) In process: `SokobanEnv.step` + render + PNG encode, one core, steps per second (the floor).
+(b) Over HTTP against a `vistarl serve sokoban` process: N virtual users in one asyncio client
+    process, each resetting a session and then stepping it (re-resetting when the episode ends).
+    Steps per second and client-side p50 / p99 latency of /step, after a warm-up.
+Both sides use the same moves (a fixed Up/Right/Down/Left walk on default 6x6 levels). Prints a
+markdown table; its last column is the CPU time per step of the process doing the env work (this one
+in process, the server over HTTP), which stays meaningful on a busy machine where wall-clock rates do not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ssl
+import statistics
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from benchmarks.client_concurrency import process_cpu_s
+from clients.images import encode_image
+from services.sokoban import SokobanEnv, SokobanOptions
+from tests.servers import free_port, running_process, vistarl_cmd
+
+ACTIONS = tuple(f"<answer>{move}</answer>" for move in ("Up", "Right", "Down", "Left"))
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One benchmark row."""
+
+    mode: str
+    concurrency: int
+    steps_per_s: float
+    cpu_ms_per_step: float | None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+
+
+def in_process(seconds: float) -> Figures:
+    """Step + render + PNG-encode Sokoban in this process for `seconds`; a new level at each episode end."""
+    options = SokobanOptions()
+    env = SokobanEnv(options)
+    env.reset()
+    steps = 0
+    started, cpu_started = time.perf_counter(), time.process_time()
+    while time.perf_counter() - started < seconds:
+        obs, done, _ = env.step(ACTIONS[steps % len(ACTIONS)])
+        for image in obs["images"]:
+            encode_image(image)
+        steps += 1
+        if done:
+            env = SokobanEnv(options)
+            env.reset()
+    cpu_ms = 1e3 * (time.process_time() - cpu_started) / steps
+    return Figures("in-process", 1, steps / (time.perf_counter() - started), cpu_ms)
+
+
+async def over_http(url: str, server_pid: int, concurrency: int, seconds: float, warmup: float) -> Figures:
+    """Run `concurrency` virtual users for warmup + seconds; count the steps that finish after the warm-up.
+
+    Each user has its own keep-alive `httpx.AsyncClient`: one shared pool of N connections costs the
+    client O(N) work per request (httpcore scans its pool), which at 64+ users outweighs the server
+    being measured. The clients share one TLS context, since building one per client takes ~70 ms.
+    """
+    tls = ssl.create_default_context()
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(
+                httpx.AsyncClient(base_url=url, limits=limits, verify=tls, timeout=60.0)
+            )
+            for _ in range(concurrency)
+        ]
+        start = time.perf_counter()
+        measure_from, stop_at = start + warmup, start + warmup + seconds
+        server_cpu = asyncio.create_task(_cpu_between(server_pid, measure_from, stop_at))
+        per_user = await asyncio.gather(*(_user(client, measure_from, stop_at) for client in clients))
+    latencies = sorted(latency for user in per_user for latency in user)
+    cuts = statistics.quantiles(latencies, n=100)
+    cpu_s = await server_cpu
+    cpu_ms = None if cpu_s is None else 1e3 * cpu_s / len(latencies)
+    return Figures("HTTP", concurrency, len(latencies) / seconds, cpu_ms, cuts[49] * 1e3, cuts[98] * 1e3)
+
+
+async def _cpu_between(pid: int, start: float, stop: float) -> float | None:
+    """CPU seconds that process `pid` used between two `perf_counter` instants (None without /proc)."""
+    await asyncio.sleep(start - time.perf_counter())
+    before = process_cpu_s(pid)
+    await asyncio.sleep(stop - time.perf_counter())
+    after = process_cpu_s(pid)
+    return None if before is None or after is None else after - before
+
+
+async def _user(client: httpx.AsyncClient, measure_from: float, stop_at: float) -> list[float]:
+    """One virtual user: reset, step until `stop_at`, re-reset when an episode ends; its step latencies."""
+    latencies: list[float] = []
+    session = await _reset(client)
+    turn = 0
+    while (now := time.perf_counter()) < stop_at:
+        action = ACTIONS[turn % len(ACTIONS)]
+        answer = await client.post("/step", json={"session_id": session, "action": action})
+        finished = time.perf_counter()
+        answer.raise_for_status()
+        if measure_from <= now and finished <= stop_at:
+            latencies.append(finished - now)
+        turn += 1
+        if answer.json()["done"]:
+            await client.delete(f"/sessions/{session}")
+            session = await _reset(client)
+    await client.delete(f"/sessions/{session}")
+    return latencies
+
+
+async def _reset(client: httpx.AsyncClient) -> str:
+    answer = await client.post("/reset", json={})
+    answer.raise_for_status()
+    return str(answer.json()["session_id"])
+
+
+def markdown(rows: list[Figures], floor: float) -> str:
+    """The figures as a markdown table, each throughput also as a share of the in-process floor."""
+
+    def ms(value: float | None, digits: int = 1) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    lines = [
+        "| mode | concurrency | steps/s | % of floor | p50 ms | p99 ms | CPU ms/step |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        cells = [r.mode, r.concurrency, f"{r.steps_per_s:.0f}", f"{100 * r.steps_per_s / floor:.0f}%"]
+        cells += [ms(r.p50_ms), ms(r.p99_ms), ms(r.cpu_ms_per_step, digits=2)]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=10.0, help="Measured seconds per row.")
+    parser.add_argument("--warmup", type=float, default=3.0, help="Unmeasured seconds before each HTTP row.")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
+    args = parser.parse_args()
+
+    rows = [in_process(args.seconds)]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    capacity = str(2 * max(args.concurrency))
+    command = vistarl_cmd(
+        "serve", "sokoban", "--port", str(port), "--log-level", "warning", "--max-sessions", capacity
+    )
+    with running_process(command, ready_url=f"{url}/health", env={"VISTARL_API_TOKEN": ""}) as server:
+        for concurrency in args.concurrency:
+            rows.append(asyncio.run(over_http(url, server.pid, concurrency, args.seconds, args.warmup)))
+    print(markdown(rows, rows[0].steps_per_s))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""Rollout workers in process, on both queue backends: concurrency, retries, leases, shutdown, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+
+from tests.runners import scripted_episode, trajectory_for
+from tests.test_queue import QueueMaker, job, make_queue
+from trainer.queue import EpisodeJob, EpisodeQueue, ResultConsumer
+from trainer.worker import EngineSpec, EpisodeRunner, Worker, load_runner_factory
+
+# `make_queue` is the backend-parametrized fixture of test_queue, used here too.
+__all__ = ["make_queue"]
+
+
+@contextlib.asynccontextmanager
+async def running(worker: Worker) -> AsyncIterator[Worker]:
+    """Run `worker` in the background; stop it (bounded) on the way out."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        yield worker
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=30)
+
+
+def worker_on(queue: EpisodeQueue, runner: EpisodeRunner = scripted_episode, **options: Any) -> Worker:
+    return Worker(queue, runner, **{"consumer": "w1", "concurrency": 4, "shutdown_grace_s": 5.0, **options})
+
+
+def metric(worker: Worker, name: str) -> float:
+    """The current value of one of the worker's metrics, read from its Prometheus exposition."""
+    for line in generate_latest(worker.metrics.registry).decode().splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.split()[1])
+    raise KeyError(name)
+
+
+async def test_worker_runs_jobs_and_publishes_every_trajectory(make_queue: QueueMaker) -> None:
+    queue = make_queue()
+    await queue.enqueue([job(f"e{i}", options={"i": i}) for i in range(20)])
+    async with running(worker_on(queue)) as worker:
+        results = await ResultConsumer(queue).collect(20, timeout_s=10)
+    assert sorted(r["options"]["i"] for r in results) == list(range(20))
+    assert {r["attempt"] for r in results} == {1}
+    assert metric(worker, "vistarl_worker_episodes_done_total") == 20
+    assert metric(worker, "vistarl_worker_episode_seconds_count") == 20
+    stats = await queue.stats()
+    assert (stats.pending, stats.in_flight, stats.results) == (0, 0, 0)
+
+
+async def test_worker_holds_at_most_its_concurrency(make_queue: QueueMaker) -> None:
+    queue = make_queue()
+    now_running, most = 0, 0
+
+    async def counting(episode: EpisodeJob) -> dict[str, Any]:
+        nonlocal now_running, most
+        now_running += 1
+        most = max(most, now_running)
+        await asyncio.sleep(0.1)
+        now_running -= 1
+        return trajectory_for(episode)
+
+    await queue.enqueue([job(f"e{i}") for i in range(12)])
+    async with running(worker_on(queue, counting, concurrency=3)):
+        assert len(await ResultConsumer(queue).collect(12, timeout_s=10)) == 12
+    assert most == 3
+
+
+async def test_poison_job_is_dead_lettered_with_its_error(make_queue: QueueMaker) -> None:
+    queue = make_queue(max_attempts=3)
+    await queue.enqueue([job("poison", options={"raise": "env exploded"}), job("fine")])
+    async with running(worker_on(queue)) as worker:
+        [result] = await ResultConsumer(queue).collect(1, timeout_s=10)
+        deadline = time.monotonic() + 10
+        while not await queue.dead_letters() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    assert result["episode_id"] == "fine"
+    [letter] = await queue.dead_letters()
+    assert (letter.episode_id, letter.attempts) == ("poison", 3)
+    assert letter.error.startswith("RuntimeError: env exploded [worker w1]")
+    assert len(letter.job["errors"]) == 3
+    assert metric(worker, "vistarl_worker_episodes_failed_total") == 3
+    assert metric(worker, "vistarl_worker_episodes_dead_lettered_total") == 1
+
+
+async def test_a_failed_trajectory_is_delivered_not_retried(make_queue: QueueMaker) -> None:
+    queue = make_queue()
+
+    async def gives_up(episode: EpisodeJob) -> dict[str, Any]:
+        return {**trajectory_for(episode, status="FAILED"), "error": "env said no"}
+
+    await queue.enqueue([job("a")])
+    async with running(worker_on(queue, gives_up)):
+        [result] = await ResultConsumer(queue).collect(1, timeout_s=10)
+    assert (result["status"], result["error"], result["attempt"]) == ("FAILED", "env said no", 1)
+    assert (await queue.stats()).dead == 0
+
+
+async def test_an_invalid_trajectory_fails_the_attempt_with_a_clear_error(make_queue: QueueMaker) -> None:
+    queue = make_queue(max_attempts=1)
+
+    async def sloppy(episode: EpisodeJob) -> dict[str, Any]:
+        return {"episode_id": episode.episode_id}
+
+    await queue.enqueue([job("a")])
+    async with running(worker_on(queue, sloppy)):
+        deadline = time.monotonic() + 10
+        while not await queue.dead_letters() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    [letter] = await queue.dead_letters()
+    assert "lacks required keys" in letter.error
+
+
+async def test_heartbeats_keep_a_long_episode_while_another_worker_polls(make_queue: QueueMaker) -> None:
+    lease_s = 1.0
+    queue = make_queue(lease_s=lease_s)
+    await queue.enqueue([job("long", options={"sleep_s": 3 * lease_s})])
+    async with running(worker_on(queue, consumer="owner")) as owner:
+        while (await queue.stats()).in_flight == 0:
+            await asyncio.sleep(0.02)
+        async with running(worker_on(make_queue(lease_s=lease_s), consumer="poller")) as poller:
+            [result] = await ResultConsumer(queue).collect(1, timeout_s=15)
+    assert result["attempt"] == 1
+    assert metric(poller, "vistarl_worker_episodes_reclaimed_total") == 0
+    assert metric(owner, "vistarl_worker_episodes_lost_total") == 0
+
+
+async def test_jobs_of_a_vanished_worker_are_rerun_as_attempt_two(make_queue: QueueMaker) -> None:
+    queue = make_queue(lease_s=0.5)
+    await queue.enqueue([job("a"), job("b")])
+    assert len(await queue.take("vanished", 2, 0.5)) == 2
+    async with running(worker_on(queue)) as worker:
+        results = await ResultConsumer(queue).collect(2, timeout_s=10)
+    assert sorted((r["episode_id"], r["attempt"]) for r in results) == [("a", 2), ("b", 2)]
+    assert metric(worker, "vistarl_worker_episodes_reclaimed_total") == 2
+
+
+async def test_a_lost_lease_cancels_the_episode_and_the_job_runs_again(make_queue: QueueMaker) -> None:
+    queue = make_queue(lease_s=0.6)
+    starts = 0
+
+    async def slow_first_time(episode: EpisodeJob) -> dict[str, Any]:
+        nonlocal starts
+        starts += 1
+        await asyncio.sleep(30 if starts == 1 else 0)
+        return trajectory_for(episode)
+
+    await queue.enqueue([job("a")])
+    async with running(worker_on(queue, slow_first_time)) as worker:
+        while not worker._held:
+            await asyncio.sleep(0.02)
+        await make_queue().release(list(worker._held.values()))
+        deadline = time.monotonic() + 10
+        while metric(worker, "vistarl_worker_episodes_lost_total") == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        [result] = await ResultConsumer(queue).collect(1, timeout_s=10)
+    assert (result["attempt"], starts) == (1, 2)
+    assert metric(worker, "vistarl_worker_episodes_lost_total") == 1
+
+
+async def test_stop_finishes_short_episodes_and_hands_back_long_ones(make_queue: QueueMaker) -> None:
+    queue = make_queue()
+    await queue.enqueue([job("short", options={"sleep_s": 0.3}), job("long", options={"sleep_s": 60})])
+    worker = worker_on(queue, shutdown_grace_s=1.0)
+    async with running(worker):
+        while (await queue.stats()).in_flight < 2:
+            await asyncio.sleep(0.02)
+    stats = await queue.stats()
+    assert (stats.pending, stats.in_flight, stats.results) == (1, 0, 1)
+    [result] = await ResultConsumer(queue).collect(1, timeout_s=1)
+    assert result["episode_id"] == "short"
+    [handed_back] = await queue.take("next", 1, 0.5)
+    assert (handed_back.job.episode_id, handed_back.job.attempt, handed_back.job.errors) == ("long", 1, [])
+    assert metric(worker, "vistarl_worker_episodes_released_total") == 1
+
+
+def test_engine_specs_and_runner_paths_are_checked() -> None:
+    assert EngineSpec.parse("sglang:http://127.0.0.1:30000") == EngineSpec(
+        kind="sglang", target="http://127.0.0.1:30000"
+    )
+    assert EngineSpec.parse("hf:/models/tiny").target == "/models/tiny"
+    for bad in ("vllm:http://x", "sglang:", "no-colon"):
+        with pytest.raises(ValueError, match="sglang:URL or hf:DIR"):
+            EngineSpec.parse(bad)
+    assert load_runner_factory("tests.runners:make_noop_runner").__name__ == "make_noop_runner"
+    for bad, message in (
+        ("nocolon", "module:function"),
+        ("no.such.module:f", "cannot import"),
+        ("tests.runners:nope", "no callable"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            load_runner_factory(bad)
