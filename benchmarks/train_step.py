@@ -1,0 +1,282 @@
+"""Actor update and logprob-recompute throughput of a Qwen2.5-VL-3B-shaped model on one GPU.
+
+    .venv/bin/python -m benchmarks.train_step                  # 3B shape, random init, bf16, 1 GPU
+    .venv/bin/python -m benchmarks.train_step --compile --micro-batch-tokens 16384
+    .venv/bin/python -m benchmarks.train_step --tiny           # the same code path on CPU, in seconds
+
+The trainer's own path: `shard_model` (FSDP2 over a one-rank group, fp32 master weights gathered as
+bf16, fp32 gradient reduction), gradient checkpointing per decoder layer and vision block, SDPA
+attention, packed micro-batches of `--micro-batch-tokens` with 4-row position ids, chunked logprobs
+at response tokens, fused AdamW. One step = forward + backward over `--micro-batches` micro-batches,
+then clip + AdamW. Recompute = the same micro-batches under `torch.no_grad`.
+
+MFU = k·N·tokens/s / peak, k = 6 for the update and 2 for the recompute, where N counts every
+parameter except the input embedding table, with `lm_head` counted even when tied to it (the weights
+that multiply each token; vision weights included). Attention FLOPs and checkpoint recomputation are
+not counted; `lm_head` runs only at response tokens, so its share is counted for all tokens.
+Peak is `--peak-tflops` (989: H100 SXM dense bf16). Prints a markdown table and one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from PIL import Image
+from transformers import PretrainedConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+from tests.servers import free_port
+from trainer.fsdp import init_distributed, rank_device, shard_model
+from trainer.logprobs import token_logprobs
+from trainer.models import ActorModel, blocks
+from trainer.packing import PackedBatch, SequenceSample, pack_sequences, plan_micro_batches
+from trainer.processor import VLProcessor
+from trainer.tiny_checkpoint import model_config, write_tiny_checkpoint
+
+TEXT_VOCAB = 150_000
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What one run measured."""
+
+    model: str
+    device: str
+    params_counted: int
+    micro_batch_tokens: int
+    micro_batches: int
+    images_per_seq: int
+    compiled: bool
+    update_tokens_per_s: float
+    update_mfu: float
+    recompute_tokens_per_s: float
+    recompute_mfu: float
+    peak_memory_gib: float
+
+
+def qwen25_vl_3b_config() -> Qwen2_5_VLConfig:
+    """The shape of Qwen/Qwen2.5-VL-3B-Instruct's config.json (weights are random)."""
+    text = dict(
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=11008,
+        num_hidden_layers=36,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        max_position_embeddings=128000,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]},
+        bos_token_id=151643,
+        eos_token_id=151645,
+    )
+    vision = dict(
+        depth=32,
+        hidden_size=1280,
+        intermediate_size=3420,
+        num_heads=16,
+        out_hidden_size=2048,
+        patch_size=14,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        window_size=112,
+        fullatt_block_indexes=[7, 15, 23, 31],
+        tokens_per_second=2,
+    )
+    special = dict(image_token_id=151655, video_token_id=151656, vision_start_token_id=151652)
+    return Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **special)
+
+
+def build_actor(config: PretrainedConfig, device: torch.device) -> ActorModel:
+    """A randomly initialised fp32 actor, created directly on `device`."""
+    with torch.device(device):
+        lm = Qwen2_5_VLForConditionalGeneration._from_config(
+            config, attn_implementation="sdpa", dtype=torch.float32
+        )
+    return ActorModel.from_lm(lm).train()
+
+
+def counted_params(actor: ActorModel) -> int:
+    """N of the MFU formula: every parameter but the input embeddings, plus `lm_head` (tied or not)."""
+    total = sum(p.numel() for p in actor.parameters())  # shared (tied) parameters are counted once
+    embed = actor.model.get_input_embeddings().weight.numel()
+    return int(total - embed + actor.lm_head.weight.numel())
+
+
+def synthetic_samples(
+    processor: VLProcessor, count: int, seq_tokens: int, images_per_seq: int, image_side: int, seed: int = 0
+) -> list[SequenceSample]:
+    """`count` sequences of `seq_tokens` tokens: images and a random prompt, then a scored half."""
+    rng = np.random.default_rng(seed)
+    ids = processor.ids
+    samples = []
+    for _ in range(count):
+        images = [
+            Image.fromarray(rng.integers(0, 256, (image_side, image_side, 3), dtype=np.uint8))
+            for _ in range(images_per_seq)
+        ]
+        head = processor.expand_image_pads(
+            [ids.im_start] + [ids.vision_start, ids.image_pad, ids.vision_end] * images_per_seq,
+            [processor.image_grid(image) for image in images],
+        )
+        response = seq_tokens // 2
+        prompt = seq_tokens - response - len(head)
+        if prompt < 1:
+            raise ValueError(f"{images_per_seq} images of {image_side}px do not fit in {seq_tokens} tokens")
+        train_ids = head + rng.integers(0, TEXT_VOCAB, prompt + response).tolist()
+        samples.append(
+            SequenceSample(
+                train_ids=train_ids,
+                loss_mask=[0] * (len(head) + prompt) + [1] * response,
+                images=images,
+                advantages=[0.0] * (len(head) + prompt) + [float(rng.normal())] * response,
+            )
+        )
+    return samples
+
+
+def load_processor(path: Path | None) -> VLProcessor:
+    """The processor of `path`, or of a fresh tiny checkpoint (same tokenizer and image processor as 3B)."""
+    if path is not None:
+        return VLProcessor.from_pretrained(path)
+    with tempfile.TemporaryDirectory() as tmp:
+        return VLProcessor.from_pretrained(write_tiny_checkpoint(tmp, "qwen2_5_vl"))
+
+
+def timed(fn: Callable[[], None], device: torch.device, repeats: int) -> float:
+    """Seconds per call of `fn`, averaged over `repeats` calls after synchronising the device."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - started) / repeats
+
+
+def run(args: argparse.Namespace) -> Figures:
+    """Build the model and batches, then time the update step and the recompute."""
+    device = rank_device()
+    config = model_config("qwen2_5_vl") if args.tiny else qwen25_vl_3b_config()
+    processor = load_processor(args.processor)
+    actor = build_actor(config, device)
+    params = counted_params(actor)
+    if args.compile:
+        for block in blocks(actor):
+            block.compile()
+    actor = shard_model(actor, device, gradient_checkpointing=True)
+    optimizer = torch.optim.AdamW(actor.parameters(), lr=1e-6, fused=device.type == "cuda")
+
+    seqs_per_micro = max(1, args.micro_batch_tokens // args.seq_tokens)
+    samples = synthetic_samples(
+        processor, seqs_per_micro * args.micro_batches, args.seq_tokens, args.images_per_seq, args.image_side
+    )
+    plan = plan_micro_batches([len(s.train_ids) for s in samples], 1, args.micro_batch_tokens)[0]
+    rope_index = actor.model.get_rope_index
+    batches: list[PackedBatch] = [
+        pack_sequences([samples[i] for i in micro], processor, rope_index).to(device) for micro in plan
+    ]
+    tokens = sum(int(b.cu_seqlens[-1]) for b in batches)
+    scored = sum(float(b.loss_mask.sum()) for b in batches)
+
+    def update() -> None:
+        for batch in batches:
+            logprobs = token_logprobs(actor, batch, temperature=1.0, chunk_size=args.chunk_size).logprobs
+            (-(logprobs * batch.advantages).sum() / scored).backward()
+        torch.nn.utils.clip_grad_norm_(actor.parameters(), max_norm=1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    @torch.no_grad()
+    def recompute() -> None:
+        for batch in batches:
+            token_logprobs(actor, batch, temperature=1.0, chunk_size=args.chunk_size)
+
+    for _ in range(args.warmup):  # compilation, allocator and kernel selection settle here
+        update()
+        recompute()
+    update_s = timed(update, device, args.steps)
+    recompute_s = timed(recompute, device, args.steps)
+    peak = args.peak_tflops * 1e12
+    memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
+    return Figures(
+        model="tiny-qwen2.5-vl" if args.tiny else "qwen2.5-vl-3b-shape",
+        device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        params_counted=params,
+        micro_batch_tokens=args.micro_batch_tokens,
+        micro_batches=len(batches),
+        images_per_seq=args.images_per_seq,
+        compiled=args.compile,
+        update_tokens_per_s=tokens / update_s,
+        update_mfu=6 * params * tokens / update_s / peak,
+        recompute_tokens_per_s=tokens / recompute_s,
+        recompute_mfu=2 * params * tokens / recompute_s / peak,
+        peak_memory_gib=memory,
+    )
+
+
+def print_figures(figures: Figures) -> None:
+    """A markdown table, then the same figures as one JSON line."""
+    print(f"model={figures.model} device={figures.device} N={figures.params_counted / 1e9:.3f}B")
+    print("| pass | tokens/s | MFU |")
+    print("|---|---:|---:|")
+    print(f"| update (fwd+bwd+AdamW) | {figures.update_tokens_per_s:,.0f} | {figures.update_mfu:.1%} |")
+    print(f"| logprob recompute | {figures.recompute_tokens_per_s:,.0f} | {figures.recompute_mfu:.1%} |")
+    print(json.dumps(asdict(figures)))
+
+
+def single_rank_environment() -> None:
+    """Describe a one-rank process group when not launched by torchrun, so FSDP2 runs as in training."""
+    if "WORLD_SIZE" in os.environ:
+        return
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1"
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tiny", action="store_true", help="tiny config on CPU: checks the code path")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps (after warm-up)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--micro-batch-tokens", type=int, default=8192)
+    parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches per optimizer step")
+    parser.add_argument("--seq-tokens", type=int, default=2048, help="tokens per packed sequence")
+    parser.add_argument("--images-per-seq", type=int, default=1)
+    parser.add_argument("--image-side", type=int, default=448, help="448 px -> 256 image tokens")
+    parser.add_argument("--chunk-size", type=int, default=2048, help="logprob chunk (rows of logits)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile each layer and block")
+    parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument("--processor", type=Path, help="a Qwen2.5-VL checkpoint dir for the processor")
+    if parser.parse_known_args(argv)[0].tiny:
+        parser.set_defaults(micro_batch_tokens=512, seq_tokens=128, image_side=56, steps=2, warmup=1)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark on this rank; rank 0 prints."""
+    args = parse_args(argv)
+    single_rank_environment()
+    init_distributed()
+    try:
+        figures = run(args)
+        if dist.get_rank() == 0:
+            print_figures(figures)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""One training step of the tiny actor on a fixed batch, on 1 process or N torchrun ranks (FSDP2, gloo).
+
+    torchrun --nproc-per-node 2 tests/fsdp_worker.py CHECKPOINT OUT_DIR    # sharded
+    python tests/fsdp_worker.py CHECKPOINT OUT_DIR                          # plain module
+
+The batch is split across ranks by `plan_micro_batches`; rank 0 writes the loss, the gradient norm,
+the plan and the updated weights (safetensors) to OUT_DIR, for `tests/test_fsdp.py` to compare.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+
+from tests.vl_samples import make_sample
+from trainer.fsdp import full_state_dict, init_distributed, shard_model
+from trainer.logprobs import token_logprobs
+from trainer.models import load_actor
+from trainer.packing import SequenceSample, pack_sequences, plan_micro_batches
+from trainer.processor import VLProcessor
+
+MICRO_BATCH_TOKENS = 128
+TEMPERATURE = 0.9
+ENTROPY_COEF = 0.01
+LR = 1e-3
+
+
+def training_samples(processor: VLProcessor) -> list[SequenceSample]:
+    """Five sequences, two with an image; with 2 ranks, one micro-step has images on one rank only."""
+    rng = np.random.default_rng(7)
+    return [
+        make_sample(processor, rng, 20, 30, [(56, 56)]),
+        make_sample(processor, rng, 30, 40),
+        make_sample(processor, rng, 10, 25, [(56, 84)]),
+        make_sample(processor, rng, 15, 20),
+        make_sample(processor, rng, 8, 12),
+    ]
+
+
+def train_step(checkpoint: Path, out_dir: Path) -> None:
+    """Accumulate the policy-gradient + entropy loss over this rank's micro-batches, clip, AdamW step."""
+    torch.manual_seed(0)
+    distributed = init_distributed(timeout=timedelta(seconds=60))
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    processor = VLProcessor.from_pretrained(checkpoint)
+    actor = shard_model(load_actor(checkpoint), torch.device("cpu"), gradient_checkpointing=True)
+    optimizer = torch.optim.AdamW(actor.parameters(), lr=LR, weight_decay=0.0)
+    samples = training_samples(processor)
+    plan = plan_micro_batches([len(s.train_ids) for s in samples], world, MICRO_BATCH_TOKENS)
+    scored_tokens = sum(sum(s.loss_mask) for s in samples)
+    loss_sum = torch.zeros(())
+    for micro in plan[rank]:
+        batch = pack_sequences([samples[i] for i in micro], processor, actor.model.get_rope_index)
+        scores = token_logprobs(actor, batch, TEMPERATURE, with_entropy=True)
+        assert scores.entropy is not None
+        token_loss = -scores.logprobs * batch.advantages - ENTROPY_COEF * scores.entropy
+        loss = (token_loss * batch.loss_mask).sum() / scored_tokens
+        (loss * world).backward()  # FSDP averages gradients over ranks; the loss is a global sum
+        loss_sum += loss.detach()
+    grad_norm = torch.nn.utils.clip_grad_norm_(actor.parameters(), max_norm=1e6)
+    optimizer.step()
+    if distributed:
+        dist.all_reduce(loss_sum)
+        grad_norm = grad_norm.full_tensor()  # type: ignore[attr-defined]
+    weights = full_state_dict(actor)
+    if rank == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        save_file(
+            {k: v.clone().contiguous() for k, v in weights.items()}, str(out_dir / "weights.safetensors")
+        )
+        report = {"loss": loss_sum.item(), "grad_norm": grad_norm.item(), "world": world, "plan": plan}
+        (out_dir / "result.json").write_text(json.dumps(report))
+    if distributed:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    train_step(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -1,0 +1,99 @@
+"""Actor, reference and critic loading, critic checkpoints, and the per-model training switches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.vl_samples import mixed_samples
+from trainer.fsdp import full_state_dict, shard_model
+from trainer.logprobs import token_logprobs, token_values
+from trainer.models import (
+    ActorModel,
+    CriticModel,
+    blocks,
+    load_critic,
+    load_lm,
+    load_models,
+    save_critic,
+)
+from trainer.packing import PackedBatch, pack_sequences
+from trainer.processor import VLProcessor
+from trainer.tiny_checkpoint import ARCHS
+
+
+def batch_for(model: ActorModel | CriticModel, path: Path) -> PackedBatch:
+    """Two of the mixed samples: one with an image, one without."""
+    processor = VLProcessor.from_pretrained(path)
+    return pack_sequences(mixed_samples(processor)[:2], processor, model.model.get_rope_index)
+
+
+def test_reference_and_critic_load_only_when_asked(tiny_qwen25: Path) -> None:
+    bare = load_models(tiny_qwen25, use_reference=False, use_critic=False)
+    assert bare.reference is None and bare.critic is None and bare.actor.training
+    full = load_models(tiny_qwen25, use_reference=True, use_critic=True)
+    assert full.reference is not None and full.critic is not None
+    assert not full.reference.training
+    assert not any(p.requires_grad for p in full.reference.parameters())
+    assert all(p.requires_grad for p in full.actor.parameters())
+    assert torch.all(full.critic.value_head.weight == 0)
+
+
+def test_actor_state_dict_has_the_hf_model_names(tiny_qwen25: Path) -> None:
+    lm = load_lm(tiny_qwen25)
+    actor_keys = set(full_state_dict(ActorModel.from_lm(lm)))
+    assert actor_keys == set(lm.state_dict())
+    assert "lm_head.weight" in actor_keys
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_blocks_are_decoder_layers_and_vision_blocks(tiny_checkpoints: dict[str, Path], arch: str) -> None:
+    lm = load_lm(tiny_checkpoints[arch])
+    found = blocks(ActorModel.from_lm(lm))
+    text, vision = lm.config.text_config.num_hidden_layers, lm.config.vision_config.depth
+    assert len(found) == text + vision
+    assert {type(b).__name__ for b in found} == set(lm.model._no_split_modules)
+
+
+def test_critic_checkpoint_round_trip(tiny_qwen25: Path, tmp_path: Path) -> None:
+    critic = load_critic(tiny_qwen25)
+    torch.nn.init.normal_(critic.value_head.weight, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        critic.model.language_model.norm.weight.mul_(1.5)  # a trained backbone differs from the policy's
+    saved = save_critic(full_state_dict(critic), critic.config, tmp_path / "critic")
+    restored = load_critic(saved)
+    expected, actual = full_state_dict(critic), full_state_dict(restored)
+    assert set(actual) == set(expected)
+    for name, tensor in expected.items():
+        torch.testing.assert_close(actual[name], tensor, rtol=0, atol=0)
+    batch = batch_for(critic, tiny_qwen25)
+    with torch.no_grad():
+        torch.testing.assert_close(token_values(restored, batch), token_values(critic, batch))
+    with pytest.raises(ValueError, match="not a critic state dict"):
+        save_critic(full_state_dict(ActorModel.from_lm(load_lm(tiny_qwen25))), critic.config, tmp_path / "x")
+
+
+def test_gradient_checkpointing_and_frozen_vision(tiny_qwen25: Path) -> None:
+    """Checkpointing changes no gradient; a frozen vision tower still runs but gets none."""
+
+    def grads(checkpointing: bool, vision_frozen: bool) -> dict[str, torch.Tensor | None]:
+        actor = load_models(tiny_qwen25, use_reference=False, use_critic=False).actor
+        actor = shard_model(
+            actor, torch.device("cpu"), gradient_checkpointing=checkpointing, vision_frozen=vision_frozen
+        )
+        assert all(block.gradient_checkpointing == checkpointing for block in blocks(actor))
+        batch = batch_for(actor, tiny_qwen25)
+        (token_logprobs(actor, batch, 1.0).logprobs * batch.advantages).sum().backward()
+        return {name: p.grad for name, p in actor.named_parameters()}
+
+    plain = grads(checkpointing=False, vision_frozen=False)
+    checkpointed = grads(checkpointing=True, vision_frozen=True)
+    for name, grad in plain.items():
+        other = checkpointed[name]
+        if ".visual." in f".{name}":
+            assert other is None
+        else:
+            assert grad is not None and other is not None
+            torch.testing.assert_close(other, grad, rtol=1e-4, atol=1e-7)

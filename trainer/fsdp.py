@@ -1,0 +1,98 @@
+"""FSDP2 sharding of the actor, reference and critic, and full state dicts for saving and weight sync.
+
+Each decoder layer and vision block (HF's `_no_split_modules`) is its own `fully_shard` unit, then
+the root takes the rest: embeddings, `lm_head` (tied to them in small Qwen-VL models, so they must
+share a unit), final norm, vision patch embedding and merger, and the value head. On GPU, parameters
+are kept in float32 and gathered as bfloat16 for compute, with gradients reduced in float32; on
+CPU everything stays float32. Without a process group the model stays a plain module.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import TypeVar, cast
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from trainer.models import ActorModel, CriticModel, blocks, enable_gradient_checkpointing, freeze_vision
+
+DEFAULT_TIMEOUT = timedelta(minutes=10)
+Model = TypeVar("Model", ActorModel, CriticModel)
+
+
+def init_distributed(timeout: timedelta = DEFAULT_TIMEOUT) -> bool:
+    """Join the process group that torchrun's environment describes (nccl on GPU, gloo on CPU).
+
+    Returns whether a group exists. Outside torchrun this does nothing; collectives that hang give up
+    after `timeout`.
+    """
+    if is_distributed():
+        return True
+    if "WORLD_SIZE" not in os.environ:
+        return False
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo", timeout=timeout)
+    return True
+
+
+def is_distributed() -> bool:
+    """Whether this process is part of an initialised process group."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank_device() -> torch.device:
+    """This rank's GPU (by LOCAL_RANK) when there is one, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def mixed_precision_policy(device: torch.device) -> MixedPrecisionPolicy:
+    """bf16 compute with fp32 gradient reduction on GPU; plain fp32 on CPU."""
+    if device.type == "cuda":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def shard_model(
+    module: Model,
+    device: torch.device,
+    *,
+    gradient_checkpointing: bool = False,
+    vision_frozen: bool = False,
+) -> Model:
+    """Prepare `module` for training on `device`: optional checkpointing and frozen vision, then FSDP2.
+
+    Shards only when a process group exists; otherwise the module is returned on `device` unchanged
+    in dtype. Returns the same object (FSDP2 shards in place).
+    """
+    if gradient_checkpointing:
+        enable_gradient_checkpointing(module)
+    if vision_frozen:
+        freeze_vision(module)
+    if not is_distributed():
+        return module.to(device)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    policy = mixed_precision_policy(device)
+    for block in blocks(module):
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+    fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+    return module
+
+
+def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The full, unsharded state dict on CPU, on rank 0 (other ranks get `{}`); HF key names for the actor.
+
+    Every rank must call it: gathering the shards is a collective.
+    """
+    if not isinstance(module, FSDPModule):
+        return {name: tensor.detach().cpu() for name, tensor in module.state_dict().items()}
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return cast(dict[str, torch.Tensor], get_model_state_dict(module, options=options))

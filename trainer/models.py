@@ -1,0 +1,195 @@
+"""Actor, reference and critic models, built from one HF Qwen-VL checkpoint directory.
+
+Each is the checkpoint's VL backbone (`model`: vision tower + language model, as in the HF class)
+with a head on its last hidden states: the actor and the reference keep `lm_head`, the critic has a
+scalar `value_head`. Keeping HF's submodule names makes the actor's state dict the HF model's own
+(in-memory key names), so an HF model loads it as it is. Both forwards apply the head only at the
+positions asked for, inside `forward`, where FSDP has the root's parameters gathered.
+
+One code path serves Qwen2.5-VL and Qwen3-VL; every per-arch fact comes from the config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoModelForImageTextToText, PretrainedConfig, PreTrainedModel
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+BACKBONE_FILE = "model.safetensors"
+
+Scored = TypeVar("Scored")
+HeadScore = Callable[[nn.Module, torch.Tensor, torch.Tensor], Scored]
+"""`score(head, hidden [K, H], targets [K])`: what the actor computes from the selected hidden states."""
+
+
+def load_lm(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """The full HF image-text-to-text model of a checkpoint directory, with SDPA attention."""
+    model: PreTrainedModel = AutoModelForImageTextToText.from_pretrained(
+        str(path), dtype=dtype, attn_implementation="sdpa"
+    )
+    return model
+
+
+def backbone_hidden(
+    backbone: nn.Module,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    pixel_values: torch.Tensor | None,
+    image_grid_thw: torch.Tensor | None,
+) -> torch.Tensor:
+    """Last hidden states `[T, H]` of one packed row; no cache, so the packed mask comes from row 0."""
+    out = backbone(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        pixel_values=pixel_values,
+        image_grid_thw=image_grid_thw,
+        use_cache=False,
+    )
+    hidden: torch.Tensor = out.last_hidden_state[0]
+    return hidden
+
+
+class ActorModel(nn.Module):
+    """The policy: VL backbone + `lm_head`, scoring chosen tokens from their prefixes."""
+
+    def __init__(self, backbone: PreTrainedModel, lm_head: nn.Linear, config: PretrainedConfig) -> None:
+        super().__init__()
+        self.model = backbone
+        self.lm_head = lm_head
+        self.config = config
+
+    @classmethod
+    def from_lm(cls, lm: PreTrainedModel) -> ActorModel:
+        """Wrap a loaded HF model; the parameters are shared, not copied."""
+        return cls(lm.model, lm.lm_head, lm.config)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        pixel_values: torch.Tensor | None,
+        image_grid_thw: torch.Tensor | None,
+        index: torch.Tensor,
+        score: HeadScore[Scored],
+    ) -> Scored:
+        """`score(lm_head, hidden[index - 1], input_ids[index])`: position i-1 predicts token i."""
+        hidden = backbone_hidden(self.model, input_ids, position_ids, pixel_values, image_grid_thw)
+        return score(self.lm_head, hidden[index - 1], input_ids[0, index])
+
+
+class CriticModel(nn.Module):
+    """The value model: VL backbone + a scalar `value_head` (zero-initialised, so every rank agrees)."""
+
+    def __init__(self, backbone: PreTrainedModel, config: PretrainedConfig) -> None:
+        super().__init__()
+        self.model = backbone
+        self.config = config
+        hidden_size = config.get_text_config().hidden_size
+        self.value_head = nn.Linear(hidden_size, 1, dtype=next(backbone.parameters()).dtype)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        pixel_values: torch.Tensor | None,
+        image_grid_thw: torch.Tensor | None,
+        index: torch.Tensor,
+    ) -> torch.Tensor:
+        """Float32 values `[K]` of the states before tokens `index` (read at positions `index - 1`)."""
+        hidden = backbone_hidden(self.model, input_ids, position_ids, pixel_values, image_grid_thw)
+        values: torch.Tensor = self.value_head(hidden[index - 1]).squeeze(-1).float()
+        return values
+
+
+@dataclass
+class Models:
+    """What one training run loads: the actor, and the reference and critic when the algorithm needs them."""
+
+    actor: ActorModel
+    reference: ActorModel | None
+    critic: CriticModel | None
+
+
+def load_actor(path: str | Path, dtype: torch.dtype = torch.float32) -> ActorModel:
+    """The trainable policy, in train mode (which HF's gradient checkpointing requires)."""
+    return ActorModel.from_lm(load_lm(path, dtype)).train()
+
+
+def load_reference(path: str | Path, dtype: torch.dtype = torch.float32) -> ActorModel:
+    """The frozen reference policy for the KL term: eval mode, no parameter requires grad."""
+    reference = ActorModel.from_lm(load_lm(path, dtype)).eval()
+    reference.requires_grad_(False)
+    return reference
+
+
+def load_critic(path: str | Path, dtype: torch.dtype = torch.float32) -> CriticModel:
+    """A saved critic if `path` holds `value_head.safetensors`, else the checkpoint's backbone, new head."""
+    lm = load_lm(path, dtype)
+    critic = CriticModel(lm.model, lm.config)
+    head_file = Path(path) / VALUE_HEAD_FILE
+    if head_file.is_file():
+        head = {k.removeprefix("value_head."): v for k, v in load_file(str(head_file)).items()}
+        critic.value_head.load_state_dict(head)
+    return critic.train()
+
+
+def load_models(
+    path: str | Path, *, use_reference: bool, use_critic: bool, dtype: torch.dtype = torch.float32
+) -> Models:
+    """Load the actor, plus the reference only when KL is used and the critic only when advantages need it."""
+    return Models(
+        actor=load_actor(path, dtype),
+        reference=load_reference(path, dtype) if use_reference else None,
+        critic=load_critic(path, dtype) if use_critic else None,
+    )
+
+
+def save_critic(
+    state_dict: Mapping[str, torch.Tensor], config: PretrainedConfig, out_dir: str | Path
+) -> Path:
+    """Write a critic's full state dict as a directory that `load_critic` (and HF, for the backbone) reads."""
+    backbone = {k: v.contiguous() for k, v in state_dict.items() if k.startswith("model.")}
+    head = {k: v.contiguous() for k, v in state_dict.items() if k.startswith("value_head.")}
+    if len(backbone) + len(head) != len(state_dict) or not head:
+        raise ValueError("not a critic state dict: expected only 'model.*' and 'value_head.*' keys")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(out)
+    save_file(backbone, str(out / BACKBONE_FILE), metadata={"format": "pt"})
+    save_file(head, str(out / VALUE_HEAD_FILE), metadata={"format": "pt"})
+    return out
+
+
+def block_class_names(module: ActorModel | CriticModel) -> frozenset[str]:
+    """The decoder-layer and vision-block class names (HF's `_no_split_modules`): the FSDP units."""
+    return frozenset(module.model._no_split_modules)
+
+
+def blocks(module: ActorModel | CriticModel) -> list[nn.Module]:
+    """Every decoder layer and vision block, in module order (also once FSDP has subclassed them)."""
+    names = block_class_names(module)
+    return [m for m in module.modules() if any(cls.__name__ in names for cls in type(m).__mro__)]
+
+
+def freeze_vision(module: ActorModel | CriticModel) -> None:
+    """Stop training the vision tower (it still runs, so FSDP's collectives stay in step)."""
+    module.model.visual.requires_grad_(False)
+
+
+def enable_gradient_checkpointing(module: ActorModel | CriticModel) -> None:
+    """Recompute each layer's activations in backward (non-reentrant, which composes with FSDP2)."""
+    backbone = module.model
+    # transformers 5.2x renamed the method; the options dict is the first argument of both.
+    enable = (
+        getattr(backbone, "activation_checkpointing_enable", None) or backbone.gradient_checkpointing_enable
+    )
+    enable({"use_reentrant": False})
