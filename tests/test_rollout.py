@@ -1,0 +1,375 @@
+"""The episode loop with the scripted engine: statuses, budgets, image order, local vs remote, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clients.http import RetryPolicy
+from services.sokoban.reward import reward as sokoban_reward
+from tests.servers import free_port
+from tests.test_env_handle import env_process, image_urls
+from trainer.config import RolloutConfig
+from trainer.engines import SGLangEngine
+from trainer.engines.base import Engine, GenerateRequest
+from trainer.engines.scripted import ScriptedEngine
+from trainer.env_handle import LocalEnvHandle, RemoteEnvHandle, RemoteEnvs, open_env
+from trainer.processor import VLProcessor
+from trainer.queue import EpisodeJob
+from trainer.rollout import episode_settings, group_jobs, run_episode, run_jobs
+from trainer.trajectory import Status, Trajectory
+
+# The player walks right and pushes the box three cells onto the target: four moves, two turns.
+CORRIDOR = {"xsb": "########\n#@ $  .#\n########"}
+TWO_MOVES = "<answer>Right, Right</answer>"
+WANDER = ["<answer>Up</answer>", "<answer>Down</answer>", "<answer>Left</answer>", "<answer>Right</answer>"]
+
+
+@pytest.fixture(scope="module")
+def processor(tiny_qwen25: Path) -> VLProcessor:
+    return VLProcessor.from_pretrained(tiny_qwen25)
+
+
+@pytest.fixture(scope="module")
+def sokoban() -> Iterator[tuple[str, Any]]:
+    with env_process("sokoban") as served:
+        yield served
+
+
+@pytest.fixture
+async def remotes() -> AsyncIterator[RemoteEnvs]:
+    pool = RemoteEnvs(token="", retry=RetryPolicy(max_attempts=3, base_delay=0.05, deadline_s=5.0))
+    yield pool
+    await pool.aclose()
+
+
+def job(env: str = "sokoban", **fields: Any) -> EpisodeJob:
+    return EpisodeJob(**{"episode_id": "e1", "group_id": "g1", "env": env, **fields})
+
+
+def wander(index: int, request: GenerateRequest) -> str:
+    """Moves that never solve a generated level within a few turns."""
+    return WANDER[index % len(WANDER)]
+
+
+async def play(
+    processor: VLProcessor,
+    engine: Engine,
+    env: str = "sokoban",
+    remotes: RemoteEnvs | None = None,
+    config: RolloutConfig | None = None,
+    **job_fields: Any,
+) -> Trajectory:
+    handle = open_env(env, remotes)
+    return await run_episode(handle, engine, processor, config or RolloutConfig(), job(env, **job_fields))
+
+
+def config(**fields: Any) -> RolloutConfig:
+    return RolloutConfig(**{"max_new_tokens": 64, "rollout_max_response_len": 256, **fields})
+
+
+async def test_valid_moves_complete_the_level_with_its_reward(
+    processor: VLProcessor, sokoban: tuple[str, Any], remotes: RemoteEnvs
+) -> None:
+    for env in ("sokoban", sokoban[0]):
+        engine = ScriptedEngine(processor, [TWO_MOVES, TWO_MOVES])
+        trajectory = await play(processor, engine, env, remotes, options=CORRIDOR)
+        assert trajectory.status is Status.COMPLETED and trajectory.error is None
+        assert trajectory.turn_rewards == pytest.approx([0.02, 1.02])
+        assert trajectory.episode_reward == pytest.approx(0.52 + 5 + 3)
+        assert trajectory.metrics["env/success"] == 1.0
+        assert trajectory.metrics["turns"] == 2 and trajectory.metrics["finish_stop"] == 2
+        assert [m["role"] for m in trajectory.messages] == [
+            "system",
+            "user",
+            "assistant",
+            "user",
+            "assistant",
+        ]
+        assert trajectory.messages[-1]["content"] == TWO_MOVES
+        assert trajectory.loss_mask[-1] == 1 and trajectory.train_ids[-1] == processor.ids.im_end
+        assert set(trajectory.timings) == {"env", "generate", "tokenize", "total"}
+
+
+async def test_a_configured_reward_function_replaces_the_envs(processor: VLProcessor) -> None:
+    engine = ScriptedEngine(processor, [TWO_MOVES, TWO_MOVES])
+    handle = open_env("sokoban")
+
+    def halved(turn_rewards: Any, info: Any) -> float:
+        return sokoban_reward(turn_rewards, info) / 2
+
+    trajectory = await run_episode(
+        handle, engine, processor, RolloutConfig(), job(options=CORRIDOR), reward_fn=halved
+    )
+    assert trajectory.episode_reward == pytest.approx((0.52 + 5 + 3) / 2)
+
+
+async def test_max_turns_ends_a_game_in_progress_as_completed(processor: VLProcessor) -> None:
+    trajectory = await play(processor, ScriptedEngine(processor, wander), config=config(max_turns=3), seed=5)
+    assert trajectory.status is Status.COMPLETED
+    assert len(trajectory.turn_rewards) == 3 and trajectory.metrics["turns"] == 3
+    assert trajectory.metrics["env/success"] == 0.0
+    # Not solved: the env's own reward is absent, so the default is the sum of turn rewards.
+    assert trajectory.episode_reward == pytest.approx(sum(trajectory.turn_rewards))
+
+
+async def test_a_length_finish_truncates_without_stepping_the_env(processor: VLProcessor) -> None:
+    engine = ScriptedEngine(processor, [TWO_MOVES], finish="length")
+    trajectory = await play(processor, engine, options=CORRIDOR)
+    assert trajectory.status is Status.TRUNCATED
+    assert trajectory.turn_rewards == [] and trajectory.episode_reward == 0.0
+    assert trajectory.metrics["finish_length"] == 1
+    generated = [t for t, m in zip(trajectory.train_ids, trajectory.loss_mask, strict=True) if m]
+    assert generated == processor.tokenizer.encode(TWO_MOVES)
+
+
+async def test_a_reply_longer_than_max_new_tokens_is_cut_and_truncated(processor: VLProcessor) -> None:
+    engine = ScriptedEngine(processor, [TWO_MOVES])
+    trajectory = await play(processor, engine, config=config(max_new_tokens=4), options=CORRIDOR)
+    assert trajectory.status is Status.TRUNCATED and "limit of 4 tokens" in (trajectory.error or "")
+    assert sum(trajectory.loss_mask) == 4
+
+
+async def test_the_generated_token_budget_clamps_and_then_ends_the_episode(processor: VLProcessor) -> None:
+    reply_len = len(processor.tokenizer.encode(WANDER[0])) + 1
+    budget = 2 * reply_len + 3
+    engine = ScriptedEngine(processor, lambda index, request: WANDER[0])
+    settings = config(max_new_tokens=reply_len + 1, rollout_max_response_len=budget, max_turns=8)
+    trajectory = await play(processor, engine, config=settings, seed=5)
+    limits = [request.sampling.max_new_tokens for request in engine.requests]
+    assert limits == [reply_len + 1, reply_len + 1, 3]
+    assert trajectory.status is Status.TRUNCATED
+    assert sum(trajectory.loss_mask) == budget == trajectory.metrics["generated_tokens"]
+    assert len(trajectory.turn_rewards) == 2
+
+
+async def test_a_spent_generated_token_budget_ends_after_the_step(processor: VLProcessor) -> None:
+    reply_len = len(processor.tokenizer.encode(WANDER[0])) + 1
+    settings = config(max_new_tokens=reply_len, rollout_max_response_len=reply_len, max_turns=8)
+    trajectory = await play(processor, ScriptedEngine(processor, wander), config=settings, seed=5)
+    assert trajectory.status is Status.TRUNCATED and "generated-token budget" in (trajectory.error or "")
+    assert len(trajectory.turn_rewards) == 1
+    assert trajectory.loss_mask[-1] == 1, "the trajectory ends on its last generation"
+
+
+async def test_the_context_budget_ends_the_episode(processor: VLProcessor) -> None:
+    probe = await play(processor, ScriptedEngine(processor, wander), config=config(max_turns=2), seed=5)
+    first_turn = probe.turn_index.index(1)
+    context = first_turn + 10  # the second observation does not fit
+    settings = config(max_new_tokens=16, rollout_max_response_len=32, rollout_max_context_len=context)
+    engine = ScriptedEngine(processor, wander)
+    trajectory = await play(processor, engine, config=settings, seed=5)
+    assert trajectory.status is Status.TRUNCATED and "context budget" in (trajectory.error or "")
+    assert len(engine.requests) == 1 and len(trajectory.turn_rewards) == 1
+
+
+async def test_the_context_budget_clamps_max_new_tokens(processor: VLProcessor) -> None:
+    probe = await play(processor, ScriptedEngine(processor, wander), config=config(max_turns=1), seed=5)
+    prompt = probe.loss_mask.index(1)
+    settings = config(max_new_tokens=16, rollout_max_response_len=32, rollout_max_context_len=prompt + 2)
+    engine = ScriptedEngine(processor, wander)
+    trajectory = await play(processor, engine, config=settings, seed=5)
+    assert engine.requests[0].sampling.max_new_tokens == 2
+    assert trajectory.status is Status.TRUNCATED and len(trajectory.train_ids) == prompt + 2
+
+
+async def test_an_engine_abort_gives_aborted_with_the_reason(processor: VLProcessor) -> None:
+    trajectory = await play(
+        processor, ScriptedEngine(processor, [TWO_MOVES], finish="abort"), options=CORRIDOR
+    )
+    assert trajectory.status is Status.ABORTED and "scripted abort" in (trajectory.error or "")
+    ran_out = await play(
+        processor, ScriptedEngine(processor, [WANDER[0]]), config=config(max_turns=3), seed=5
+    )
+    assert ran_out.status is Status.ABORTED and "no reply number 1" in (ran_out.error or "")
+    assert sum(ran_out.loss_mask) == len(processor.tokenizer.encode(WANDER[0])) + 1
+
+
+async def test_a_dead_engine_is_aborted_within_its_retry_deadline(processor: VLProcessor) -> None:
+    engine = SGLangEngine(f"http://127.0.0.1:{free_port()}", processor, retry_deadline_s=1.0)
+    started = time.monotonic()
+    trajectory = await play(processor, engine, options=CORRIDOR)
+    await engine.close()
+    assert trajectory.status is Status.ABORTED and trajectory.error
+    assert time.monotonic() - started < 15.0
+
+
+async def test_a_dead_env_server_fails_the_episode_with_its_error(
+    processor: VLProcessor, remotes: RemoteEnvs
+) -> None:
+    with env_process("sokoban") as (url, proc):
+
+        def kill_server_then_answer(index: int, request: GenerateRequest) -> str:
+            if index == 1:
+                proc.kill()
+                proc.wait(timeout=10)
+            return WANDER[index % len(WANDER)]
+
+        engine = ScriptedEngine(processor, kill_server_then_answer)
+        started = time.monotonic()
+        trajectory = await play(processor, engine, url, remotes, config=config(max_turns=4), seed=5)
+    assert trajectory.status is Status.FAILED and "step failed" in (trajectory.error or "")
+    assert len(trajectory.turn_rewards) == 1
+    assert time.monotonic() - started < 15.0
+
+
+async def test_an_env_exception_fails_the_episode(processor: VLProcessor) -> None:
+    engine = ScriptedEngine(processor, ["inc", "boom"])
+    trajectory = await play(processor, engine, "tests.envs.counter", options={"fail_on": "boom", "target": 5})
+    assert trajectory.status is Status.FAILED and "told to fail" in (trajectory.error or "")
+    assert trajectory.turn_rewards == [1.0]
+
+
+async def test_the_episode_deadline_aborts_a_slow_episode(processor: VLProcessor) -> None:
+    handle = open_env("tests.envs.counter")
+    engine = ScriptedEngine(processor, lambda index, request: "inc")
+    started = time.monotonic()
+    slow = job("tests.envs.counter", options={"step_delay_s": 0.5, "target": 100})
+    trajectory = await run_episode(handle, engine, processor, config(), slow, deadline_s=1.2)
+    assert trajectory.status is Status.ABORTED and "deadline of 1.2 s" in (trajectory.error or "")
+    assert 1 <= len(trajectory.turn_rewards) <= 3
+    assert time.monotonic() - started < 5.0
+
+
+async def test_cancellation_propagates_and_closes_the_session(
+    processor: VLProcessor, sokoban: tuple[str, Any], remotes: RemoteEnvs
+) -> None:
+    handle = open_env(sokoban[0], remotes)
+    assert isinstance(handle, RemoteEnvHandle)
+    engine = ScriptedEngine(processor, wander)
+    slow_step = handle.step
+
+    async def step_forever(text: str) -> Any:
+        await slow_step(text)
+        await asyncio.sleep(3600)
+
+    handle.step = step_forever  # type: ignore[method-assign]
+    task = asyncio.create_task(run_episode(handle, engine, processor, config(), job(sokoban[0], seed=5)))
+    while handle.session_id is None or not engine.requests:
+        await asyncio.sleep(0.01)
+    session_id = handle.session_id
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert handle.session_id is None
+    assert await remotes.client(sokoban[0]).close(session_id) is False, "the session was already deleted"
+
+
+async def test_bad_job_settings_fail_with_a_clear_error(processor: VLProcessor) -> None:
+    engine = ScriptedEngine(processor, [TWO_MOVES])
+    trajectory = await play(processor, engine, sampling={"max_tokens": 5})
+    assert trajectory.status is Status.FAILED and "max_tokens" in (trajectory.error or "")
+    assert trajectory.train_ids == [] and engine.requests == []
+    over = await play(processor, engine, sampling={"max_new_tokens": 5000})
+    assert over.status is Status.FAILED and "max_new_tokens" in (over.error or "")
+
+
+async def test_a_failing_reward_function_fails_the_episode(processor: VLProcessor) -> None:
+    def broken(turn_rewards: Any, info: Any) -> float:
+        raise KeyError("metrics")
+
+    engine = ScriptedEngine(processor, [TWO_MOVES, TWO_MOVES])
+    handle = open_env("sokoban")
+    trajectory = await run_episode(
+        handle, engine, processor, config(), job(options=CORRIDOR), reward_fn=broken
+    )
+    assert trajectory.status is Status.FAILED and "reward function failed" in (trajectory.error or "")
+
+
+def test_job_sampling_overrides_the_config() -> None:
+    episode, params = episode_settings(
+        RolloutConfig(rollout_temperature=0.8, top_k=20),
+        {"max_turns": 3, "rollout_max_context_len": 4096, "temperature": 0.5, "sampling_seed": 9},
+    )
+    assert (episode.max_turns, episode.rollout_max_context_len) == (3, 4096)
+    assert (params.temperature, params.top_k, params.sampling_seed) == (0.5, 20, 9)
+    assert params.max_new_tokens == episode.max_new_tokens
+
+
+async def test_images_reach_the_engine_and_the_trajectory_in_order(
+    processor: VLProcessor, sokoban: tuple[str, Any], remotes: RemoteEnvs
+) -> None:
+    engine = ScriptedEngine(processor, wander)
+    trajectory = await play(processor, engine, sokoban[0], remotes, config=config(max_turns=4), seed=11)
+    replay = LocalEnvHandle("sokoban")
+    first, _ = await replay.reset(seed=11)
+    observed = image_urls(first)
+    for index in range(3):
+        message, *_ = await replay.step(WANDER[index])
+        observed += image_urls(message)
+    await replay.close()
+    assert trajectory.images == observed and len(set(observed)) > 1
+    for k, request in enumerate(engine.requests):
+        assert request.images == observed[: k + 1]
+        assert request.engine_ids == trajectory.engine_ids[: len(request.engine_ids)]
+    assert trajectory.image_grid_thw == [processor.image_grid(url) for url in observed]
+    runs = pad_runs(trajectory.train_ids, processor.ids.image_pad)
+    assert runs == [processor.num_image_tokens(grid) for grid in trajectory.image_grid_thw]
+    assert pad_runs(trajectory.engine_ids, processor.ids.image_pad) == [1] * len(observed)
+
+
+def pad_runs(ids: list[int], pad: int) -> list[int]:
+    """Lengths of the maximal runs of `pad` in `ids`, in order."""
+    runs: list[int] = []
+    previous = None
+    for token in ids:
+        if token == pad:
+            if previous == pad:
+                runs[-1] += 1
+            else:
+                runs.append(1)
+        previous = token
+    return runs
+
+
+async def test_local_module_and_remote_server_give_the_same_trajectory(
+    processor: VLProcessor, sokoban: tuple[str, Any], remotes: RemoteEnvs
+) -> None:
+    played = []
+    for env in ("services.sokoban", sokoban[0]):
+        engine = ScriptedEngine(processor, wander)
+        played.append(
+            (await play(processor, engine, env, remotes, config=config(max_turns=3), seed=3)).to_dict()
+        )
+    local, remote = played
+    for trajectory in played:
+        trajectory.pop("timings")
+        trajectory.pop("env")
+    assert local == remote
+
+
+def test_groups_share_a_start_and_differ_in_sampling_seed() -> None:
+    jobs = group_jobs(
+        "sokoban", [{"seed": 1}, {"seed": 2, "options": {"grid_size": 7}}], 3, sampling={"top_p": 0.9}
+    )
+    assert [j.group_id for j in jobs] == ["ep-g0"] * 3 + ["ep-g1"] * 3
+    assert len({j.episode_id for j in jobs}) == 6
+    assert [j.seed for j in jobs] == [1, 1, 1, 2, 2, 2] and jobs[3].options == {"grid_size": 7}
+    seeds = [j.sampling["sampling_seed"] for j in jobs]
+    assert len(set(seeds)) == 6 and all(j.sampling["top_p"] == 0.9 for j in jobs)
+    again = group_jobs("sokoban", [{"seed": 1}, {"seed": 2}], 3, sampling={"top_p": 0.9})
+    assert [j.sampling["sampling_seed"] for j in again] == seeds
+    with pytest.raises(ValueError, match="seed, options and sample"):
+        group_jobs("sokoban", [{"sed": 1}], 2)
+
+
+async def test_run_jobs_bounds_concurrency_and_yields_every_result() -> None:
+    running = most = 0
+
+    async def runner(episode: EpisodeJob) -> dict[str, Any]:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.01)
+        running -= 1
+        return {"episode_id": episode.episode_id}
+
+    jobs = group_jobs("sokoban", [{"seed": s} for s in range(5)], 2)
+    results = [result async for result in run_jobs(runner, jobs, 3)]
+    assert sorted(r["episode_id"] for r in results) == sorted(j.episode_id for j in jobs)
+    assert most == 3
