@@ -3,12 +3,14 @@
     .venv/bin/python -m benchmarks.train_step                  # 3B shape, random init, bf16, 1 GPU
     .venv/bin/python -m benchmarks.train_step --compile --micro-batch-tokens 16384
     .venv/bin/python -m benchmarks.train_step --tiny           # the same code path on CPU, in seconds
+    .venv/bin/python -m benchmarks.train_step --profile out/   # also write torch.profiler tables to out/
 
 The trainer's own path: `shard_model` (FSDP2 over a one-rank group, fp32 master weights gathered as
-bf16, fp32 gradient reduction), gradient checkpointing per decoder layer and vision block, SDPA
-attention, packed micro-batches of `--micro-batch-tokens` with 4-row position ids, chunked logprobs
-at response tokens, fused AdamW. One step = forward + backward over `--micro-batches` micro-batches,
-then clip + AdamW. Recompute = the same micro-batches under `torch.no_grad`.
+bf16, fp32 gradient reduction), gradient checkpointing per decoder layer and vision block, varlen
+FlashAttention on GPU (`--sdpa` runs HF's SDPA path instead, as the CPU does), packed micro-batches
+of `--micro-batch-tokens` with 4-row position ids, chunked logprobs at response tokens, fused AdamW.
+One step = forward + backward over `--micro-batches` micro-batches, then clip + AdamW. Recompute =
+the same micro-batches under `torch.no_grad`.
 
 MFU = k·N·tokens/s / peak, k = 6 for the update and 2 for the recompute, where N counts every
 parameter except the input embedding table, with `lm_head` counted even when tied to it (the weights
@@ -35,6 +37,7 @@ from PIL import Image
 from transformers import PretrainedConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from tests.servers import free_port
+from trainer.attention import SDPA_ATTENTION, use_attention
 from trainer.fsdp import init_distributed, rank_device, shard_model
 from trainer.logprobs import token_logprobs
 from trainer.models import ActorModel, blocks
@@ -55,6 +58,7 @@ class Figures:
     micro_batch_tokens: int
     micro_batches: int
     images_per_seq: int
+    attention: str
     compiled: bool
     update_tokens_per_s: float
     update_mfu: float
@@ -151,6 +155,20 @@ def load_processor(path: Path | None) -> VLProcessor:
         return VLProcessor.from_pretrained(write_tiny_checkpoint(tmp, "qwen2_5_vl"))
 
 
+def write_profile(fn: Callable[[], None], device: torch.device, path: Path) -> None:
+    """Run `fn` once under torch.profiler and write its op table, sorted by device time, to `path`."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profiler:
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(profiler.key_averages().table(sort_by=sort_by, row_limit=60, max_name_column_width=70))
+
+
 def timed(fn: Callable[[], None], device: torch.device, repeats: int) -> float:
     """Seconds per call of `fn`, averaged over `repeats` calls after synchronising the device."""
     if device.type == "cuda":
@@ -174,6 +192,8 @@ def run(args: argparse.Namespace) -> Figures:
         for block in blocks(actor):
             block.compile()
     actor = shard_model(actor, device, gradient_checkpointing=True)
+    if args.sdpa:
+        use_attention(actor, SDPA_ATTENTION)
     optimizer = torch.optim.AdamW(actor.parameters(), lr=1e-6, fused=device.type == "cuda")
 
     seqs_per_micro = max(1, args.micro_batch_tokens // args.seq_tokens)
@@ -206,6 +226,9 @@ def run(args: argparse.Namespace) -> Figures:
         recompute()
     update_s = timed(update, device, args.steps)
     recompute_s = timed(recompute, device, args.steps)
+    if args.profile is not None:
+        write_profile(update, device, args.profile / "update_profile.txt")
+        write_profile(recompute, device, args.profile / "recompute_profile.txt")
     peak = args.peak_tflops * 1e12
     memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
     return Figures(
@@ -215,6 +238,7 @@ def run(args: argparse.Namespace) -> Figures:
         micro_batch_tokens=args.micro_batch_tokens,
         micro_batches=len(batches),
         images_per_seq=args.images_per_seq,
+        attention=actor.config._attn_implementation,
         compiled=args.compile,
         update_tokens_per_s=tokens / update_s,
         update_mfu=6 * params * tokens / update_s / peak,
@@ -226,7 +250,10 @@ def run(args: argparse.Namespace) -> Figures:
 
 def print_figures(figures: Figures) -> None:
     """A markdown table, then the same figures as one JSON line."""
-    print(f"model={figures.model} device={figures.device} N={figures.params_counted / 1e9:.3f}B")
+    print(
+        f"model={figures.model} device={figures.device} N={figures.params_counted / 1e9:.3f}B "
+        f"attention={figures.attention} compiled={figures.compiled}"
+    )
     print("| pass | tokens/s | MFU |")
     print("|---|---:|---:|")
     print(f"| update (fwd+bwd+AdamW) | {figures.update_tokens_per_s:,.0f} | {figures.update_mfu:.1%} |")
@@ -258,6 +285,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--image-side", type=int, default=448, help="448 px -> 256 image tokens")
     parser.add_argument("--chunk-size", type=int, default=2048, help="logprob chunk (rows of logits)")
     parser.add_argument("--compile", action="store_true", help="torch.compile each layer and block")
+    parser.add_argument("--sdpa", action="store_true", help="HF's SDPA attention (dense packed mask)")
+    parser.add_argument("--profile", type=Path, help="write torch.profiler op tables to this directory")
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--processor", type=Path, help="a Qwen2.5-VL checkpoint dir for the processor")
     if parser.parse_known_args(argv)[0].tiny:

@@ -3,8 +3,9 @@
 Each decoder layer and vision block (HF's `_no_split_modules`) is its own `fully_shard` unit, then
 the root takes the rest: embeddings, `lm_head` (tied to them in small Qwen-VL models, so they must
 share a unit), final norm, vision patch embedding and merger, and the value head. On GPU, parameters
-are kept in float32 and gathered as bfloat16 for compute, with gradients reduced in float32; on
-CPU everything stays float32. Without a process group the model stays a plain module.
+are kept in float32 and gathered as bfloat16 for compute, with gradients reduced in float32, and
+packed rows run on FlashAttention (`trainer.attention`); on CPU everything stays float32 with SDPA.
+Without a process group the model stays a plain module.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from trainer.attention import VARLEN_ATTENTION, use_attention
 from trainer.models import ActorModel, CriticModel, blocks, enable_gradient_checkpointing, freeze_vision
 
 DEFAULT_TIMEOUT = timedelta(minutes=10)
@@ -54,10 +56,17 @@ def rank_device() -> torch.device:
     return torch.device("cpu")
 
 
-def mixed_precision_policy(device: torch.device) -> MixedPrecisionPolicy:
-    """bf16 compute with fp32 gradient reduction on GPU; plain fp32 on CPU."""
+def mixed_precision_policy(device: torch.device, *, cast_inputs: bool = True) -> MixedPrecisionPolicy:
+    """bf16 compute with fp32 gradient reduction on GPU; plain fp32 on CPU.
+
+    `cast_inputs=False` is for the checkpointed blocks: their hidden states are bf16 already, and
+    FSDP does not cast again when checkpointing recomputes a block, so a cast would make the recompute
+    see other inputs (fp32 vision rotary tables) than the forward did.
+    """
     if device.type == "cuda":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        return MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=cast_inputs
+        )
     return MixedPrecisionPolicy()
 
 
@@ -71,7 +80,8 @@ def shard_model(
     """Prepare `module` for training on `device`: optional checkpointing and frozen vision, then FSDP2.
 
     Shards only when a process group exists; otherwise the module is returned on `device` unchanged
-    in dtype. Returns the same object (FSDP2 shards in place).
+    in dtype. Sharded on GPU, it computes in bf16 with varlen FlashAttention. Returns the same object
+    (FSDP2 shards in place).
     """
     if gradient_checkpointing:
         enable_gradient_checkpointing(module)
@@ -79,11 +89,13 @@ def shard_model(
         freeze_vision(module)
     if not is_distributed():
         return module.to(device)
+    if device.type == "cuda":
+        use_attention(module, VARLEN_ATTENTION)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    policy = mixed_precision_policy(device)
+    block_policy = mixed_precision_policy(device, cast_inputs=False)
     for block in blocks(module):
-        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
-    fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+        fully_shard(block, mesh=mesh, mp_policy=block_policy, reshard_after_forward=True)
+    fully_shard(module, mesh=mesh, mp_policy=mixed_precision_policy(device), reshard_after_forward=True)
     return module
 
 

@@ -21,6 +21,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModelForImageTextToText, PretrainedConfig, PreTrainedModel
 
+from trainer.attention import packed_attention_kwargs
+
 VALUE_HEAD_FILE = "value_head.safetensors"
 BACKBONE_FILE = "model.safetensors"
 
@@ -44,13 +46,14 @@ def backbone_hidden(
     pixel_values: torch.Tensor | None,
     image_grid_thw: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Last hidden states `[T, H]` of one packed row; no cache, so the packed mask comes from row 0."""
+    """Last hidden states `[T, H]` of one packed row; no cache, so sequence bounds come from row 0."""
     out = backbone(
         input_ids=input_ids,
         position_ids=position_ids,
         pixel_values=pixel_values,
         image_grid_thw=image_grid_thw,
         use_cache=False,
+        **packed_attention_kwargs(backbone.config, position_ids),
     )
     hidden: torch.Tensor = out.last_hidden_state[0]
     return hidden

@@ -1,0 +1,124 @@
+"""Varlen attention for packed rows: sequence bounds, and the logprobs of HF's SDPA path."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+from tests.vl_samples import mixed_samples
+from trainer import attention
+from trainer.attention import SDPA_ATTENTION, VARLEN_ATTENTION, sequence_bounds, use_attention
+from trainer.logprobs import token_logprobs
+from trainer.models import ActorModel, load_lm
+from trainer.packing import PackedBatch, pack_sequences
+from trainer.processor import VLProcessor
+from trainer.tiny_checkpoint import ARCHS
+
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="the varlen kernel runs on CUDA only")
+
+
+def reference_varlen_attn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    *,
+    scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+) -> torch.Tensor:
+    """torch's `varlen_attn` computed one sequence at a time with SDPA: a CPU stand-in for the CUDA kernel."""
+    assert torch.equal(cu_q, cu_k) and max_q == max_k == int(cu_q.diff().max())
+    out = torch.empty_like(q)
+    for start, end in itertools.pairwise(cu_q.tolist()):
+        heads_first = [x[start:end].transpose(0, 1) for x in (q, k, v)]
+        causal = window_size == (-1, 0)
+        out[start:end] = F.scaled_dot_product_attention(
+            *heads_first, is_causal=causal, scale=scale
+        ).transpose(0, 1)
+    return out
+
+
+def packed(lm: PreTrainedModel, path: Path) -> PackedBatch:
+    """The three mixed samples (images of several sizes, one without) in one row."""
+    processor = VLProcessor.from_pretrained(path)
+    return pack_sequences(mixed_samples(processor), processor, lm.model.get_rope_index)
+
+
+def logprobs_with(lm: PreTrainedModel, batch: PackedBatch, implementation: str) -> torch.Tensor:
+    """Token logprobs of `batch` with `lm` switched to `implementation`."""
+    use_attention(lm, implementation)
+    with torch.no_grad():
+        return token_logprobs(ActorModel.from_lm(lm), batch, temperature=1.0).logprobs
+
+
+def test_sequence_bounds_follow_the_packed_text_positions(tiny_qwen25: Path) -> None:
+    lm = load_lm(tiny_qwen25)
+    batch = packed(lm, tiny_qwen25)
+    cu_seqlens, longest = sequence_bounds(batch.position_ids[0], 1, batch.num_tokens, torch.device("cpu"))
+    assert cu_seqlens.tolist() == batch.cu_seqlens.tolist()  # images present: no dummy segment
+    assert cu_seqlens.dtype == torch.int32 and longest == int(batch.cu_seqlens.diff().max())
+    rows, _ = sequence_bounds(None, 3, 5, torch.device("cpu"))
+    assert rows.tolist() == [0, 5, 10, 15]
+    with pytest.raises(ValueError, match="restart at 0"):
+        sequence_bounds(torch.arange(1, 6)[None, :], 1, 5, torch.device("cpu"))
+
+
+def test_use_attention_switches_text_and_vision(tiny_qwen25: Path) -> None:
+    lm = load_lm(tiny_qwen25)
+    use_attention(lm, VARLEN_ATTENTION)
+    configs = [lm.config, lm.model.language_model.config, lm.model.visual.config]
+    assert {c._attn_implementation for c in configs} == {VARLEN_ATTENTION}
+    use_attention(lm, SDPA_ATTENTION)
+    assert {c._attn_implementation for c in configs} == {SDPA_ATTENTION}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_varlen_path_matches_sdpa(
+    tiny_checkpoints: dict[str, Path], arch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Layouts, grouped kv heads, text bounds and vision windows, with the kernel computed per sequence."""
+    monkeypatch.setattr(attention, "varlen_attn", reference_varlen_attn)
+    bounds_calls = []
+    monkeypatch.setattr(
+        attention, "sequence_bounds", lambda *a: bounds_calls.append(a) or sequence_bounds(*a)
+    )
+    lm = load_lm(tiny_checkpoints[arch])
+    batch = packed(lm, tiny_checkpoints[arch])
+    expected = logprobs_with(lm, batch, SDPA_ATTENTION)
+    torch.testing.assert_close(logprobs_with(lm, batch, VARLEN_ATTENTION), expected, rtol=0, atol=1e-5)
+    assert len(bounds_calls) == 1  # once per forward, handed to every decoder layer
+
+
+@cuda_only
+@pytest.mark.parametrize("arch", ARCHS)
+def test_varlen_kernel_packed_matches_unpacked_in_bf16(tiny_checkpoints: dict[str, Path], arch: str) -> None:
+    """On GPU in bf16: packed rows on the real kernel score like each sequence alone, and like SDPA."""
+    path = tiny_checkpoints[arch]
+    lm = load_lm(path, dtype=torch.bfloat16).cuda().train()
+    processor = VLProcessor.from_pretrained(path)
+    samples, rope_index = mixed_samples(processor), lm.model.get_rope_index
+    batch = pack_sequences(samples, processor, rope_index).to("cuda")
+    varlen = logprobs_with(lm, batch, VARLEN_ATTENTION)
+    alone = [
+        logprobs_with(
+            lm, pack_sequences([s], processor, rope_index, dummy_image=False).to("cuda"), VARLEN_ATTENTION
+        )
+        for s in samples
+    ]
+    sdpa = logprobs_with(lm, batch, SDPA_ATTENTION)
+    torch.testing.assert_close(varlen, torch.cat(alone), rtol=0, atol=2e-2)
+    torch.testing.assert_close(varlen, sdpa, rtol=0, atol=2e-2)
+    use_attention(lm, VARLEN_ATTENTION)
+    logprobs = token_logprobs(ActorModel.from_lm(lm), batch, temperature=1.0).logprobs
+    logprobs.sum().backward()
+    grads = [p.grad for p in lm.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    assert lm.model.visual.blocks[0].attn.qkv.weight.grad.abs().sum() > 0

@@ -1,0 +1,112 @@
+"""Packed-row attention for the GPU trainer: one FlashAttention call per layer over every sequence of a row.
+
+HF's SDPA path cannot run a packed row on the flash kernel: it turns the row's text positions into a
+dense `[T, T]` block-diagonal mask, and Qwen-VL's vision blocks call SDPA once per attention window.
+`use_attention(model, VARLEN_ATTENTION)` switches an HF Qwen-VL model to torch's `varlen_attn`
+(FlashAttention-2 kernels shipped with torch; CUDA, bf16/fp16 only), registered with transformers'
+attention interface. The name holds "flash", so vision blocks take their `cu_seqlens` path. Decoder
+layers get no mask; their sequences start where the row's text positions restart at 0, found once
+per forward by `packed_attention_kwargs` (passed to the backbone) or else per layer.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+from torch import nn
+from torch.nn.attention.varlen import varlen_attn
+from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
+
+VARLEN_ATTENTION = "flash_varlen_torch"
+SDPA_ATTENTION = "sdpa"
+
+
+def sequence_bounds(
+    position_ids: torch.Tensor | None, batch: int, length: int, device: torch.device
+) -> tuple[torch.Tensor, int]:
+    """`cu_seqlens` (int32) and the longest sequence of `batch` rows of `length` tokens.
+
+    Sequences start where a text position is 0; without positions, each row is one sequence.
+    """
+    if position_ids is None:
+        return torch.arange(0, (batch + 1) * length, length, dtype=torch.int32, device=device), length
+    flat = position_ids.reshape(-1)
+    starts = (flat == 0).nonzero().flatten()
+    if starts.numel() == 0 or int(starts[0]) != 0:
+        raise ValueError("packed text positions must restart at 0 at the start of every sequence")
+    cu_seqlens = torch.cat([starts, starts.new_tensor([flat.numel()])]).int()
+    return cu_seqlens, int(cu_seqlens.diff().max())
+
+
+def packed_attention_kwargs(config: PretrainedConfig, position_ids: torch.Tensor) -> dict[str, object]:
+    """Backbone kwargs that give every decoder layer the packed row's sequence bounds (`{}` unless varlen).
+
+    `position_ids` is the row's `[4, 1, T]` positions; computing the bounds here saves a host sync per layer.
+    """
+    if config._attn_implementation != VARLEN_ATTENTION:
+        return {}
+    text = position_ids[0]
+    cu_seqlens, longest = sequence_bounds(text, text.shape[0], text.shape[1], text.device)
+    return {"packed_cu_seqlens": cu_seqlens, "packed_max_seqlen": longest}
+
+
+def varlen_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    is_causal: bool | None = None,
+    position_ids: torch.Tensor | None = None,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    max_length_q: int | None = None,
+    packed_cu_seqlens: torch.Tensor | None = None,
+    packed_max_seqlen: int | None = None,
+    **_: object,
+) -> tuple[torch.Tensor, None]:
+    """HF attention function: `[B, H, T, D]` q/k/v (k/v may have fewer heads) to `[B, T, H, D]`.
+
+    Vision blocks pass `cu_seq_lens_q`; decoder layers get `packed_*` from `packed_attention_kwargs`,
+    or else their text `position_ids`.
+    """
+    if attention_mask is not None or dropout or sliding_window is not None:
+        raise ValueError(f"{VARLEN_ATTENTION} takes packed rows only: no mask, dropout or sliding window")
+    batch, heads, length, dim = query.shape
+    if cu_seq_lens_q is None or max_length_q is None:
+        if packed_cu_seqlens is not None and packed_max_seqlen is not None:
+            cu_seq_lens_q, max_length_q = packed_cu_seqlens, packed_max_seqlen
+        else:
+            cu_seq_lens_q, max_length_q = sequence_bounds(position_ids, batch, length, query.device)
+    q, k, v = (x.transpose(1, 2).reshape(batch * length, -1, dim) for x in (query, key, value))
+    if (groups := heads // k.shape[1]) > 1:  # grouped-query attention: each kv head serves `groups` heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    causal = bool(getattr(module, "is_causal", False)) if is_causal is None else is_causal
+    cu_seqlens = cu_seq_lens_q.int()
+    out = varlen_attn(  # a plain tensor: no auxiliary outputs are requested
+        q,
+        k,
+        v,
+        cu_seqlens,
+        cu_seqlens,
+        max_length_q,
+        max_length_q,
+        scale=scaling,
+        window_size=(-1, 0) if causal else (-1, -1),
+    )
+    return cast(torch.Tensor, out).view(batch, length, heads, dim), None
+
+
+def use_attention(model: nn.Module, implementation: str) -> None:
+    """Run every HF (sub)model inside `model` with `implementation` (`VARLEN_ATTENTION` or `SDPA_ATTENTION`).
+
+    Sets the configs directly: HF's `set_attn_implementation` would look for a flash-attn package.
+    """
+    if implementation == VARLEN_ATTENTION:
+        AttentionInterface.register(VARLEN_ATTENTION, varlen_attention)
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel):
+            module.config._attn_implementation = implementation
