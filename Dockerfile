@@ -22,6 +22,7 @@ RUN if echo "$EXTRAS" | grep -q train; then \
     fi \
     && pip install ".[${EXTRAS}]"
 
+RUN mkdir -p /app/runs && chown vistarl /app/runs
 USER vistarl
 EXPOSE 8000
 CMD ["vistarl", "serve", "sokoban", "--host", "0.0.0.0", "--port", "8000"]
