@@ -2,7 +2,8 @@
 
 Endpoints (see docs/server.md): POST /reset, POST /step, POST /format, DELETE /sessions/{id},
 GET /info, GET /health, GET /ready, GET /metrics. Session rules live in `services.sessions`, error
-shapes in `services.errors`, auth in `services.security`; this module only wires them together.
+shapes in `services.errors`, auth and the body limit in `services.security`, the lean path of the hot
+endpoints in `services.json_route`; this module only wires them together.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from clients.protocol import (
 )
 from services.env_api import EnvFactory
 from services.errors import install_error_handlers
+from services.json_route import JSONRoute
 from services.metrics import ServerMetrics
-from services.security import BearerAuthMiddleware, BodySizeLimitMiddleware
+from services.security import RequestGuard
 from services.sessions import SessionManager
 from services.settings import ServerSettings
 
@@ -55,11 +57,11 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
         version=env_factory.version,
         description=env_factory.description,
         lifespan=lifespan,
+        telemetry={"tracing": settings.otel, "metrics": settings.otel, "logs": settings.otel},
     )
     install_error_handlers(app, metrics)
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=metrics)
-    if settings.api_token is not None:  # added last, so it runs first: no body is read before auth
-        app.add_middleware(BearerAuthMiddleware, token=settings.api_token.get_secret_value(), metrics=metrics)
+    token = None if settings.api_token is None else settings.api_token.get_secret_value()
+    app.add_middleware(RequestGuard, max_bytes=settings.max_body_bytes, metrics=metrics, token=token)
 
     info = InfoResponse(
         name=env_factory.name,
@@ -71,15 +73,16 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
         limits=settings.limits(),
     )
 
-    @app.post("/reset")
     async def reset(request: ResetRequest) -> ResetResponse:
         """Start an episode; returns the session id and the first observation."""
         return await manager.reset(request)
 
-    @app.post("/step")
     async def step(request: StepRequest) -> StepResponse:
         """Apply one action to a session."""
         return await manager.step(request)
+
+    for path, endpoint in (("/reset", reset), ("/step", step)):  # the hot paths
+        app.router.add_api_route(path, endpoint, methods=["POST"], route_class_override=JSONRoute)
 
     @app.post("/format")
     async def format_observation(request: FormatRequest) -> FormatResponse:

@@ -8,7 +8,7 @@ turn it, FastAPI's validation errors, HTTP errors (404, 405, 413) and unexpected
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -55,6 +55,14 @@ def describe_validation_errors(errors: Iterable[Mapping[str, Any]], prefix: str 
     return "; ".join(parts)
 
 
+def invalid_body(errors: Sequence[Mapping[str, Any]], prefix: str = "") -> ServiceError:
+    """The error for a body that failed validation: 400 if it is not JSON at all, else 422 naming fields."""
+    if any(err.get("type") == "json_invalid" for err in errors):
+        detail = "; ".join(str(err.get("ctx", {}).get("error", err.get("msg"))) for err in errors)
+        return ServiceError(ErrorCode.BAD_REQUEST, f"malformed JSON body: {detail}")
+    return ServiceError(ErrorCode.VALIDATION_ERROR, describe_validation_errors(errors, prefix))
+
+
 def install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
     """Register the handlers that give every error answer the `ErrorResponse` shape."""
 
@@ -70,11 +78,8 @@ def install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
 
     async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        errors = exc.errors()
-        if any(err.get("type") == "json_invalid" for err in errors):
-            detail = "; ".join(str(err.get("ctx", {}).get("error", err.get("msg"))) for err in errors)
-            return answer(ErrorCode.BAD_REQUEST, f"malformed JSON body: {detail}")
-        return answer(ErrorCode.VALIDATION_ERROR, describe_validation_errors(errors))
+        error = invalid_body(exc.errors())
+        return answer(error.code, error.message)
 
     async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)

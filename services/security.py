@@ -1,15 +1,16 @@
-"""Request guards as pure ASGI middlewares: bearer-token auth and the request body size limit.
+"""The request guard: bearer-token auth and the request body size limit, in one pure ASGI middleware.
 
-Both run before routing and before the body is parsed, so an unauthenticated or oversized request costs
-the server almost nothing. Their refusals are `ErrorResponse` bodies like every other error.
+It runs before routing and before the body is parsed, so an unauthenticated or oversized request costs
+the server almost nothing, and it reads the headers of every request once. Its refusals are
+`ErrorResponse` bodies like every other error.
 """
 
 from __future__ import annotations
 
 import hmac
 
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from clients.protocol import ErrorCode
@@ -19,56 +20,63 @@ from services.metrics import ServerMetrics
 OPEN_PATHS = frozenset({"/health"})
 
 
-class BearerAuthMiddleware:
-    """Answer 401 unless `Authorization: Bearer <token>` matches; paths in `open_paths` stay public."""
+class RequestGuard:
+    """Answer 401 unless `Authorization: Bearer <token>` matches (when a token is set), 413 when a body
+    exceeds `max_bytes`; paths in `open_paths` need no token.
 
-    def __init__(
-        self, app: ASGIApp, token: str, metrics: ServerMetrics, open_paths: frozenset[str] = OPEN_PATHS
-    ) -> None:
-        self.app = app
-        self.expected = f"Bearer {token}".encode()
-        self.metrics = metrics
-        self.open_paths = open_paths
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.open_paths or self._authorized(scope):
-            await self.app(scope, receive, send)
-            return
-        self.metrics.errors.labels(code=ErrorCode.UNAUTHORIZED.value).inc()
-        response = error_response(
-            ErrorCode.UNAUTHORIZED, "missing or invalid bearer token", {"WWW-Authenticate": "Bearer"}
-        )
-        await response(scope, receive, send)
-
-    def _authorized(self, scope: Scope) -> bool:
-        """Whether the request carries the expected token (constant-time comparison)."""
-        given = Headers(scope=scope).get("authorization", "").encode()
-        return hmac.compare_digest(given, self.expected)
-
-
-class BodySizeLimitMiddleware:
-    """Answer 413 when a request body exceeds `max_bytes`.
-
-    A declared Content-Length over the limit is refused before reading anything. Otherwise the bytes are
-    counted as they stream (a chunked body has no Content-Length); the read that crosses the limit raises
-    a 413 `HTTPException`, which FastAPI passes on to the error handlers.
+    Auth comes first, so no body is read before it. A declared Content-Length over the limit is refused
+    before reading anything; a declared length within it bounds what the server delivers. A body without
+    one (chunked) is counted as it streams: the read that crosses the limit raises a 413
+    `HTTPException`, which FastAPI passes on to the error handlers.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, metrics: ServerMetrics) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_bytes: int,
+        metrics: ServerMetrics,
+        token: str | None = None,
+        open_paths: frozenset[str] = OPEN_PATHS,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.metrics = metrics
+        self.expected = None if token is None else f"Bearer {token}".encode()
+        self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = Headers(scope=scope).get("content-length", "")
-        if declared.isdigit() and int(declared) > self.max_bytes:
-            self.metrics.errors.labels(code=ErrorCode.PAYLOAD_TOO_LARGE.value).inc()
-            response = error_response(ErrorCode.PAYLOAD_TOO_LARGE, self._too_large(f"{declared} bytes"))
-            await response(scope, receive, send)
+        authorization = declared = b""
+        for name, value in scope["headers"]:  # ASGI header names are lower-case
+            if name == b"authorization":
+                authorization = value
+            elif name == b"content-length":
+                declared = value
+        if not self._authorized(scope["path"], authorization):
+            refusal = self._refusal(
+                ErrorCode.UNAUTHORIZED, "missing or invalid bearer token", {"WWW-Authenticate": "Bearer"}
+            )
+        elif declared.isdigit() and int(declared) > self.max_bytes:
+            too_large = self._too_large(f"{declared.decode()} bytes")
+            refusal = self._refusal(ErrorCode.PAYLOAD_TOO_LARGE, too_large)
+        else:
+            await self.app(scope, receive if declared.isdigit() else self._counting(receive), send)
             return
+        await refusal(scope, receive, send)
+
+    def _authorized(self, path: str, authorization: bytes) -> bool:
+        """Whether the request may pass: no token is set, the path is open, or it carries the token."""
+        return (
+            self.expected is None
+            or path in self.open_paths
+            or hmac.compare_digest(authorization, self.expected)  # constant time
+        )
+
+    def _counting(self, receive: Receive) -> Receive:
+        """`receive`, raising 413 once the body read so far exceeds `max_bytes`."""
         received = 0
 
         async def counting_receive() -> Message:
@@ -80,7 +88,12 @@ class BodySizeLimitMiddleware:
                     raise HTTPException(413, self._too_large(f"more than {self.max_bytes} bytes"))
             return message
 
-        await self.app(scope, counting_receive, send)
+        return counting_receive
+
+    def _refusal(self, code: ErrorCode, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+        """An `ErrorResponse` answered instead of calling the app, counted by code."""
+        self.metrics.errors.labels(code=code.value).inc()
+        return error_response(code, message, headers)
 
     def _too_large(self, size: str) -> str:
         return f"request body of {size} exceeds the limit of {self.max_bytes} bytes"

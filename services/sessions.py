@@ -1,8 +1,8 @@
 """Sessions of an environment server: the store they live in and the manager that runs their envs.
 
 `SessionManager` owns the rules: bounded capacity, one step at a time per session (an `asyncio.Lock`),
-different sessions in parallel (env code runs in a bounded thread pool, never on the event loop),
-idempotent retries by `request_id`, an idle-TTL reaper, and a bound on every env call.
+different sessions in parallel (env code runs in a bounded thread pool of its own, never on the event
+loop), idempotent retries by `request_id`, an idle-TTL reaper, and a bound on every env call.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import anyio
-import anyio.to_thread
 from pydantic import BaseModel, ValidationError
 
 from clients.images import ImageError
@@ -141,7 +141,7 @@ class SessionManager:
         self.metrics = metrics
         self.store: SessionStore = store or InMemorySessionStore()
         self.draining = False
-        self._limiter = anyio.CapacityLimiter(settings.env_threads)
+        self._pool = ThreadPoolExecutor(max_workers=settings.env_threads, thread_name_prefix="vistarl-env")
         self._admission = asyncio.Lock()
         self._reserved: set[str] = set()
         self._formatter: Env | None = None
@@ -249,7 +249,7 @@ class SessionManager:
         return reaped
 
     async def shutdown(self) -> None:
-        """Refuse new episodes, then close every env (bounded by `shutdown_timeout_s`)."""
+        """Refuse new episodes, close every env (bounded by `shutdown_timeout_s`), then stop the pool."""
         self.draining = True
         with anyio.move_on_after(self.settings.shutdown_timeout_s):
             for session in await self.store.sessions():
@@ -257,6 +257,7 @@ class SessionManager:
             if self._formatter is not None:
                 await self._close_env(self._formatter)
                 self._formatter = None
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     # --- helpers --------------------------------------------------------------------------------
 
@@ -317,22 +318,23 @@ class SessionManager:
     async def _env_call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
         """Run env code in the bounded pool within `env_timeout_s`; its failures become 500 `ServiceError`s.
 
-        A `ServiceError` raised by `fn` passes unchanged. A timeout abandons the thread (threads cannot be
-        killed) and raises `EnvTimeoutError`.
+        A `ServiceError` raised by `fn` passes unchanged. A timeout abandons the call (a queued call never
+        starts; a running thread cannot be stopped and finishes alone) and raises `EnvTimeoutError`.
         """
-        with anyio.move_on_after(self.settings.env_timeout_s):
-            try:
-                return await anyio.to_thread.run_sync(
-                    fn, *args, limiter=self._limiter, abandon_on_cancel=True
-                )
-            except ServiceError:
-                raise
-            except Exception as exc:
-                logger.error("env %s failed", what, exc_info=exc)
-                message = f"environment {what} failed: {type(exc).__name__}: {exc}"
-                raise ServiceError(ErrorCode.INTERNAL, message) from exc
-        logger.error("env %s exceeded %ss", what, self.settings.env_timeout_s)
-        raise EnvTimeoutError(f"environment {what} exceeded {self.settings.env_timeout_s}s")
+        call = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        deadline = asyncio.timeout(self.settings.env_timeout_s)
+        try:
+            async with deadline:
+                return await call
+        except ServiceError:
+            raise
+        except Exception as exc:
+            if deadline.expired():  # the call was cancelled: it never starts, or its thread runs on alone
+                logger.error("env %s exceeded %ss", what, self.settings.env_timeout_s)
+                raise EnvTimeoutError(f"environment {what} exceeded {self.settings.env_timeout_s}s") from None
+            logger.error("env %s failed", what, exc_info=exc)
+            message = f"environment {what} failed: {type(exc).__name__}: {exc}"
+            raise ServiceError(ErrorCode.INTERNAL, message) from exc
 
     async def _update_gauge(self) -> None:
         self.metrics.active_sessions.set(await self.store.count())

@@ -24,6 +24,16 @@ class ServerSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     log_level: LogLevel = "info"
+    access_log: bool = Field(default=False, description="Log one line per request (uvicorn's access log).")
+    keep_alive_s: int = Field(
+        default=65,
+        ge=1,
+        description="Idle seconds before a keep-alive connection closes; above the 60 s of common proxies.",
+    )
+    otel: bool = Field(
+        default=False,
+        description="FastAPI's OpenTelemetry spans, metrics and logs per request, via the global providers.",
+    )
 
     max_sessions: int = Field(default=256, ge=1, description="Live sessions; more resets get 503.")
     session_ttl_s: float = Field(default=600.0, gt=0, description="Idle time after which a session expires.")

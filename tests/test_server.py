@@ -88,7 +88,9 @@ def test_info_describes_the_env_and_the_limits(http: httpx.Client) -> None:
 
 
 def test_health_and_ready(http: httpx.Client) -> None:
-    assert http.get("/health").json() == {"status": "ok"}
+    health = http.get("/health")
+    assert health.json() == {"status": "ok"}
+    assert "server" not in health.headers  # `vistarl serve` does not advertise uvicorn
     ready = http.get("/ready")
     assert ready.status_code == 200
     assert ready.json()["ready"] is True
@@ -167,6 +169,14 @@ def test_malformed_and_invalid_bodies(http: httpx.Client) -> None:
     assert_error(http.post("/step", json={"session_id": "x"}), 422, "validation_error", "body.action")
     assert_error(http.post("/reset", json={"seed": "one"}), 422, "validation_error", "body.seed")
     assert_error(http.post("/reset", json={"sed": 1}), 422, "validation_error", "body.sed")
+
+
+def test_a_body_that_is_not_json_or_empty_is_422(http: httpx.Client) -> None:
+    as_text = http.post("/step", content=b'{"session_id": "s"}', headers={"content-type": "text/plain"})
+    assert_error(as_text, 422, "validation_error", "Content-Type", "text/plain")
+    assert_error(http.post("/reset"), 422, "validation_error", "body")
+    charset = {"content-type": "application/json; charset=utf-8"}
+    assert http.post("/reset", content=b"{}", headers=charset).status_code == 200
 
 
 def test_unknown_route_and_method(http: httpx.Client) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from fastapi.testclient import TestClient
@@ -63,3 +64,15 @@ def test_two_apps_in_one_process_keep_their_own_sessions_and_metrics() -> None:
         assert b.post("/step", json={"session_id": session, "action": "inc"}).status_code == 404
         assert "vistarl_env_resets_total 1.0" in a.get("/metrics").text
         assert "vistarl_env_resets_total 0.0" in b.get("/metrics").text
+
+
+def test_the_hot_endpoints_keep_their_openapi_schema() -> None:
+    paths = create_app(ENV_FACTORY, ServerSettings(api_token=None)).openapi()["paths"]
+
+    def schema_ref(content: dict[str, Any]) -> str:
+        return str(content["application/json"]["schema"]["$ref"])
+
+    for name in ("Reset", "Step"):
+        post = paths[f"/{name.lower()}"]["post"]
+        assert schema_ref(post["requestBody"]["content"]).endswith(f"/{name}Request")
+        assert schema_ref(post["responses"]["200"]["content"]).endswith(f"/{name}Response")

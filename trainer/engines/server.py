@@ -25,7 +25,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from clients.protocol import ErrorCode
 from services.errors import ServiceError, describe_validation_errors, error_response, install_error_handlers
 from services.metrics import ServerMetrics
-from services.security import BearerAuthMiddleware, BodySizeLimitMiddleware
+from services.security import RequestGuard
 from trainer.engines.base import EngineRequestError, GenerateRequest, GenerateResult
 from trainer.engines.hf import DEFAULT_MAX_BATCH_SIZE, HFEngine
 from trainer.engines.sglang_api import (
@@ -71,14 +71,10 @@ def create_app(engine: HFEngine, settings: EngineServerSettings | None = None) -
     app = FastAPI(title=f"vistarl engine: {engine.model_path}", lifespan=lifespan)
     install_error_handlers(app, metrics)
     app.add_exception_handler(RequestValidationError, _bad_request)
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=metrics)
-    if settings.api_token is not None:  # added last, so it runs first: no body is read before auth
-        app.add_middleware(
-            BearerAuthMiddleware,
-            token=settings.api_token.get_secret_value(),
-            metrics=metrics,
-            open_paths=OPEN_PATHS,
-        )
+    token = None if settings.api_token is None else settings.api_token.get_secret_value()
+    app.add_middleware(
+        RequestGuard, max_bytes=settings.max_body_bytes, metrics=metrics, token=token, open_paths=OPEN_PATHS
+    )
 
     @app.post("/generate")
     async def generate(body: GenerateBody) -> JSONResponse:

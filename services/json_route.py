@@ -1,0 +1,80 @@
+"""`JSONRoute`: the hot endpoints (/reset, /step) on a lean path through FastAPI.
+
+Per request, FastAPI's own handler (dependency solving, `json.loads` then validation, response-model
+validation and re-encoding) costs more than a Sokoban step. A `JSONRoute` is built and documented from
+its endpoint's signature like any FastAPI route, but serves it directly: the raw body is validated by
+`model_validate_json` and the answer serialized by pydantic, one pass each. Bad bodies raise
+`ServiceError`s for the app's error handlers, in FastAPI's shapes: 400 for malformed JSON, 422 naming
+each invalid field (`body.action: Field required`).
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
+from pydantic_core import to_json
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from clients.protocol import ErrorCode
+from services.errors import ServiceError, invalid_body
+
+JSON_MEDIA_TYPE = "application/json"
+
+Endpoint = Callable[[Any], Awaitable[BaseModel]]
+
+
+class JSONRoute(APIRoute):
+    """A route for `async def endpoint(body: RequestModel) -> ResponseModel`, served without FastAPI's
+    per-request machinery. Register it with `router.add_api_route(..., route_class_override=JSONRoute)`.
+    """
+
+    def __init__(self, path: str, endpoint: Endpoint, **kwargs: Any) -> None:
+        super().__init__(path, endpoint, **kwargs)
+        params = [hint for name, hint in typing.get_type_hints(endpoint).items() if name != "return"]
+        if len(params) != 1 or not (isinstance(params[0], type) and issubclass(params[0], BaseModel)):
+            raise TypeError(f"{endpoint.__name__} must take one pydantic model, not {params}")
+        self.app = _serve(endpoint, params[0])
+
+
+def _serve(endpoint: Endpoint, body_model: type[BaseModel]) -> ASGIApp:
+    """The ASGI app of a `JSONRoute`: body in, endpoint, JSON answer out."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        answer = await endpoint(await read_json(Request(scope, receive), body_model))
+        await Response(to_json(answer), media_type=JSON_MEDIA_TYPE)(scope, receive, send)
+
+    return app
+
+
+async def read_json(request: Request, model: type[BaseModel]) -> BaseModel:
+    """The request's JSON body as `model`, or a `ServiceError` (400 malformed, 422 invalid or not JSON).
+
+    The body is read once; its size is already bounded by `services.security.RequestGuard`.
+    """
+    try:
+        body = await request.body()
+    except ClientDisconnect:
+        raise ServiceError(ErrorCode.BAD_REQUEST, "the client left before sending the whole body") from None
+    if not body:
+        raise ServiceError(ErrorCode.VALIDATION_ERROR, "body: Field required")
+    content_type = request.headers.get("content-type", "")
+    if not _is_json(content_type):
+        message = f"body: expected Content-Type {JSON_MEDIA_TYPE}, got {content_type or 'none'}"
+        raise ServiceError(ErrorCode.VALIDATION_ERROR, message)
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise invalid_body(exc.errors(include_url=False), prefix="body") from None
+
+
+def _is_json(content_type: str) -> bool:
+    """Whether a Content-Type names JSON (`application/json`, `application/*+json`, any parameters)."""
+    media_type = content_type.partition(";")[0].strip().lower()
+    suffixed = media_type.startswith("application/") and media_type.endswith("+json")
+    return media_type == JSON_MEDIA_TYPE or suffixed
