@@ -19,27 +19,10 @@ def _root() -> None:
 
 def _register() -> None:
     """Attach every command group. Heavy imports (torch) stay inside the commands themselves."""
-    from cli import engine, model, serve
+    from cli import data, demo, engine, model, queue, rollout, serve, sokoban, train, worker
 
-    serve.register(app)
-    model.register(app)
-    engine.register(app)
-
-    from cli import queue, rollout, worker
-
-    queue.register(app)
-    worker.register(app)
-    rollout.register(app)
-
-    from cli import data, demo, sokoban
-
-    data.register(app)
-    demo.register(app)
-    sokoban.register(app)
-
-    from cli import train
-
-    train.register(app)
+    for group in (serve, sokoban, data, demo, model, engine, rollout, worker, queue, train):
+        group.register(app)
 
 
 _register()
