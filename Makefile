@@ -15,8 +15,12 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# A few GRPO steps of the tiny Sokoban config on CPU, everything on this machine (see docs/training.md).
+TINY := runs/tiny-qwen2_5_vl
+
 demo: install
-	$(PY) -m cli.main demo
+	test -d $(TINY) || $(PY) -m cli.main model tiny --out $(TINY)
+	$(PY) -m cli.main train --config configs/sokoban_tiny.yaml
 
 lint: install
 	$(PY) -m ruff check .

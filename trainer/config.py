@@ -48,11 +48,17 @@ class ModelConfig(_Section):
 
 
 class EnvConfig(_Section):
-    """Which environment to train against: in process by name/import path, or remote by URL."""
+    """Which environment to train against: a running server (`url`), or `name` served on this machine."""
 
-    name: str = Field(default="sokoban", min_length=1)
+    name: str = Field(default="sokoban", min_length=1, description="registered env name or import path")
     url: str | None = Field(default=None, pattern=r"^https?://\S+$")
+    serve: bool = Field(
+        default=True, description="without url: run `vistarl serve NAME` on a loopback port (else in process)"
+    )
     options: dict[str, Any] = Field(default_factory=dict)
+    dataset: Path | None = Field(
+        default=None, description="parquet of levels (extra_info.env_config per row) instead of seeds"
+    )
     reward_path: str | None = None
     eval_seeds: tuple[int, int] = (100_000, 100_032)
 
@@ -90,9 +96,13 @@ class RolloutConfig(_Section):
     rollout_temperature: float = Field(default=1.0, gt=0)
     rollout_top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = Field(default=-1, ge=-1, description="-1 disables top-k")
+    stop: list[str] | None = Field(default=None, description="stop strings: a reply ends at the first")
     concurrency: int = Field(default=8, ge=1, description="episodes in flight per worker")
     engine: str = "hf"
     queue: str | None = Field(default=None, pattern=r"^(redis|rediss|unix)://\S+$")
+    local_workers: int = Field(default=1, ge=0, description="in-process rollout workers; 0: external ones")
+    collect_timeout_s: float = Field(default=1800.0, gt=0, description="longest wait for one step's episodes")
+    episode_timeout_s: float | None = Field(default=600.0, gt=0, description="deadline of one episode")
     namespace: str = Field(default="vistarl", min_length=1, pattern=r"^[\w.-]+$")
     max_staleness: int = Field(default=0, ge=0, description="policy versions a trajectory may lag behind")
     async_mode: bool = False
@@ -197,8 +207,25 @@ class TrainLoopConfig(_Section):
     seed: int = 0
     save_every: int = Field(default=0, ge=0, description="0: save only at the end")
     eval_every: int = Field(default=0, ge=0, description="0: never evaluate")
-    run_dir: Path = Path("runs/default")
+    run_dir: Path | None = Field(default=None, description="None: runs/<config name>-<timestamp>")
     resume: bool = False
+    save_samples: int = Field(default=2, ge=0, description="trajectories per step kept with their images")
+
+
+class SyncConfig(_Section):
+    """How weights reach a remote engine after each step (the embedded engine is updated in process)."""
+
+    mode: Literal["disk", "nccl"] = Field(
+        default="disk", description="disk: /update_weights_from_disk; nccl: SGLang's broadcast (sglang only)"
+    )
+    dir: Path | None = Field(default=None, description="disk mode: a directory the engine can read")
+    dtype: Literal["bfloat16", "float16", "float32"] | None = Field(
+        default=None, description="dtype of the pushed weights; None: model.dtype"
+    )
+    master_address: str = Field(default="127.0.0.1", description="nccl: trainer rank 0's address")
+    master_port: int = Field(default=29600, ge=1, le=65535)
+    engine_world_size: int = Field(default=1, ge=1, description="nccl: the SGLang server's GPUs (tp x dp)")
+    bucket_mb: int = Field(default=512, ge=1)
 
 
 class LogConfig(_Section):
@@ -217,11 +244,12 @@ class TrainConfig(_Section):
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     train: TrainLoopConfig = Field(default_factory=TrainLoopConfig)
+    sync: SyncConfig = Field(default_factory=SyncConfig)
     log: LogConfig = Field(default_factory=LogConfig)
 
     @model_validator(mode="after")
     def _cross_section(self) -> TrainConfig:
-        """Batch sizes fit together, and group baselines have a group to compare against."""
+        """Batch sizes fit together, group baselines have a group, and the modes fit the stack."""
         samples = self.rollout.samples_per_step
         if samples % self.train.global_batch_size:
             raise ValueError(
@@ -232,6 +260,26 @@ class TrainConfig(_Section):
             raise ValueError(
                 f"algo.advantage_estimator={self.algo.advantage_estimator} needs "
                 f"rollout.n_samples_per_prompt >= 2 (got {self.rollout.n_samples_per_prompt})"
+            )
+        if self.rollout.async_mode and self.rollout.max_staleness < 1:
+            raise ValueError(
+                "rollout.async_mode trains on episodes one version old: set rollout.max_staleness >= 1"
+            )
+        if self.train.micro_batch_tokens < self.rollout.rollout_max_context_len:
+            raise ValueError(
+                f"train.micro_batch_tokens ({self.train.micro_batch_tokens}) must hold one whole episode "
+                f"of rollout.rollout_max_context_len ({self.rollout.rollout_max_context_len}) tokens"
+            )
+        if self.sync.mode == "nccl" and self.rollout.engine_kind != "sglang":
+            raise ValueError("sync.mode=nccl needs rollout.engine=sglang:URL")
+        if self.rollout.local_workers == 0 and self.env.url is None and self.env.serve:
+            raise ValueError(
+                "external workers (rollout.local_workers=0) cannot reach an env server on this machine's "
+                "loopback: set env.url, or env.serve=false to run the env inside the workers"
+            )
+        if self.rollout.local_workers == 0 and self.rollout.queue is None:
+            raise ValueError(
+                "rollout.local_workers=0 leaves the in-memory queue without workers: set rollout.queue"
             )
         return self
 

@@ -1,0 +1,121 @@
+"""`vistarl train` (the training loop) and `vistarl eval` (greedy evaluation of a checkpoint)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from trainer.config import TrainConfig
+
+ConfigOption = Annotated[
+    Path, typer.Option("--config", exists=True, dir_okay=False, help="YAML config (see configs/).")
+]
+OptionalConfig = Annotated[
+    Path | None,
+    typer.Option("--config", exists=True, dir_okay=False, help="YAML config (default: all defaults)."),
+]
+SetOption = Annotated[
+    list[str] | None, typer.Option("--set", help="Override a config key: section.key=value; repeatable.")
+]
+
+
+def _load(config: Path | None, overrides: list[str] | None) -> TrainConfig:
+    """The validated config; a bad file or override is a usage error naming the key."""
+    from trainer.config import ConfigError, load_config
+
+    try:
+        return load_config(config, overrides or [])
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--config/--set") from None
+
+
+def _quiet_logs() -> None:
+    """Warnings and errors only: the console shows the run's own progress."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def train(
+    config: ConfigOption,
+    set_: SetOption = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the run directory's latest checkpoint.")
+    ] = False,
+) -> None:
+    """Train a policy as the config says; with no URLs in it, the whole stack runs on this machine."""
+    from trainer.train import run_training
+
+    cfg = _load(config, set_)
+    _quiet_logs()
+    console = Console()
+    try:
+        result = asyncio.run(run_training(cfg, name=config.stem, resume=resume, console=console))
+    except (FileExistsError, RuntimeError, TimeoutError, OSError, ValueError) as exc:
+        console.print(f"[red]training failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+    if result.history:
+        console.print(f"finished {result.steps} steps; metrics, reward curve and samples in {result.run_dir}")
+        console.print(f"checkpoint: {result.checkpoint}")
+
+
+def eval_command(
+    config: OptionalConfig = None,
+    set_: SetOption = None,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(exists=True, file_okay=False, help="HF checkpoint directory (default: model.path)."),
+    ] = None,
+    dummy: Annotated[bool, typer.Option("--dummy", help="Play random moves instead of a model.")] = False,
+    max_episodes: Annotated[
+        int | None, typer.Option("--max-episodes", min=1, help="Play only the first N eval seeds.")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Run directory (default runs/eval-<config>-<time>).")
+    ] = None,
+) -> None:
+    """Evaluate greedily on the held-out eval seeds; save every episode's images and trajectory JSON."""
+    from trainer.engines.scripted import ScriptedEngine
+    from trainer.eval import evaluate, random_moves
+    from trainer.processor import VLProcessor
+    from trainer.stack import open_stack
+
+    cfg = _load(config, set_)
+    _quiet_logs()
+    model_path = checkpoint or Path(cfg.model.path)
+    name = config.stem if config is not None else "defaults"
+    run_dir = out or Path("runs") / f"eval-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    console = Console()
+
+    async def main() -> dict[str, float]:
+        processor = await asyncio.to_thread(VLProcessor.from_pretrained, model_path)
+        engine = ScriptedEngine(processor, random_moves()) if dummy else None
+        async with open_stack(cfg, processor, model_path, run_dir, engine=engine) as stack:
+            return await evaluate(
+                stack, cfg, version=0, key="eval", out_dir=run_dir, max_episodes=max_episodes
+            )
+
+    try:
+        summary = asyncio.run(main())
+    except (RuntimeError, TimeoutError, OSError, ValueError) as exc:
+        console.print(f"[red]evaluation failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+    table = Table(title=f"{'random policy' if dummy else model_path} on eval seeds {cfg.env.eval_seeds}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in summary.items():
+        table.add_row(name.removeprefix("eval/"), f"{value:.4g}")
+    console.print(table)
+    console.print(f"images and trajectories saved under {run_dir}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `train` and `eval` to the `vistarl` command line."""
+    app.command("train")(train)
+    app.command("eval")(eval_command)

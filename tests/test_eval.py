@@ -1,0 +1,70 @@
+"""`vistarl eval --dummy`: a random-move agent on the held-out Sokoban levels, with images and JSON saved."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from tests.servers import vistarl_cmd
+from trainer.engines.base import GenerateRequest
+from trainer.engines.sglang_api import SamplingParams
+from trainer.eval import random_moves, summarize
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "sokoban_tiny.yaml"
+
+
+def test_dummy_eval_plays_two_levels_and_saves_images_and_trajectories(
+    tiny_qwen25: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "eval"
+    command = vistarl_cmd(
+        "eval",
+        "--config",
+        str(CONFIG),
+        "--set",
+        f"model.path={tiny_qwen25}",
+        "--dummy",
+        "--max-episodes",
+        "2",
+        "--out",
+        str(out),
+    )
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "success_rate" in done.stdout
+    episodes = sorted(out.glob("episode-*"))
+    assert [e.name for e in episodes] == ["episode-000", "episode-001"]
+    for episode in episodes:
+        trajectory = json.loads((episode / "trajectory.json").read_text())
+        assert trajectory["status"] == "COMPLETED"
+        assert trajectory["images"] and all((episode / name).is_file() for name in trajectory["images"])
+        replies = [m["content"] for m in trajectory["messages"] if m["role"] == "assistant"]
+        assert replies and all(r.startswith("<answer>") and r.endswith("</answer>") for r in replies)
+        assert 1 <= trajectory["metrics"]["turns"] <= 3
+        assert "env/success" in trajectory["metrics"]
+
+
+def test_random_moves_are_reproducible_per_episode_and_turn() -> None:
+    respond = random_moves()
+
+    def request(seed: int, prompt_length: int) -> GenerateRequest:
+        return GenerateRequest(engine_ids=[1] * prompt_length, sampling=SamplingParams(sampling_seed=seed))
+
+    first = [respond(i, request(seed, 10 + turn)) for i, (seed, turn) in enumerate([(1, 0), (1, 1), (2, 0)])]
+    again = [respond(0, request(seed, 10 + turn)) for seed, turn in [(1, 0), (1, 1), (2, 0)]]
+    assert first == again
+    assert len(set(respond(0, request(seed, 10)) for seed in range(20))) > 5
+
+
+def test_summary_counts_failed_episodes_as_unsolved() -> None:
+    trajectories = [
+        {"status": "COMPLETED", "episode_reward": 5.0, "metrics": {"env/success": 1.0, "turns": 2.0}},
+        {"status": "TRUNCATED", "episode_reward": 1.0, "metrics": {"env/success": 0.0, "turns": 4.0}},
+        {"status": "FAILED", "episode_reward": 0.0, "metrics": {}},
+    ]
+    summary = summarize(trajectories)
+    assert summary["eval/success_rate"] == 1 / 3
+    assert summary["eval/reward_mean"] == 2.0
+    assert summary["eval/turns_mean"] == 2.0
+    assert summary["eval/failed"] == 1.0

@@ -1,0 +1,92 @@
+"""The loop's modes and bookkeeping with a scripted policy: aborted episodes left out, async rollouts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.test_checkpoint_resume import odd_seeds_count, scripted_config
+from trainer.config import TrainConfig
+from trainer.engines.base import GenerateRequest
+from trainer.engines.scripted import ScriptedEngine
+from trainer.processor import VLProcessor
+from trainer.train import PromptSource, run_training
+
+
+def with_changes(cfg: TrainConfig, section: str, **changes: object) -> TrainConfig:
+    """A validated copy of `cfg` with keys of one section changed."""
+    return TrainConfig.model_validate(
+        {**cfg.model_dump(), section: {**getattr(cfg, section).model_dump(), **changes}}
+    )
+
+
+def aborts_every_third(index: int, request: GenerateRequest) -> str | None:
+    """Like `odd_seeds_count`, but no reply (an ABORTED episode) when the sampling seed is a multiple of 3."""
+    return None if (request.sampling.sampling_seed or 0) % 3 == 0 else odd_seeds_count(index, request)
+
+
+async def test_aborted_episodes_are_counted_and_left_out_of_the_update(
+    tiny_qwen25: Path, tmp_path: Path
+) -> None:
+    processor = VLProcessor.from_pretrained(tiny_qwen25)
+    cfg = scripted_config(tiny_qwen25, tmp_path / "run", steps=2)
+    result = await run_training(cfg, engine=ScriptedEngine(processor, aborts_every_third))
+    assert [r["step"] for r in result.history] == [1, 2]
+    aborted = sum(r["rollout/status/ABORTED"] for r in result.history)
+    completed = sum(r["rollout/status/COMPLETED"] for r in result.history)
+    assert aborted > 0 and completed > 0 and aborted + completed == 16
+    assert sum(r["train/trajectories"] for r in result.history) == completed
+    assert all(r["rollout/missing"] == 0 for r in result.history)
+
+
+async def test_async_mode_trains_on_episodes_one_version_old_and_evaluates(
+    tiny_qwen25: Path, tmp_path: Path
+) -> None:
+    processor = VLProcessor.from_pretrained(tiny_qwen25)
+    cfg = with_changes(
+        scripted_config(tiny_qwen25, tmp_path / "run", steps=2), "rollout", async_mode=True, max_staleness=1
+    )
+    cfg = with_changes(with_changes(cfg, "train", eval_every=2), "env", eval_seeds=(1000, 1003))
+    result = await run_training(cfg, engine=ScriptedEngine(processor, odd_seeds_count))
+    assert [r["rollout/policy_lag"] for r in result.history] == [0.0, 1.0]
+    assert "eval/episodes" not in result.history[0] and result.history[1]["eval/episodes"] == 3
+    assert len(list((tmp_path / "run" / "eval" / "step-000002").glob("episode-*/trajectory.json"))) == 3
+    assert [r["policy_version"] for r in result.history] == [1.0, 2.0]
+    assert all(r["rollout/stale"] == 0 and r["rollout/episodes"] == 8 for r in result.history)
+
+
+def test_async_mode_needs_room_for_one_version_of_lag(tiny_qwen25: Path, tmp_path: Path) -> None:
+    cfg = scripted_config(tiny_qwen25, tmp_path / "run", steps=1)
+    with pytest.raises(ValueError, match="max_staleness >= 1"):
+        with_changes(cfg, "rollout", async_mode=True, max_staleness=0)
+
+
+def test_training_seeds_skip_the_eval_range(tiny_qwen25: Path, tmp_path: Path) -> None:
+    cfg = with_changes(scripted_config(tiny_qwen25, tmp_path, steps=1), "env", eval_seeds=(3, 6))
+    seeds = [start["seed"] for start in PromptSource(cfg).take(0, 8)]
+    assert seeds == [0, 1, 2, 6, 7, 8, 9, 10]
+
+
+def test_dataset_rows_become_env_options_in_a_shuffled_resumable_order(tmp_path: Path) -> None:
+    from services.sokoban.dataset import write_dataset
+    from services.sokoban.options import SokobanOptions
+
+    paths = write_dataset(tmp_path, n_train=3, n_test=1, base_seed=0, options=SokobanOptions(cell_size=16))
+    cfg = TrainConfig.model_validate({"env": {"dataset": str(paths["train"]), "options": {"max_steps": 7}}})
+    source = PromptSource(cfg)
+    starts = source.take(0, 6)
+    levels = [
+        str(start["options"]["initial_boxes"]) + str(start["options"]["initial_player"]) for start in starts
+    ]
+    assert sorted(levels[:3]) == sorted(levels[3:]) and len(set(levels[:3])) == 3, (
+        "each epoch visits every row once"
+    )
+    assert source.take(4, 2) == starts[4:6]
+    for start in starts:
+        assert "seed" not in start and start["options"]["max_steps"] == 7
+        SokobanOptions.model_validate(start["options"])
+
+    leaky = TrainConfig.model_validate({"env": {"dataset": str(paths["test"]), "eval_seeds": [0, 1000]}})
+    with pytest.raises(ValueError, match="an eval seed"):
+        PromptSource(leaky)

@@ -1,0 +1,205 @@
+"""What a run leaves and shows: metrics.jsonl, a reward curve, TensorBoard, wandb, sample episodes, console.
+
+Everything lives under the run directory:
+
+- `config.yaml`: the resolved configuration;
+- `metrics.jsonl`: one JSON object per step (`step` plus every metric);
+- `reward_curve.png`: mean reward and success rate per step, redrawn after every step (matplotlib's
+  object API renders it with Agg, no display needed);
+- `tensorboard/`: the same scalars for TensorBoard;
+- `samples/step-NNNNNN/<episode>/`: a few trajectories per step as `trajectory.json` plus their images;
+- Weights & Biases, when `WANDB_API_KEY` is set and the `wandb` package is installed.
+
+Only rank 0 logs; other ranks never build a `RunLogger`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from matplotlib.figure import Figure
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from torch.utils.tensorboard import SummaryWriter
+
+from clients.images import decode_image
+
+__all__ = ["CURVE_FILE", "METRICS_FILE", "RunLogger", "read_metrics", "save_trajectory"]
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+CURVE_FILE = "reward_curve.png"
+REWARD_KEY = "reward/mean"
+SUCCESS_KEY = "env/success"
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The step records of `metrics.jsonl`, in order (none when the file does not exist)."""
+    path = run_dir / METRICS_FILE
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def save_trajectory(trajectory: Mapping[str, Any], out_dir: Path) -> Path:
+    """Write `trajectory.json` plus one PNG per image (named in the JSON); returns the JSON's path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = []
+    for index, url in enumerate(trajectory.get("images") or []):
+        name = f"image-{index:02d}.png"
+        decode_image(url).save(out_dir / name)
+        names.append(name)
+    record = {**trajectory, "images": names}
+    path = out_dir / "trajectory.json"
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
+
+
+class RunLogger:
+    """Rank 0's sinks for one run: files, TensorBoard, optional wandb, and a rich progress display."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        config: Mapping[str, Any],
+        *,
+        total_steps: int,
+        start_step: int = 0,
+        tensorboard: bool = True,
+        wandb_project: str | None = None,
+        console: Console | None = None,
+    ) -> None:
+        self.run_dir = run_dir
+        self.console = console or Console()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(dict(config), sort_keys=False))
+        self.history = [r for r in read_metrics(run_dir) if r.get("step", math.inf) <= start_step]
+        self._rewrite_metrics()
+        self.tensorboard = SummaryWriter(str(run_dir / "tensorboard")) if tensorboard else None
+        self.wandb = _start_wandb(run_dir, config, wandb_project)
+        self.progress = Progress(
+            TextColumn("[bold]step"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("reward {task.fields[reward]}  success {task.fields[success]}  {task.fields[speed]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+        )
+        self._task = self.progress.add_task(
+            "train", total=total_steps, completed=start_step, reward="-", success="-", speed=""
+        )
+        self.progress.start()
+
+    def log_step(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Record one finished step everywhere and refresh the curve and the display."""
+        record = {"step": step, "time": time.time(), **{k: float(v) for k, v in metrics.items()}}
+        self.history.append(record)
+        with (self.run_dir / METRICS_FILE).open("a", encoding="utf-8") as sink:
+            sink.write(json.dumps(record) + "\n")
+        if self.tensorboard is not None:
+            for name, value in metrics.items():
+                self.tensorboard.add_scalar(name, value, step)
+            self.tensorboard.flush()
+        if self.wandb is not None:
+            self.wandb.log(dict(metrics), step=step)
+        self.draw_curve()
+        self._show(step, metrics)
+
+    def draw_curve(self) -> Path:
+        """Redraw `reward_curve.png`: mean reward, and success rate when the env reports it, per step."""
+        steps = [r["step"] for r in self.history if REWARD_KEY in r]
+        panels = [(REWARD_KEY, "mean reward")]
+        if any(SUCCESS_KEY in r for r in self.history):
+            panels.append((SUCCESS_KEY, "success rate"))
+        figure = Figure(figsize=(5 * len(panels), 3.5))
+        axes = figure.subplots(1, len(panels), squeeze=False)
+        for axis, (key, title) in zip(axes[0], panels, strict=True):
+            points = [(r["step"], r[key]) for r in self.history if key in r]
+            axis.plot([p[0] for p in points], [p[1] for p in points], marker="o")
+            axis.set_title(title)
+            axis.set_xlabel("step")
+            axis.grid(alpha=0.3)
+            if steps:
+                axis.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
+        figure.tight_layout()
+        path = self.run_dir / CURVE_FILE
+        figure.savefig(path, dpi=100)
+        return path
+
+    def save_samples(self, step: int, trajectories: Sequence[Mapping[str, Any]], limit: int) -> None:
+        """Keep the first `limit` trajectories of a step, with their images, under `samples/`."""
+        root = self.run_dir / "samples" / f"step-{step:06d}"
+        for trajectory in trajectories[:limit]:
+            save_trajectory(trajectory, root / str(trajectory["episode_id"]))
+
+    def note(self, message: str) -> None:
+        """A line on the console above the progress bar."""
+        self.console.print(message)
+
+    def close(self) -> None:
+        """Stop the display and flush and close every sink."""
+        self.progress.stop()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+    def _show(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Advance the progress bar and print the step's headline numbers."""
+        reward = _fmt(metrics.get(REWARD_KEY))
+        success = _fmt(metrics.get(SUCCESS_KEY))
+        speed = f"{metrics['perf/tokens_per_s']:.0f} tok/s" if "perf/tokens_per_s" in metrics else ""
+        self.progress.update(self._task, completed=step, reward=reward, success=success, speed=speed)
+        headline = _pick(
+            metrics,
+            ("reward/mean", "env/success", "rollout/turns", "rollout/response_tokens"),
+            (
+                "train/logprob_abs_diff",
+                "train/pg_clip_frac",
+                "train/ppo_kl",
+                "train/entropy",
+                "train/grad_norm",
+            ),
+            ("time/rollout", "time/train", "time/sync", "time/step", "perf/tokens_per_s"),
+        )
+        self.console.print(f"[bold]step {step}[/bold]  " + "  ".join(f"{k}={_fmt(v)}" for k, v in headline))
+
+    def _rewrite_metrics(self) -> None:
+        """Keep only the history up to the start step (steps after a resumed checkpoint are run again)."""
+        lines = "".join(json.dumps(record) + "\n" for record in self.history)
+        (self.run_dir / METRICS_FILE).write_text(lines)
+
+
+def _pick(metrics: Mapping[str, float], *groups: Iterable[str]) -> list[tuple[str, float]]:
+    """The metrics named in `groups`, in that order, skipping absent ones."""
+    return [(key, metrics[key]) for group in groups for key in group if key in metrics]
+
+
+def _fmt(value: float | None) -> str:
+    """A short number for the console."""
+    if value is None:
+        return "-"
+    return f"{value:.3g}" if abs(value) < 1e4 else f"{value:.0f}"
+
+
+def _start_wandb(run_dir: Path, config: Mapping[str, Any], project: str | None) -> Any:
+    """A wandb run when `WANDB_API_KEY` is set and wandb is installed; None otherwise."""
+    if not os.environ.get("WANDB_API_KEY"):
+        return None
+    try:
+        import wandb
+    except ImportError:
+        log.warning("WANDB_API_KEY is set but wandb is not installed (pip install wandb); not logging to it")
+        return None
+    return wandb.init(
+        project=project or "vistarl", name=run_dir.name, dir=str(run_dir), config=dict(config), resume="allow"
+    )

@@ -1,0 +1,277 @@
+"""The rollout side of a training run: env server, queue, engine and in-process workers, as the config says.
+
+With no URLs in the config, everything runs on this machine, as in production but small: the env is
+served by `vistarl serve NAME` on a free loopback port (real HTTP), episodes go through the
+in-memory queue to in-process rollout workers (`RolloutRunner`, the default runner), and those
+generate with an in-process `HFEngine` loaded from the checkpoint, which shares nothing with the
+trainer's model and receives its weights after every step. Each URL given replaces its part: `env.url`
+an env server, `rollout.queue` Redis (with `rollout.local_workers: 0`, the workers are external),
+`rollout.engine: sglang:URL` or `hf:URL` an engine server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from trainer.config import RolloutConfig, TrainConfig
+from trainer.engines import Engine, make_engine
+from trainer.processor import VLProcessor
+from trainer.queue import EpisodeJob, EpisodeQueue, ResultConsumer, open_queue
+from trainer.rewards import load_reward_fn
+from trainer.rollout import RolloutRunner
+from trainer.worker import Worker
+
+__all__ = ["ENV_SERVER_LOG", "Gathered", "Stack", "episode_sampling", "open_stack", "serve_env"]
+
+log = logging.getLogger(__name__)
+
+ENV_SERVER_LOG = "env-server.log"
+SERVER_START_TIMEOUT_S = 60.0
+SERVER_STOP_GRACE_S = 10.0
+WORKER_STOP_GRACE_S = 30.0
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def episode_sampling(rollout: RolloutConfig) -> dict[str, Any]:
+    """A job's `sampling`: the run's budgets and sampling params (external workers follow the job)."""
+    return {
+        "max_turns": rollout.max_turns,
+        "max_new_tokens": rollout.max_new_tokens,
+        "rollout_max_response_len": rollout.rollout_max_response_len,
+        "rollout_max_context_len": rollout.rollout_max_context_len,
+        "temperature": rollout.rollout_temperature,
+        "top_p": rollout.rollout_top_p,
+        "top_k": rollout.top_k,
+        **({"stop": rollout.stop} if rollout.stop else {}),
+    }
+
+
+@dataclass
+class Gathered:
+    """The trajectories of one batch of jobs, and what became of the rest."""
+
+    trajectories: list[dict[str, Any]]
+    expected: int
+    stale: int = 0
+
+    @property
+    def missing(self) -> int:
+        """Jobs whose trajectory never came (dead-lettered, or still running at the deadline)."""
+        return self.expected - len(self.trajectories) - self.stale
+
+
+class Stack:
+    """What the trainer drives: the queue it feeds, the engine it syncs, and the env its jobs name
+    (`env`: the env server's URL, or the env's name / import path to run in the workers).
+
+    Batches of jobs are submitted under a key and gathered by it: results are read from the queue
+    once (each episode once, see `ResultConsumer`) and sorted by key, so a step's results may
+    arrive while another batch is being waited for (asynchronous mode, evaluation). Results of
+    unknown episodes (a previous run's leftovers) are dropped and counted.
+    """
+
+    def __init__(
+        self, queue: EpisodeQueue, engine: Engine, env: str, max_staleness: int | None = None
+    ) -> None:
+        self.queue = queue
+        self.engine = engine
+        self.env = env
+        self.max_staleness = max_staleness
+        self.policy_version = 0
+        self.unexpected = 0
+        self._consumer = ResultConsumer(queue)
+        self._keys: dict[str, str] = {}
+        self._batches: dict[str, Gathered] = {}
+
+    async def submit(self, key: str, jobs: Sequence[EpisodeJob]) -> None:
+        """Enqueue a batch of jobs under `key` (unique per batch)."""
+        if key in self._batches:
+            raise ValueError(f"a batch named {key!r} is already in flight")
+        self._batches[key] = Gathered([], expected=len(jobs))
+        self._keys.update({job.episode_id: key for job in jobs})
+        await self.queue.enqueue(jobs)
+
+    async def gather(self, key: str, timeout_s: float) -> Gathered:
+        """Wait (at most `timeout_s`) until every job of batch `key` has its trajectory; returns what came."""
+        batch = self._batches[key]
+        deadline = time.monotonic() + timeout_s
+        while len(batch.trajectories) + batch.stale < batch.expected:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            for trajectory in await self._consumer.collect(len(self._keys), min(left, 1.0)):
+                self._route(trajectory)
+        del self._batches[key]
+        self._keys = {episode: k for episode, k in self._keys.items() if k != key}
+        return batch
+
+    def _route(self, trajectory: dict[str, Any]) -> None:
+        """File a trajectory under its batch, or count it as stale or unexpected."""
+        key = self._keys.pop(str(trajectory["episode_id"]), None)
+        if key is None:
+            self.unexpected += 1
+            return
+        version = trajectory.get("policy_version")
+        lag = self.policy_version - version if isinstance(version, int) else 0
+        if self.max_staleness is not None and lag > self.max_staleness:
+            self._batches[key].stale += 1
+        else:
+            self._batches[key].trajectories.append(trajectory)
+
+
+@contextlib.asynccontextmanager
+async def open_stack(
+    cfg: TrainConfig,
+    processor: VLProcessor,
+    model_path: Path,
+    run_dir: Path,
+    *,
+    engine: Engine | None = None,
+    device: torch.device | None = None,
+) -> AsyncIterator[Stack]:
+    """Start (or connect to) everything the config names and stop it all on exit.
+
+    `engine` replaces the configured engine (e.g. a scripted policy); it is closed on exit too.
+    """
+    async with contextlib.AsyncExitStack() as stack:
+        env = cfg.env.url or cfg.env.name
+        if cfg.env.url is None and cfg.env.serve:
+            env = stack.enter_context(serve_env(cfg.env.name, run_dir / ENV_SERVER_LOG))
+        if engine is None:
+            engine = await asyncio.to_thread(_build_engine, cfg, processor, model_path, device)
+        stack.push_async_callback(engine.close)
+        queue = open_queue(cfg.rollout.queue, cfg.rollout.namespace)
+        stack.push_async_callback(queue.close)
+        if cfg.rollout.local_workers:
+            runner = RolloutRunner(
+                engine,
+                processor,
+                cfg.rollout,
+                reward_fn=load_reward_fn(cfg.env.reward_path),
+                deadline_s=cfg.rollout.episode_timeout_s,
+            )
+            stack.push_async_callback(runner.remotes.aclose)
+            await stack.enter_async_context(_workers(queue, runner, cfg.rollout.local_workers, cfg))
+        yield Stack(queue, engine, env, max_staleness=cfg.rollout.max_staleness)
+
+
+def _build_engine(
+    cfg: TrainConfig, processor: VLProcessor, model_path: Path, device: torch.device | None
+) -> Engine:
+    """The configured engine: an `HFEngine` on the checkpoint in this process, or a server's client."""
+    url = cfg.rollout.engine_url
+    if url is not None:
+        return make_engine(f"{cfg.rollout.engine_kind}:{url}", processor)
+    target = device or torch.device("cpu")
+    return make_engine(
+        f"hf:{model_path}",
+        device=str(target),
+        dtype=DTYPES[cfg.model.dtype],
+        max_batch_size=cfg.rollout.concurrency,
+    )
+
+
+@contextlib.asynccontextmanager
+async def _workers(
+    queue: EpisodeQueue, runner: RolloutRunner, count: int, cfg: TrainConfig
+) -> AsyncIterator[None]:
+    """Run `count` in-process workers on `queue` until the block ends, then drain them (bounded)."""
+    stop = asyncio.Event()
+    workers = [
+        Worker(
+            queue,
+            runner,
+            consumer=f"local-{os.getpid()}-{i}",
+            concurrency=cfg.rollout.concurrency,
+            shutdown_grace_s=0.0,
+        )
+        for i in range(count)
+    ]
+    tasks = [
+        asyncio.create_task(worker.run(stop), name=f"vistarl-worker-{i}") for i, worker in enumerate(workers)
+    ]
+    try:
+        yield
+    finally:
+        stop.set()
+        done, pending = await asyncio.wait(tasks, timeout=WORKER_STOP_GRACE_S)
+        for task in pending:
+            task.cancel()
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                log.warning("a rollout worker stopped with an error: %r", task.exception())
+
+
+@contextlib.contextmanager
+def serve_env(name: str, log_path: Path) -> Iterator[str]:
+    """Run `vistarl serve NAME` on a free loopback port until the block ends; yields its URL.
+
+    The server's output goes to `log_path`. Waits (bounded) until `/health` answers and fails early,
+    quoting the log, if the server exits first.
+    """
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "cli.main", "serve", name, "--host", "127.0.0.1", "--port", str(port)]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as sink:
+        proc = subprocess.Popen(
+            [*command, "--log-level", "warning"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _wait_healthy(url, proc, log_path)
+        yield url
+    finally:
+        _stop(proc)
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+    """Poll `/health` until it answers; raise if the process dies or `SERVER_START_TIMEOUT_S` passes."""
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"the env server exited with code {proc.returncode}:\n{tail}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=1.0).is_success:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"the env server at {url} was not healthy within {SERVER_START_TIMEOUT_S:.0f} s")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the server's process group; SIGKILL it if it outlives the grace period."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=SERVER_STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=SERVER_STOP_GRACE_S)
+
+
+def _free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -1,0 +1,394 @@
+"""One PPO-family update on a step's trajectories, each rank on its share: recompute, advantages, epochs.
+
+`PolicyTrainer` holds a rank's actor (and reference, critic) with their AdamW optimizers. `update`
+takes a step's trajectories (the same list on every rank), keeps the usable ones (COMPLETED or
+TRUNCATED with at least one generated token) in episode-id order, and
+
+1. shuffles them (reproducibly per step) into `samples_per_step / global_batch_size` mini-batches,
+   each split into micro-batches of at most `train.micro_batch_tokens` tokens balanced across
+   ranks, and packs this rank's micro-batches;
+2. recomputes old logprobs (and reference logprobs, critic values) without gradients, and the
+   mean |trainer - rollout| logprob mismatch;
+3. computes advantages (`compute_advantages`; group baselines use every rank's rewards, value-based
+   estimators only this rank's rows, which are the ones it trains on);
+4. runs `algo.ppo_epochs` passes: one optimizer step per mini-batch, accumulating its micro-batches
+   (losses normalised by the mini-batch's token or sequence count, times the world size because
+   FSDP averages gradients over ranks), clipping to `optim.grad_clip`.
+
+Metrics come back reduced over ranks, token-weighted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from trainer.advantages import compute_advantages
+from trainer.config import TrainConfig
+from trainer.fsdp import is_distributed, shard_model
+from trainer.logprobs import token_logprobs, token_values
+from trainer.losses import actor_loss, masked_sum, value_loss
+from trainer.models import Models
+from trainer.packing import PackedBatch, SequenceSample, pack_sequences, plan_micro_batches
+from trainer.processor import VLProcessor
+
+__all__ = ["SEED_STRIDE", "USABLE", "PolicyTrainer", "updates_per_step"]
+
+USABLE = ("COMPLETED", "TRUNCATED")
+SEED_STRIDE = 1_000_003
+"""Spacing of per-step seeds derived from `train.seed`, so no two (seed, step) pairs collide."""
+
+
+@dataclass
+class _Row:
+    """One usable trajectory, ready to pack."""
+
+    sample: SequenceSample
+    reward: float
+    group: str
+    turn_index: list[int]
+    turn_rewards: list[float]
+
+    @property
+    def length(self) -> int:
+        return len(self.sample.train_ids)
+
+    @property
+    def response_tokens(self) -> int:
+        return sum(self.sample.loss_mask)
+
+
+@dataclass
+class _Micro:
+    """One packed micro-batch of this rank and its per-token tensors (`[T]`, aligned with the row)."""
+
+    rows: list[int]
+    batch: PackedBatch
+    old_logp: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+
+@dataclass
+class _Sums:
+    """Token-weighted sums of a fixed list of metrics, reduced over ranks in one collective.
+
+    The list is the same on every rank (a rank whose micro-batches are all empty still takes part).
+    """
+
+    names: list[str]
+    totals: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
+    weights: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def add(self, metrics: dict[str, torch.Tensor], weight: float) -> None:
+        for name, value in metrics.items():
+            self.totals[name] += float(value) * weight
+            self.weights[name] += weight
+
+    def reduced(self, device: torch.device) -> dict[str, float]:
+        """`train/<name>`: each metric's weighted mean over every rank's micro-batches."""
+        names = self.names
+        packed = torch.tensor(
+            [self.totals[n] for n in names] + [self.weights[n] for n in names],
+            dtype=torch.float64,
+            device=device,
+        )
+        if is_distributed():
+            dist.all_reduce(packed)
+        values = packed.tolist()
+        return {f"train/{n}": values[i] / max(values[len(names) + i], 1e-12) for i, n in enumerate(names)}
+
+
+def metric_names(cfg: TrainConfig, reference: bool, critic: bool) -> list[str]:
+    """The metrics `actor_loss` (and `value_loss`) report under this config, found by running them once."""
+    one = torch.zeros(1, 1)
+    mask = torch.ones(1, 1)
+    _, metrics = actor_loss(
+        one, one, one, mask, cfg.algo, ref_logp=one if reference else None, entropy=one, rollout_logp=one
+    )
+    names = {"logprob_abs_diff", *metrics} - {"loss"}
+    if critic:
+        _, values = value_loss(one, one, one, mask, clip=cfg.algo.value_clip)
+        names |= {*values, "critic_grad_norm"}
+    return sorted(names)
+
+
+class PolicyTrainer:
+    """The models and optimizers of one rank, and `update`, the PPO-family step on a batch of trajectories."""
+
+    def __init__(
+        self, cfg: TrainConfig, models: Models, processor: VLProcessor, device: torch.device
+    ) -> None:
+        self.cfg = cfg
+        self.processor = processor
+        self.device = device
+        self.rank = dist.get_rank() if is_distributed() else 0
+        self.world = dist.get_world_size() if is_distributed() else 1
+        checkpointing = cfg.model.gradient_checkpointing
+        self.actor = shard_model(
+            models.actor, device, gradient_checkpointing=checkpointing, vision_frozen=cfg.model.freeze_vision
+        )
+        self.reference = shard_model(models.reference, device) if models.reference is not None else None
+        self.critic = (
+            shard_model(models.critic, device, gradient_checkpointing=checkpointing)
+            if models.critic is not None
+            else None
+        )
+        optim = cfg.optim
+        self.actor_optimizer = torch.optim.AdamW(
+            [p for p in self.actor.parameters() if p.requires_grad],
+            lr=optim.lr,
+            betas=optim.betas,
+            weight_decay=optim.weight_decay,
+        )
+        self.critic_optimizer = (
+            torch.optim.AdamW(
+                self.critic.parameters(),
+                lr=optim.critic_lr,
+                betas=optim.betas,
+                weight_decay=optim.weight_decay,
+            )
+            if self.critic is not None
+            else None
+        )
+        self.optimizer_steps = 0
+        self.metric_names = metric_names(cfg, self.reference is not None, self.critic is not None)
+
+    def update(self, step: int, trajectories: Sequence[dict[str, Any]]) -> dict[str, float]:
+        """The update of the module docstring; every rank calls it with the same trajectories.
+
+        They are taken in episode-id order, not arrival order, so that a step is reproducible.
+        """
+        ordered = sorted(trajectories, key=lambda t: str(t["episode_id"]))
+        rows = [_row(t) for t in ordered if t["status"] in USABLE and any(t["loss_mask"])]
+        if not rows:
+            return {"train/skipped": 1.0}
+        minis = self._mini_batches(step, len(rows))
+        started = time.perf_counter()
+        micros = [self._pack(rows, mini) for mini in minis]
+        sums = _Sums(self.metric_names)
+        self._recompute([m for mini in micros for m in mini], rows, sums)
+        recompute_s = time.perf_counter() - started
+        started = time.perf_counter()
+        advantages = self._advantages(rows, [m for mini in micros for m in mini])
+        grad_norms: list[float] = []
+        generator = torch.Generator().manual_seed(self.cfg.train.seed * SEED_STRIDE + step)
+        for _ in range(self.cfg.algo.ppo_epochs):
+            for index in torch.randperm(len(minis), generator=generator).tolist():
+                grad_norms.append(self._optimize(rows, minis[index], micros[index], advantages, sums))
+        metrics = sums.reduced(self.device)
+        metrics.update(
+            {
+                "train/grad_norm": sum(grad_norms) / len(grad_norms),
+                "train/lr": self.actor_optimizer.param_groups[0]["lr"],
+                "train/trajectories": float(len(rows)),
+                "train/tokens": float(sum(r.length for r in rows)),
+                "time/recompute": recompute_s,
+                "time/update": time.perf_counter() - started,
+            }
+        )
+        return metrics
+
+    def _mini_batches(self, step: int, count: int) -> list[list[int]]:
+        """Trajectory indices, shuffled per step, in `samples_per_step / global_batch_size` parts."""
+        parts = self.cfg.rollout.samples_per_step // self.cfg.train.global_batch_size
+        generator = torch.Generator().manual_seed(self.cfg.train.seed * SEED_STRIDE + step)
+        order = torch.randperm(count, generator=generator).tolist()
+        return [chunk for chunk in (order[i::parts] for i in range(parts)) if chunk]
+
+    def _pack(self, rows: list[_Row], mini: list[int]) -> list[_Micro]:
+        """This rank's micro-batches of one mini-batch, balanced by token budget across ranks and packed."""
+        plan = plan_micro_batches(
+            [rows[i].length for i in mini], self.world, self.cfg.train.micro_batch_tokens
+        )
+        micros = []
+        for bin_ in plan[self.rank]:
+            members = [mini[j] for j in bin_]
+            if not members and self.world == 1:
+                continue
+            batch = pack_sequences(
+                [rows[i].sample for i in members],
+                self.processor,
+                self.actor.model.get_rope_index,
+                dummy_image=self.world > 1,
+            )
+            micros.append(_Micro(members, batch.to(self.device)))
+        return micros
+
+    @torch.no_grad()
+    def _recompute(self, micros: list[_Micro], rows: list[_Row], sums: _Sums) -> None:
+        """Old (and reference) logprobs and old values of every micro-batch; the rollout mismatch metric."""
+        temperature = self.cfg.rollout.rollout_temperature
+        for micro in micros:
+            micro.old_logp = token_logprobs(self.actor, micro.batch, temperature).logprobs
+            if self.reference is not None:
+                micro.ref_logp = token_logprobs(self.reference, micro.batch, temperature).logprobs
+            if self.critic is not None:
+                micro.values = token_values(self.critic, micro.batch)
+            mask = micro.batch.loss_mask
+            tokens = float(mask.sum())
+            if tokens:
+                diff = masked_sum((micro.old_logp - micro.batch.rollout_logprobs).abs(), mask) / tokens
+                sums.add({"logprob_abs_diff": diff}, tokens)
+
+    def _advantages(self, rows: list[_Row], micros: list[_Micro]) -> torch.Tensor:
+        """`[B, T]` advantages over all usable trajectories (values known only for this rank's rows,
+        which are the only ones it uses); fills each micro-batch's value targets."""
+        lengths = [r.length for r in rows]
+        width = max(lengths)
+        mask = _padded([r.sample.loss_mask for r in rows], width)
+        values = torch.zeros_like(mask)
+        for micro in micros:
+            if micro.values is not None:
+                for b, piece in zip(micro.rows, _split(micro.values.cpu(), micro.batch), strict=True):
+                    values[b, : lengths[b]] = piece
+        turns = max(max(len(r.turn_rewards), max(r.turn_index) + 1) for r in rows)
+        groups = {group: g for g, group in enumerate(dict.fromkeys(r.group for r in rows))}
+        algo = self.cfg.algo
+        result = compute_advantages(
+            algo.advantage_estimator,
+            mask,
+            rewards=torch.tensor([r.reward for r in rows]),
+            group_ids=torch.tensor([groups[r.group] for r in rows]),
+            values=values if algo.needs_critic else None,
+            turn_rewards=_padded([r.turn_rewards for r in rows], turns),
+            turn_index=_padded([r.turn_index for r in rows], width).long(),
+            gamma=algo.gamma,
+            lam=algo.lam,
+            gamma_turn=algo.gamma_turn,
+        )
+        if result.returns is not None:
+            for micro in micros:
+                micro.returns = _row_tensor(result.returns, micro, lengths).to(self.device)
+        return result.advantages
+
+    def _optimize(
+        self, rows: list[_Row], mini: list[int], micros: list[_Micro], advantages: torch.Tensor, sums: _Sums
+    ) -> float:
+        """One optimizer step: accumulate the micro-batches, clip, step; returns the grad norm."""
+        algo = self.cfg.algo
+        lengths = [r.length for r in rows]
+        if algo.loss_agg_mode == "token-mean":
+            denominator = float(sum(rows[i].response_tokens for i in mini))
+        else:
+            denominator = float(len(mini))
+        self._set_lr()
+        self.actor_optimizer.zero_grad(set_to_none=True)
+        if self.critic_optimizer is not None:
+            self.critic_optimizer.zero_grad(set_to_none=True)
+        for micro in micros:
+            batch = micro.batch
+            scores = token_logprobs(
+                self.actor, batch, self.cfg.rollout.rollout_temperature, with_entropy=True
+            )
+            if not micro.rows:
+                (scores.logprobs.sum() * 0.0).backward()
+                continue
+            pad = batch.to_padded
+            mask = pad(batch.loss_mask)
+            assert micro.old_logp is not None and scores.entropy is not None
+            loss, metrics = actor_loss(
+                pad(scores.logprobs),
+                pad(micro.old_logp),
+                pad(_row_tensor(advantages, micro, lengths).to(self.device)),
+                mask,
+                algo,
+                ref_logp=pad(micro.ref_logp) if micro.ref_logp is not None else None,
+                entropy=pad(scores.entropy),
+                rollout_logp=pad(batch.rollout_logprobs),
+                denominator=denominator,
+            )
+            (loss * self.world).backward()
+            sums.add({k: v for k, v in metrics.items() if k != "loss"}, float(mask.sum()))
+            if self.critic is not None:
+                assert micro.values is not None and micro.returns is not None
+                values = token_values(self.critic, batch)
+                critic_loss, critic_metrics = value_loss(
+                    pad(values),
+                    pad(micro.values),
+                    pad(micro.returns),
+                    mask,
+                    clip=algo.value_clip,
+                    loss_agg_mode=algo.loss_agg_mode,
+                    denominator=denominator,
+                )
+                (critic_loss * self.world).backward()
+                sums.add(critic_metrics, float(mask.sum()))
+        norm = _clip(self.actor.parameters(), self.cfg.optim.grad_clip)
+        self.actor_optimizer.step()
+        if self.critic is not None and self.critic_optimizer is not None:
+            sums.add(
+                {"critic_grad_norm": torch.tensor(_clip(self.critic.parameters(), self.cfg.optim.grad_clip))},
+                1,
+            )
+            self.critic_optimizer.step()
+        self.optimizer_steps += 1
+        return norm
+
+    def _set_lr(self) -> None:
+        """Linear warmup over `optim.warmup_steps` optimizer steps, then constant."""
+        optim = self.cfg.optim
+        scale = min(1.0, (self.optimizer_steps + 1) / optim.warmup_steps) if optim.warmup_steps else 1.0
+        for group in self.actor_optimizer.param_groups:
+            group["lr"] = optim.lr * scale
+        if self.critic_optimizer is not None:
+            for group in self.critic_optimizer.param_groups:
+                group["lr"] = optim.critic_lr * scale
+
+
+def _row(trajectory: dict[str, Any]) -> _Row:
+    """A usable trajectory as a packable sample plus what the advantage estimators need."""
+    return _Row(
+        sample=SequenceSample(
+            train_ids=trajectory["train_ids"],
+            loss_mask=trajectory["loss_mask"],
+            images=trajectory["images"],
+            rollout_logprobs=trajectory["rollout_logprobs"],
+        ),
+        reward=float(trajectory["episode_reward"]),
+        group=str(trajectory["group_id"]),
+        turn_index=list(trajectory["turn_index"]),
+        turn_rewards=[float(r) for r in trajectory["turn_rewards"]],
+    )
+
+
+def _padded(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
+    """Right-padded float32 `[B, width]`."""
+    out = torch.zeros(len(rows), width)
+    for b, values in enumerate(rows):
+        out[b, : len(values)] = torch.tensor(values, dtype=torch.float32)
+    return out
+
+
+def _split(values: torch.Tensor, batch: PackedBatch) -> list[torch.Tensor]:
+    """A packed row's `[T]` values split per sequence (the dummy tail dropped)."""
+    return list(values[: int(batch.cu_seqlens[-1])].split(batch.cu_seqlens.diff().tolist()))
+
+
+def _row_tensor(padded: torch.Tensor, micro: _Micro, lengths: list[int]) -> torch.Tensor:
+    """A micro-batch's `[T]` row assembled from `[B, width]` per-trajectory values (0 on the dummy tail)."""
+    pieces = [padded[b, : lengths[b]] for b in micro.rows]
+    tail = micro.batch.num_tokens - sum(lengths[b] for b in micro.rows)
+    return torch.cat([*pieces, padded.new_zeros(tail)])
+
+
+def _clip(parameters: Iterator[torch.nn.Parameter], max_norm: float) -> float:
+    """Clip the gradient norm (FSDP-aware); returns the norm before clipping."""
+    grads = [p for p in parameters if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(grads, max_norm)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+def updates_per_step(cfg: TrainConfig) -> int:
+    """Optimizer steps per training step (the warmup position of a resumed run)."""
+    return cfg.algo.ppo_epochs * (cfg.rollout.samples_per_step // cfg.train.global_batch_size)
