@@ -7,15 +7,8 @@ result, and saves every turn's image (PNG) and a trajectory JSON per episode und
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -24,13 +17,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from services.launch import serve_env
+
 if TYPE_CHECKING:
     from clients.http import EnvClient
 
 demo_app = typer.Typer(help="End-to-end demonstrations that run on this machine; with no command, `solver`.")
 
-SERVER_START_TIMEOUT_S = 60.0
-SERVER_STOP_GRACE_S = 10.0
 TABLE_COLUMNS = (
     "episode",
     "seed",
@@ -76,13 +69,10 @@ def solver_command(
 
     run_dir = out or Path("runs") / f"demo-solver-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    port = port or _free_port()
-    url = f"http://127.0.0.1:{port}"
     console = Console()
-    console.print(f"starting vistarl serve sokoban on {url} (log: {run_dir / 'server.log'})")
+    console.print(f"starting vistarl serve sokoban (log: {run_dir / 'server.log'})")
     try:
-        with EnvClient(url) as client, _sokoban_server(port, run_dir / "server.log") as server:
-            _wait_healthy(client, server)
+        with serve_env("sokoban", run_dir / "server.log", port) as url, EnvClient(url) as client:
             results = [_play(client, seed + i, run_dir / f"episode-{i:02d}") for i in range(levels)]
     except (EnvClientError, RuntimeError, TimeoutError) as exc:
         console.print(f"[red]demo failed:[/red] {exc}")
@@ -174,63 +164,6 @@ def _table(results: list[EpisodeResult]) -> Table:
             solved,
         )
     return table
-
-
-@contextlib.contextmanager
-def _sokoban_server(port: int, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """Run `vistarl serve sokoban` (output to `log_path`) until the block ends, then stop it."""
-    command = [
-        sys.executable,
-        "-m",
-        "cli.main",
-        "serve",
-        "sokoban",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            yield proc
-        finally:
-            _stop(proc)
-
-
-def _wait_healthy(client: EnvClient, proc: subprocess.Popen[bytes]) -> None:
-    """Poll /health until it answers; fail early if the server died, and never wait past the timeout."""
-    from clients.errors import EnvClientError
-
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with code {proc.returncode}; see its log")
-        with contextlib.suppress(EnvClientError):
-            client.health(timeout=1.0)
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"the server did not become healthy within {SERVER_START_TIMEOUT_S:.0f}s")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the server's process group, then SIGKILL it if it is still there after the grace period."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=SERVER_STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=SERVER_STOP_GRACE_S)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def register(app: typer.Typer) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -15,12 +14,9 @@ from collections.abc import Iterator, Sequence
 
 import httpx
 
+from services.launch import free_port, stop_process
 
-def free_port() -> int:
-    """Ask the kernel for a free TCP port on loopback."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+__all__ = ["free_port", "redis_server", "running_process", "stop_process", "vistarl_cmd", "wait_http"]
 
 
 def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen[bytes] | None = None) -> None:
@@ -52,20 +48,6 @@ def running_process(
         yield proc
     finally:
         stop_process(proc)
-
-
-def stop_process(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
-    """SIGTERM the process group, then SIGKILL it if it outlives `grace` seconds."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=grace)
 
 
 def vistarl_cmd(*args: str) -> list[str]:

@@ -15,19 +15,15 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
 
+from services.launch import serve_env
 from trainer.config import RolloutConfig, TrainConfig
 from trainer.engines import Engine, make_engine
 from trainer.processor import VLProcessor
@@ -36,13 +32,11 @@ from trainer.rewards import load_reward_fn
 from trainer.rollout import RolloutRunner
 from trainer.worker import Worker
 
-__all__ = ["ENV_SERVER_LOG", "Gathered", "Stack", "episode_sampling", "open_stack", "serve_env"]
+__all__ = ["ENV_SERVER_LOG", "Gathered", "Stack", "episode_sampling", "open_stack"]
 
 log = logging.getLogger(__name__)
 
 ENV_SERVER_LOG = "env-server.log"
-SERVER_START_TIMEOUT_S = 60.0
-SERVER_STOP_GRACE_S = 10.0
 WORKER_STOP_GRACE_S = 30.0
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -215,63 +209,3 @@ async def _workers(
         for task in done:
             if not task.cancelled() and task.exception() is not None:
                 log.warning("a rollout worker stopped with an error: %r", task.exception())
-
-
-@contextlib.contextmanager
-def serve_env(name: str, log_path: Path) -> Iterator[str]:
-    """Run `vistarl serve NAME` on a free loopback port until the block ends; yields its URL.
-
-    The server's output goes to `log_path`. Waits (bounded) until `/health` answers and fails early,
-    quoting the log, if the server exits first.
-    """
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "cli.main", "serve", name, "--host", "127.0.0.1", "--port", str(port)]
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as sink:
-        proc = subprocess.Popen(
-            [*command, "--log-level", "warning"],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        _wait_healthy(url, proc, log_path)
-        yield url
-    finally:
-        _stop(proc)
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
-    """Poll `/health` until it answers; raise if the process dies or `SERVER_START_TIMEOUT_S` passes."""
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log_path.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"the env server exited with code {proc.returncode}:\n{tail}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=1.0).is_success:
-                return
-        time.sleep(0.1)
-    raise TimeoutError(f"the env server at {url} was not healthy within {SERVER_START_TIMEOUT_S:.0f} s")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the server's process group; SIGKILL it if it outlives the grace period."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=SERVER_STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=SERVER_STOP_GRACE_S)
-
-
-def _free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

@@ -1,0 +1,76 @@
+"""Run `vistarl serve NAME` as a child process on a free loopback port, and stop it cleanly.
+
+The single-machine stack (`vistarl train`), the scripted demo and the tests all start env servers
+this way, so production's HTTP path is what they exercise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+SERVER_START_TIMEOUT_S = 60.0
+SERVER_STOP_GRACE_S = 10.0
+
+
+def free_port() -> int:
+    """Ask the kernel for a free TCP port on loopback."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], log_path: Path | None = None) -> None:
+    """Poll `url/health` until it answers; fail early, quoting the log, if the process dies first."""
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-2000:] if log_path else ""
+            raise RuntimeError(f"the env server exited with code {proc.returncode}:\n{tail}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=1.0).is_success:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"the env server at {url} was not healthy within {SERVER_START_TIMEOUT_S:.0f} s")
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace: float = SERVER_STOP_GRACE_S) -> None:
+    """SIGTERM the process group, then SIGKILL it if it outlives `grace` seconds."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=grace)
+
+
+@contextlib.contextmanager
+def serve_env(name: str, log_path: Path, port: int | None = None) -> Iterator[str]:
+    """Run `vistarl serve NAME` until the block ends and yield its URL, once `/health` answers.
+
+    The server's output goes to `log_path`; `port` defaults to a free one.
+    """
+    port = port or free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "cli.main", "serve", name, "--host", "127.0.0.1", "--port", str(port)]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as sink:
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_healthy(url, proc, log_path)
+        yield url
+    finally:
+        stop_process(proc)
