@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
+
+from trainer.imports import load_callable
 
 __all__ = ["RewardFn", "env_reward", "load_reward_fn"]
 
@@ -42,14 +44,7 @@ def load_reward_fn(path: str | None) -> RewardFn:
         module_name, attr = _split_dotted(path)
     if not module_name or not attr:
         raise ValueError(f"reward function {path!r} must look like 'package.module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise ValueError(f"cannot import reward module {module_name!r}: {exc}") from exc
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"reward module {module_name!r} has no function {attr!r}")
-    return fn
+    return cast(RewardFn, load_callable(module_name, attr, "reward"))
 
 
 def _split_dotted(path: str) -> tuple[str, str]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import importlib
 import logging
 import os
 import random
@@ -22,11 +21,12 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from pydantic import BaseModel, ConfigDict, Field
 
+from trainer.imports import load_callable
 from trainer.queue import (
     NAMESPACE_PATTERN,
     Delivery,
@@ -116,14 +116,7 @@ def load_runner_factory(path: str) -> RunnerFactory:
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"runner {path!r} must be given as module:function")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise ValueError(f"cannot import runner module {module_name!r}: {exc}") from exc
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise ValueError(f"{module_name!r} has no callable {attr!r}")
-    return factory
+    return cast(RunnerFactory, load_callable(module_name, attr, "runner"))
 
 
 class WorkerMetrics:
