@@ -32,6 +32,13 @@ def serve(
         bool | None,
         typer.Option(help="Log one line per request. (env VISTARL_ACCESS_LOG)", show_default=False),
     ] = None,
+    env_workers: Annotated[
+        int | None,
+        typer.Option(
+            help="Env worker processes; each session stays in the one that reset it. 0 runs envs in "
+            "threads of the server process. (env VISTARL_ENV_WORKERS)"
+        ),
+    ] = None,
     timeout_keep_alive: Annotated[
         int | None,
         typer.Option(help="Idle seconds before a keep-alive connection closes. (env VISTARL_KEEP_ALIVE_S)"),
@@ -54,6 +61,7 @@ def serve(
         "log_level": log_level,
         "access_log": access_log,
         "keep_alive_s": timeout_keep_alive,
+        "env_workers": env_workers,
     }
     try:
         settings = ServerSettings(**{name: value for name, value in flags.items() if value is not None})

@@ -1,9 +1,10 @@
 """The environment server: `create_app(env_factory, settings)` serves one env over the wire protocol.
 
 Endpoints (see docs/server.md): POST /reset, POST /step, POST /format, DELETE /sessions/{id},
-GET /info, GET /health, GET /ready, GET /metrics. Session rules live in `services.sessions`, error
-shapes in `services.errors`, auth and the body limit in `services.security`, the lean path of the hot
-endpoints in `services.json_route`; this module only wires them together.
+GET /info, GET /health, GET /ready, GET /metrics. Session rules live in `services.sessions`, where envs
+run in `services.env_pool`, error shapes in `services.errors`, auth and the body limit in
+`services.security`, the lean path of the env endpoints in `services.json_route`; this module only
+wires them together.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from clients.protocol import (
     StepResponse,
 )
 from services.env_api import EnvFactory
+from services.env_pool import create_pool
 from services.errors import install_error_handlers
 from services.json_route import JSONRoute
 from services.metrics import ServerMetrics
@@ -38,11 +40,13 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
     """A FastAPI app hosting sessions of `env_factory`, bounded and configured by `settings`."""
     settings = settings or ServerSettings()
     metrics = ServerMetrics()
-    manager = SessionManager(env_factory, settings, metrics)
+    pool = create_pool(env_factory, settings, metrics)
+    manager = SessionManager(env_factory, settings, metrics, pool)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        """Run the idle reaper while serving; on shutdown drain, stop the reaper and close every env."""
+        """Start the env pool and the idle reaper; on shutdown drain, stop the reaper and close every env."""
+        await pool.open()
         reaper = asyncio.create_task(manager.run_reaper(), name="vistarl-session-reaper")
         try:
             yield
@@ -73,21 +77,27 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
         limits=settings.limits(),
     )
 
-    async def reset(request: ResetRequest) -> ResetResponse:
+    async def reset(request: ResetRequest) -> bytes:
         """Start an episode; returns the session id and the first observation."""
         return await manager.reset(request)
 
-    async def step(request: StepRequest) -> StepResponse:
+    async def step(request: StepRequest) -> bytes:
         """Apply one action to a session."""
         return await manager.step(request)
 
-    for path, endpoint in (("/reset", reset), ("/step", step)):  # the hot paths
-        app.router.add_api_route(path, endpoint, methods=["POST"], route_class_override=JSONRoute)
-
-    @app.post("/format")
-    async def format_observation(request: FormatRequest) -> FormatResponse:
+    async def format_observation(request: FormatRequest) -> bytes:
         """Turn an observation into the env's chat message."""
         return await manager.format(request)
+
+    env_routes = (
+        ("/reset", reset, ResetResponse),
+        ("/step", step, StepResponse),
+        ("/format", format_observation, FormatResponse),
+    )
+    for path, endpoint, answer in env_routes:
+        app.router.add_api_route(
+            path, endpoint, methods=["POST"], response_model=answer, route_class_override=JSONRoute
+        )
 
     @app.delete("/sessions/{session_id}", status_code=204)
     async def delete_session(session_id: str) -> Response:

@@ -10,6 +10,7 @@ data URLs at the boundary.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,6 +60,9 @@ class EnvFactory:
     action_format: str
     options_model: type[BaseModel]
     create: Callable[[BaseModel, int | None], Env]
+    import_path: str | None = None
+    """The module that defines this factory as `ENV_FACTORY` (`__name__` there), from which env worker
+    processes load it; `load_env_factory` fills it in when a module leaves it out."""
 
     def config_schema(self) -> dict[str, Any]:
         """The JSON schema of the env options, as published in `/info`."""
@@ -81,4 +85,4 @@ def load_env_factory(name_or_module: str) -> EnvFactory:
     factory = getattr(module, "ENV_FACTORY", None)
     if not isinstance(factory, EnvFactory):
         raise ValueError(f"module {module_path!r} has no ENV_FACTORY of type EnvFactory")
-    return factory
+    return factory if factory.import_path else dataclasses.replace(factory, import_path=module_path)

@@ -1,11 +1,11 @@
-"""`JSONRoute`: the hot endpoints (/reset, /step) on a lean path through FastAPI.
+"""`JSONRoute`: the env endpoints (/reset, /step, /format) on a lean path through FastAPI.
 
 Per request, FastAPI's own handler (dependency solving, `json.loads` then validation, response-model
 validation and re-encoding) costs more than a Sokoban step. A `JSONRoute` is built and documented from
-its endpoint's signature like any FastAPI route, but serves it directly: the raw body is validated by
-`model_validate_json` and the answer serialized by pydantic, one pass each. Bad bodies raise
-`ServiceError`s for the app's error handlers, in FastAPI's shapes: 400 for malformed JSON, 422 naming
-each invalid field (`body.action: Field required`).
+its endpoint's signature and `response_model` like any FastAPI route, but serves it directly: the raw
+body is validated by `model_validate_json`, and the endpoint answers with the JSON body itself, encoded
+where the env ran. Bad bodies raise `ServiceError`s for the app's error handlers, in FastAPI's shapes:
+400 for malformed JSON, 422 naming each invalid field (`body.action: Field required`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
-from pydantic_core import to_json
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -26,12 +25,13 @@ from services.errors import ServiceError, invalid_body
 
 JSON_MEDIA_TYPE = "application/json"
 
-Endpoint = Callable[[Any], Awaitable[BaseModel]]
+Endpoint = Callable[[Any], Awaitable[bytes]]
 
 
 class JSONRoute(APIRoute):
-    """A route for `async def endpoint(body: RequestModel) -> ResponseModel`, served without FastAPI's
-    per-request machinery. Register it with `router.add_api_route(..., route_class_override=JSONRoute)`.
+    """A route for `async def endpoint(body: RequestModel) -> bytes` (a JSON body of `response_model`),
+    served without FastAPI's per-request machinery. Register it with
+    `router.add_api_route(..., response_model=ResponseModel, route_class_override=JSONRoute)`.
     """
 
     def __init__(self, path: str, endpoint: Endpoint, **kwargs: Any) -> None:
@@ -47,7 +47,7 @@ def _serve(endpoint: Endpoint, body_model: type[BaseModel]) -> ASGIApp:
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         answer = await endpoint(await read_json(Request(scope, receive), body_model))
-        await Response(to_json(answer), media_type=JSON_MEDIA_TYPE)(scope, receive, send)
+        await Response(answer, media_type=JSON_MEDIA_TYPE)(scope, receive, send)
 
     return app
 

@@ -42,6 +42,16 @@ class ServerMetrics:
         self.errors = Counter(
             "vistarl_env_errors", "Error answers, by error code.", ["code"], registry=self.registry
         )
+        self.env_workers = Gauge(
+            "vistarl_env_workers",
+            "Env worker processes running (0 with envs in threads).",
+            registry=self.registry,
+        )
+        self.env_worker_restarts = Counter(
+            "vistarl_env_worker_restarts",
+            "Env worker processes replaced after exiting.",
+            registry=self.registry,
+        )
 
     def render(self) -> bytes:
         """The registry in the Prometheus text format."""

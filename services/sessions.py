@@ -1,8 +1,8 @@
-"""Sessions of an environment server: the store they live in and the manager that runs their envs.
+"""Sessions of an environment server: the store they live in and the manager that applies the rules.
 
 `SessionManager` owns the rules: bounded capacity, one step at a time per session (an `asyncio.Lock`),
-different sessions in parallel (env code runs in a bounded thread pool of its own, never on the event
-loop), idempotent retries by `request_id`, an idle-TTL reaper, and a bound on every env call.
+different sessions in parallel (their envs run in an `EnvPool`, never on the event loop), idempotent
+retries by `request_id`, and an idle-TTL reaper. Answers are the JSON bodies the pool produced.
 """
 
 from __future__ import annotations
@@ -13,50 +13,34 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import anyio
 from pydantic import BaseModel, ValidationError
 
-from clients.images import ImageError
-from clients.protocol import (
-    ErrorCode,
-    FormatRequest,
-    FormatResponse,
-    Message,
-    ReadyResponse,
-    ResetRequest,
-    ResetResponse,
-    StepRequest,
-    StepResponse,
-)
-from services.encoding import json_safe, message_to_wire, observation_from_wire, observation_to_wire
-from services.env_api import Env, EnvFactory
+from clients.protocol import ErrorCode, FormatRequest, ReadyResponse, ResetRequest, StepRequest
+from services.env_api import EnvFactory
+from services.env_pool import EnvGoneError, EnvPool
 from services.errors import ServiceError, describe_validation_errors
 from services.metrics import ServerMetrics
 from services.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 
 @dataclass(eq=False)
 class Session:
-    """One live episode: its env, whether it ended, and the answers kept for retried steps."""
+    """One live episode (its env lives in the pool): whether it ended, and the answers kept for retries."""
 
     id: str
-    env: Env
     done: bool = False
     closed: bool = False
     last_active: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    answers: OrderedDict[str, StepResponse] = field(default_factory=OrderedDict)
+    answers: OrderedDict[str, bytes] = field(default_factory=OrderedDict)
 
-    def remember(self, request_id: str, answer: StepResponse, limit: int) -> None:
+    def remember(self, request_id: str, answer: bytes, limit: int) -> None:
         """Keep `answer` for retries of `request_id`, forgetting the oldest beyond `limit`."""
         self.answers[request_id] = answer
         while len(self.answers) > limit:
@@ -70,9 +54,10 @@ class Session:
 class SessionStore(Protocol):
     """Where sessions live between requests.
 
-    The in-memory store keeps live `Session` objects. A shared store (Redis) would serialize a session's
-    env state and answer cache in `put` and rebuild the session in `get` (which is why the manager calls
-    `put` after every change), lock through Redis, and let key TTLs do the expiry.
+    The in-memory store keeps live `Session` objects. A shared store (Redis) would serialize a session and
+    its answer cache in `put` and rebuild it in `get` (which is why the manager calls `put` after every
+    change), lock through Redis, and let key TTLs do the expiry; the env state would then have to live
+    there too, instead of in this server's pool.
     """
 
     async def get(self, session_id: str) -> Session | None:
@@ -101,7 +86,7 @@ class SessionStore(Protocol):
 
 
 class InMemorySessionStore:
-    """A `SessionStore` in a dict: live envs, one process."""
+    """A `SessionStore` in a dict, in this process."""
 
     def __init__(self) -> None:
         self._sessions: dict[str, Session] = {}
@@ -127,45 +112,42 @@ class InMemorySessionStore:
 
 
 class SessionManager:
-    """Runs reset/step/format/close for the server, enforcing capacity, ordering, retries and timeouts."""
+    """Runs reset/step/format/close for the server, enforcing capacity, ordering and retries."""
 
     def __init__(
         self,
         factory: EnvFactory,
         settings: ServerSettings,
         metrics: ServerMetrics,
+        pool: EnvPool,
         store: SessionStore | None = None,
     ) -> None:
         self.factory = factory
         self.settings = settings
         self.metrics = metrics
+        self.pool = pool
         self.store: SessionStore = store or InMemorySessionStore()
         self.draining = False
-        self._pool = ThreadPoolExecutor(max_workers=settings.env_threads, thread_name_prefix="vistarl-env")
         self._admission = asyncio.Lock()
         self._reserved: set[str] = set()
-        self._formatter: Env | None = None
-        self._formatter_lock = asyncio.Lock()
 
     # --- endpoints ------------------------------------------------------------------------------
 
-    async def reset(self, request: ResetRequest) -> ResetResponse:
+    async def reset(self, request: ResetRequest) -> bytes:
         """Start an episode in a new session; 409 if a chosen `session_id` is taken, 503 when full."""
         options = self._validate_options(request.options)
         session_id = request.session_id or uuid.uuid4().hex
         await self._reserve(session_id)
         try:
-            env, response = await self._env_call(
-                "reset", _start_episode, self.factory, options, request.seed, session_id, request.format
-            )
-            await self.store.put(Session(id=session_id, env=env))
+            answer = await self.pool.start(session_id, options, request.seed, request.format)
+            await self.store.put(Session(id=session_id))
         finally:
             self._reserved.discard(session_id)
         self.metrics.resets.inc()
         await self._update_gauge()
-        return response
+        return answer
 
-    async def step(self, request: StepRequest) -> StepResponse:
+    async def step(self, request: StepRequest) -> bytes:
         """Step a session; a retried `request_id` gets the stored answer instead of a second step."""
         if len(request.action) > self.settings.max_action_chars:
             raise ServiceError(
@@ -182,24 +164,21 @@ class SessionManager:
                 raise ServiceError(ErrorCode.EPISODE_DONE, f"episode of session {session.id} is done; reset")
             started = time.perf_counter()
             try:
-                answer = await self._env_call("step", _take_step, session.env, request.action, request.format)
-            except EnvTimeoutError as exc:  # the env may still be running: it cannot be trusted again
+                done, answer = await self.pool.step(session.id, request.action, request.format)
+            except EnvGoneError as exc:  # timed out (may still be running) or its worker died
                 await self._retire(session, close_env=False)
                 raise ServiceError(exc.code, f"{exc.message}; session {session.id} was closed") from None
             self.metrics.step_seconds.observe(time.perf_counter() - started)
             self.metrics.steps.inc()
-            session.done = answer.done
+            session.done = done
             if request.request_id is not None:
                 session.remember(request.request_id, answer, self.settings.idempotency_cache_size)
             await self.store.put(session)
         return answer
 
-    async def format(self, request: FormatRequest) -> FormatResponse:
+    async def format(self, request: FormatRequest) -> bytes:
         """Format a client's observation as a chat message; its images are decoded within the limits."""
-        env = await self._formatter_env()
-        limits = (self.settings.max_image_bytes, self.settings.max_image_pixels)
-        message = await self._env_call("format", _format_observation, env, request, *limits)
-        return FormatResponse(message=message)
+        return await self.pool.format(request.observation)
 
     async def close(self, session_id: str) -> None:
         """End a session and close its env (after any step in flight); 404 if unknown."""
@@ -254,10 +233,7 @@ class SessionManager:
         with anyio.move_on_after(self.settings.shutdown_timeout_s):
             for session in await self.store.sessions():
                 await self._retire(session)
-            if self._formatter is not None:
-                await self._close_env(self._formatter)
-                self._formatter = None
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        await self.pool.shutdown()
 
     # --- helpers --------------------------------------------------------------------------------
 
@@ -296,45 +272,19 @@ class SessionManager:
         return session
 
     async def _retire(self, session: Session, close_env: bool = True) -> None:
-        """Remove a session (caller holds its lock or the server is stopping) and close its env."""
+        """Remove a session (caller holds its lock or the server is stopping) and close its env.
+
+        A failing or hanging close is logged by the pool, never raised; `close_env=False` only forgets
+        an env that is gone or cannot be trusted.
+        """
         session.closed = True
         await self.store.delete(session.id)
         await self._update_gauge()
-        if close_env:
-            await self._close_env(session.env)
-
-    async def _close_env(self, env: Env) -> None:
-        """Close an env in the pool; a failing or hanging close is logged (by `_env_call`), never raised."""
+        if not close_env:
+            self.pool.discard(session.id)
+            return
         with contextlib.suppress(ServiceError):
-            await self._env_call("close", env.close)
-
-    async def _formatter_env(self) -> Env:
-        """The env that serves `/format`: built once, with default options, on first use."""
-        async with self._formatter_lock:
-            if self._formatter is None:
-                self._formatter = await self._env_call("format", _default_env, self.factory)
-            return self._formatter
-
-    async def _env_call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
-        """Run env code in the bounded pool within `env_timeout_s`; its failures become 500 `ServiceError`s.
-
-        A `ServiceError` raised by `fn` passes unchanged. A timeout abandons the call (a queued call never
-        starts; a running thread cannot be stopped and finishes alone) and raises `EnvTimeoutError`.
-        """
-        call = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
-        deadline = asyncio.timeout(self.settings.env_timeout_s)
-        try:
-            async with deadline:
-                return await call
-        except ServiceError:
-            raise
-        except Exception as exc:
-            if deadline.expired():  # the call was cancelled: it never starts, or its thread runs on alone
-                logger.error("env %s exceeded %ss", what, self.settings.env_timeout_s)
-                raise EnvTimeoutError(f"environment {what} exceeded {self.settings.env_timeout_s}s") from None
-            logger.error("env %s failed", what, exc_info=exc)
-            message = f"environment {what} failed: {type(exc).__name__}: {exc}"
-            raise ServiceError(ErrorCode.INTERNAL, message) from exc
+            await self.pool.close(session.id)
 
     async def _update_gauge(self) -> None:
         self.metrics.active_sessions.set(await self.store.count())
@@ -343,61 +293,5 @@ class SessionManager:
         return {"Retry-After": str(self.settings.retry_after_s)}
 
 
-class EnvTimeoutError(ServiceError):
-    """An env call that overran `env_timeout_s` (a 500)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(ErrorCode.INTERNAL, message)
-
-
 def _not_found(session_id: str) -> ServiceError:
     return ServiceError(ErrorCode.SESSION_NOT_FOUND, f"unknown or expired session {session_id}")
-
-
-# --- env work, run in the thread pool -------------------------------------------------------------
-
-
-def _start_episode(
-    factory: EnvFactory, options: BaseModel, seed: int | None, session_id: str, with_message: bool
-) -> tuple[Env, ResetResponse]:
-    """Build and reset an env; the env's own ValueError on its options is the caller's fault (422)."""
-    try:
-        env = factory.create(options, seed)
-    except ValueError as exc:
-        raise ServiceError(ErrorCode.INVALID_OPTIONS, f"options rejected by {factory.name}: {exc}") from exc
-    try:
-        obs, info = env.reset()
-        message = message_to_wire(env.format_observation(obs)) if with_message else None
-        response = ResetResponse(
-            session_id=session_id, observation=observation_to_wire(obs), info=json_safe(info), message=message
-        )
-    except BaseException:
-        env.close()
-        raise
-    return env, response
-
-
-def _default_env(factory: EnvFactory) -> Env:
-    """An env with default options and no seed (serves `/format`)."""
-    return factory.create(factory.options_model.model_validate({}), None)
-
-
-def _take_step(env: Env, action: str, with_message: bool) -> StepResponse:
-    """One env step, encoded for the wire; the turn reward is `info["reward"]`."""
-    obs, done, info = env.step(action)
-    return StepResponse(
-        observation=observation_to_wire(obs),
-        reward=float(info.get("reward", 0.0)),
-        done=bool(done),
-        info=json_safe(info),
-        message=message_to_wire(env.format_observation(obs)) if with_message else None,
-    )
-
-
-def _format_observation(env: Env, request: FormatRequest, max_bytes: int, max_pixels: int) -> Message:
-    """Decode the observation's images within the limits (422 otherwise) and format it with `env`."""
-    try:
-        obs = observation_from_wire(request.observation, max_bytes=max_bytes, max_pixels=max_pixels)
-    except ImageError as exc:
-        raise ServiceError(ErrorCode.INVALID_IMAGE, str(exc)) from None
-    return message_to_wire(env.format_observation(obs))

@@ -46,7 +46,15 @@ class ServerSettings(BaseSettings):
     max_action_chars: int = Field(default=32_768, ge=1, description="Length of a step's action (422).")
 
     idempotency_cache_size: int = Field(default=64, ge=1, description="Stored step answers per session.")
-    env_threads: int = Field(default=32, ge=1, description="Threads that run env code off the event loop.")
+    env_workers: int = Field(
+        default=0,
+        ge=0,
+        le=256,
+        description="Env worker processes, each session in the one that reset it; 0 runs envs in threads.",
+    )
+    env_threads: int = Field(
+        default=32, ge=1, description="Threads that run env code off the event loop (with env_workers=0)."
+    )
     env_timeout_s: float = Field(default=60.0, gt=0, description="Bound on one env call (reset/step/format).")
     shutdown_timeout_s: float = Field(
         default=10.0, gt=0, description="Grace for in-flight requests and close."

@@ -1,6 +1,7 @@
 """The environment server over a real socket: every endpoint, every error path, concurrency and retries.
 
-One `vistarl serve tests.envs.counter` process serves the whole module; each test opens its own sessions.
+One `vistarl serve tests.envs.counter` process serves the whole module, once with envs in its threads
+and once with two env worker processes; each test opens its own sessions.
 """
 
 from __future__ import annotations
@@ -26,11 +27,18 @@ MAX_PIXELS = 64 * 64
 TIMEOUT = 30.0
 
 
+@pytest.fixture(scope="module", params=[0, 2], ids=["threads", "2-env-workers"])
+def env_workers(request: pytest.FixtureRequest) -> int:
+    """The server's `--env-workers`: 0 runs envs in its threads."""
+    return int(request.param)
+
+
 @pytest.fixture(scope="module")
-def url() -> Iterator[str]:
+def url(env_workers: int) -> Iterator[str]:
     """The server: body and image limits from flags and env vars, small enough to hit in tests."""
     env = {"VISTARL_MAX_ACTION_CHARS": str(MAX_ACTION), "VISTARL_MAX_IMAGE_PIXELS": str(MAX_PIXELS)}
-    with counter_server("--max-body-bytes", str(MAX_BODY), "--max-sessions", "100", env=env) as base:
+    flags = ("--max-body-bytes", str(MAX_BODY), "--max-sessions", "100", "--env-workers", str(env_workers))
+    with counter_server(*flags, env=env) as base:
         yield base
 
 
@@ -280,7 +288,9 @@ async def test_steps_of_one_session_are_serialized(url: str, http: httpx.Client)
     assert elapsed >= n * delay  # one at a time, whatever the machine's speed
 
 
-async def test_different_sessions_step_concurrently(url: str, http: httpx.Client) -> None:
+async def test_different_sessions_step_concurrently(url: str, http: httpx.Client, env_workers: int) -> None:
+    """Threads overlap any sessions' steps; env workers overlap those of sessions in different workers
+    (new sessions go to the worker with the fewest), and run one call at a time each."""
     delay, n = 0.5, 20
     sessions = [reset(http, options={"step_delay_s": delay}).session_id for _ in range(n)]
     async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as client:
@@ -290,7 +300,11 @@ async def test_different_sessions_step_concurrently(url: str, http: httpx.Client
         )
         elapsed = time.monotonic() - started
     assert all(a.status_code == 200 for a in answers)
-    assert elapsed < n * delay / 2, f"{n} steps of {delay}s took {elapsed:.1f}s: they did not overlap"
+    if env_workers:
+        per_worker = n * delay / env_workers
+        assert per_worker <= elapsed < per_worker * 1.5, f"{n} steps on {env_workers} workers: {elapsed:.1f}s"
+    else:
+        assert elapsed < n * delay / 2, f"{n} steps of {delay}s took {elapsed:.1f}s: they did not overlap"
     for session in sessions:
         http.delete(f"/sessions/{session}")
 

@@ -64,10 +64,16 @@ def server(url: str) -> Iterator[Server]:
         srv.close_opened()
 
 
-@pytest.fixture(scope="module")
-def small_url() -> Iterator[str]:
-    """Two sessions at most, a 3 s Retry-After and a 1 s bound on env calls (from env vars)."""
-    env = {"VISTARL_MAX_SESSIONS": "2", "VISTARL_RETRY_AFTER_S": "3", "VISTARL_ENV_TIMEOUT_S": "1"}
+@pytest.fixture(scope="module", params=["0", "1"], ids=["threads", "1-env-worker"])
+def small_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Two sessions at most, a 3 s Retry-After and a 1 s bound on env calls (from env vars), envs in
+    threads or in a worker process."""
+    env = {
+        "VISTARL_MAX_SESSIONS": "2",
+        "VISTARL_RETRY_AFTER_S": "3",
+        "VISTARL_ENV_TIMEOUT_S": "1",
+        "VISTARL_ENV_WORKERS": request.param,
+    }
     with counter_server(env=env) as url:
         yield url
 
@@ -159,10 +165,12 @@ def test_bad_settings_are_refused_by_the_cli() -> None:
     assert "unknown environment" in unknown.stderr
 
 
-def test_sigterm_finishes_the_step_in_flight_closes_envs_and_exits_0(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_sigterm_finishes_the_step_in_flight_closes_envs_and_exits_0(tmp_path: Path, workers: str) -> None:
     closed = tmp_path / "closed"
     options = {"step_delay_s": 1.0, "close_marker": str(closed)}
-    with counter_process() as (url, proc), httpx.Client(base_url=url, timeout=TIMEOUT) as client:
+    server = counter_process("--env-workers", workers)
+    with server as (url, proc), httpx.Client(base_url=url, timeout=TIMEOUT) as client:
         session = client.post("/reset", json={"options": options}).json()["session_id"]
         answers: list[httpx.Response] = []
         stepping = threading.Thread(

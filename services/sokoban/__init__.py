@@ -31,4 +31,5 @@ ENV_FACTORY = EnvFactory(
     action_format=ACTION_FORMAT,
     options_model=SokobanOptions,
     create=_create,
+    import_path=__name__,
 )

@@ -3,8 +3,9 @@
 Loaded by import path (`load_env_factory("tests.envs.counter")`). Each observation carries a small
 image whose colour encodes the count, so image encoding is exercised. `step_delay_s` makes every step
 sleep (for concurrency and slow-episode tests), `fail_on` makes a step raise (for crash handling),
-`refuse` makes the constructor reject its options, and `close_marker` names a file that `close()` creates
-(to observe shutdown).
+`refuse` makes the constructor reject its options, `chatty` makes every step print to stdout (which an env
+worker process must keep off its frames), and `close_marker` names a file that `close()` creates (to
+observe shutdown).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class CounterOptions(BaseModel):
     fail_on: str | None = Field(default=None, description="An action that makes the step raise.")
     close_marker: str | None = Field(default=None, description="A file created when the env is closed.")
     refuse: str | None = Field(default=None, description="Makes the constructor raise ValueError(refuse).")
+    chatty: bool = Field(default=False, description="Print a line to stdout at every step.")
 
 
 class CounterEnv:
@@ -53,6 +55,8 @@ class CounterEnv:
     def step(self, response_text: str) -> tuple[EnvObservation, bool, dict[str, Any]]:
         if self.options.step_delay_s:
             time.sleep(self.options.step_delay_s)
+        if self.options.chatty:
+            print(f"counter env stepping with {response_text!r}", flush=True)
         if self.options.fail_on is not None and response_text == self.options.fail_on:
             raise RuntimeError(f"counter env was told to fail on {response_text!r}")
         self.steps += 1

@@ -1,0 +1,370 @@
+"""Where env code runs: threads of the server process, or env worker processes with session affinity.
+
+Both pools host the envs of live sessions and run `services.env_work.EnvHost` calls off the event loop,
+each bounded by `env_timeout_s`, answering with ready-to-send JSON bodies.
+
+- `ThreadEnvPool` (`env_workers = 0`): a thread pool in the server process. Cheapest to start, and
+  enough for envs that wait on I/O or release the GIL; the GIL caps CPU-bound envs at about one core.
+- `ProcessEnvPool` (`env_workers = N`): N `python -m services.env_worker` processes. Each session lives
+  in the worker that reset it, so its steps always reach its env; new sessions go to the worker with
+  the fewest. The event loop only routes requests: msgpack frames on each worker's stdin and stdout.
+  A worker that dies or overruns the timeout is replaced; the sessions it held are lost (500, then 404).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import logging
+import sys
+from typing import Any, Protocol, TypeVar
+
+import msgpack
+from pydantic import BaseModel
+
+from clients.protocol import ErrorCode, Observation
+from services.env_api import EnvFactory
+from services.env_work import EnvHost, guarded, options_payload
+from services.errors import ServiceError
+from services.metrics import ServerMetrics
+from services.settings import ServerSettings
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+WORKER_START_TIMEOUT_S = 60.0
+WORKER_RESTART_ATTEMPTS = 3
+READ_CHUNK = 1 << 16
+MAX_ANSWER_BYTES = 1 << 28
+
+
+class EnvGoneError(ServiceError):
+    """A 500 after which the session's env cannot be used again: the caller closes the session."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.INTERNAL, message)
+
+
+class EnvPool(Protocol):
+    """Runs env calls for the session manager; one call per session at a time is the caller's rule."""
+
+    async def open(self) -> None:
+        """Start what the pool needs (worker processes); raises if it cannot."""
+        ...
+
+    async def start(self, session_id: str, options: BaseModel, seed: int | None, with_message: bool) -> bytes:
+        """Create and reset the env of a new session: the `ResetResponse` body."""
+        ...
+
+    async def step(self, session_id: str, action: str, with_message: bool) -> tuple[bool, bytes]:
+        """Step a session's env: whether it is done, and the `StepResponse` body."""
+        ...
+
+    async def close(self, session_id: str) -> None:
+        """Close a session's env."""
+        ...
+
+    def discard(self, session_id: str) -> None:
+        """Forget a session whose env is gone or untrusted, without calling it."""
+        ...
+
+    async def format(self, observation: Observation) -> bytes:
+        """The `FormatResponse` body for a client's observation."""
+        ...
+
+    async def shutdown(self) -> None:
+        """Close every env and stop (bounded by `shutdown_timeout_s`)."""
+        ...
+
+
+def create_pool(factory: EnvFactory, settings: ServerSettings, metrics: ServerMetrics) -> EnvPool:
+    """The pool that `settings.env_workers` asks for."""
+    if settings.env_workers == 0:
+        return ThreadEnvPool(factory, settings)
+    if factory.import_path is None:
+        raise ValueError(
+            f"env {factory.name!r} has no import path, so worker processes cannot load it: "
+            "get the factory from services.env_api.load_env_factory, or set env_workers=0"
+        )
+    return ProcessEnvPool(factory.import_path, settings, metrics)
+
+
+class ThreadEnvPool:
+    """Envs in this process, called in a pool of `env_threads` threads."""
+
+    def __init__(self, factory: EnvFactory, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.host = EnvHost(factory, settings.max_image_bytes, settings.max_image_pixels)
+        self._threads = concurrent.futures.ThreadPoolExecutor(
+            max_workers=settings.env_threads, thread_name_prefix="vistarl-env"
+        )
+
+    async def open(self) -> None:
+        return None
+
+    async def start(self, session_id: str, options: BaseModel, seed: int | None, with_message: bool) -> bytes:
+        return await self._call("reset", session_id, self.host.start, session_id, options, seed, with_message)
+
+    async def step(self, session_id: str, action: str, with_message: bool) -> tuple[bool, bytes]:
+        return await self._call("step", session_id, self.host.step, session_id, action, with_message)
+
+    async def close(self, session_id: str) -> None:
+        await self._call("close", session_id, self.host.close, session_id)
+
+    def discard(self, session_id: str) -> None:
+        self.host.envs.pop(session_id, None)
+
+    async def format(self, observation: Observation) -> bytes:
+        return await self._call("format", None, self.host.format, observation)
+
+    async def shutdown(self) -> None:
+        with contextlib.suppress(ServiceError):
+            await self._call("close", None, self.host.close_all)
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+    async def _call(self, what: str, session_id: str | None, fn: Any, *args: Any) -> Any:
+        """Run `fn` in the pool within `env_timeout_s`.
+
+        A timed-out call is abandoned: a queued one never starts, a running thread cannot be stopped and
+        finishes alone (an env it creates is then closed), and `EnvGoneError` tells the caller.
+        """
+        work = self._threads.submit(guarded, what, fn, *args)
+        try:
+            async with asyncio.timeout(self.settings.env_timeout_s):
+                return await asyncio.wrap_future(work)
+        except TimeoutError:
+            if what == "reset" and session_id is not None:
+                work.add_done_callback(lambda _: self._close_late(session_id))
+            logger.error("env %s exceeded %ss", what, self.settings.env_timeout_s)
+            raise EnvGoneError(f"environment {what} exceeded {self.settings.env_timeout_s}s") from None
+
+    def _close_late(self, session_id: str) -> None:
+        """Close the env of a reset that finished after its caller gave up on it."""
+        with contextlib.suppress(Exception):
+            self.host.close(session_id)
+
+
+class ProcessEnvPool:
+    """Envs in `env_workers` worker processes; every session stays in the worker that created it."""
+
+    def __init__(self, import_path: str, settings: ServerSettings, metrics: ServerMetrics) -> None:
+        self.import_path = import_path
+        self.settings = settings
+        self.metrics = metrics
+        self.workers: list[EnvWorker | None] = [None] * settings.env_workers
+        self.placement: dict[str, EnvWorker] = {}
+        self._closing = False
+        self._format_turn = itertools.count()
+        self._restarting: set[asyncio.Task[None]] = set()
+
+    async def open(self) -> None:
+        """Start every worker and wait until each has loaded the env."""
+        started = await asyncio.gather(*(self._spawn(slot) for slot in range(len(self.workers))))
+        self.workers = list(started)
+        self.metrics.env_workers.set_function(
+            lambda: sum(1 for w in self.workers if w is not None and w.alive)
+        )
+
+    async def start(self, session_id: str, options: BaseModel, seed: int | None, with_message: bool) -> bytes:
+        worker = min(self._alive(), key=lambda w: (len(w.sessions), len(w.pending)))
+        self.placement[session_id] = worker
+        worker.sessions.add(session_id)
+        try:
+            payload = [session_id, options_payload(options), seed, with_message]
+            body: bytes = await worker.call("reset", payload)
+        except BaseException:
+            self.discard(session_id)
+            raise
+        return body
+
+    async def step(self, session_id: str, action: str, with_message: bool) -> tuple[bool, bytes]:
+        done, body = await self._worker_of(session_id).call("step", [session_id, action, with_message])
+        return bool(done), bytes(body)
+
+    async def close(self, session_id: str) -> None:
+        worker = self._worker_of(session_id)
+        try:
+            await worker.call("close", [session_id])
+        finally:
+            self.discard(session_id)
+
+    def discard(self, session_id: str) -> None:
+        worker = self.placement.pop(session_id, None)
+        if worker is not None:
+            worker.sessions.discard(session_id)
+
+    async def format(self, observation: Observation) -> bytes:
+        alive = self._alive()
+        worker = alive[next(self._format_turn) % len(alive)]
+        body: bytes = await worker.call("format", [observation.model_dump(mode="json")])
+        return body
+
+    async def shutdown(self) -> None:
+        """Ask every worker to close its envs and exit; kill those still running after the grace."""
+        self._closing = True
+        workers = [w for w in self.workers if w is not None]
+        await asyncio.gather(*(w.stop(self.settings.shutdown_timeout_s) for w in workers))
+
+    def _alive(self) -> list[EnvWorker]:
+        alive = [w for w in self.workers if w is not None and w.alive]
+        if not alive:
+            raise ServiceError(ErrorCode.INTERNAL, "no env worker process is running; see the server log")
+        return alive
+
+    def _worker_of(self, session_id: str) -> EnvWorker:
+        """The worker holding `session_id` (the manager only asks about sessions it has started)."""
+        worker = self.placement.get(session_id)
+        if worker is None:
+            raise EnvGoneError(f"the env of session {session_id} is gone")
+        return worker
+
+    async def _spawn(self, slot: int) -> EnvWorker:
+        """Start the worker of `slot` and wait for its ready frame."""
+        command = [
+            sys.executable,
+            "-m",
+            "services.env_worker",
+            self.import_path,
+            "--max-image-bytes",
+            str(self.settings.max_image_bytes),
+            "--max-image-pixels",
+            str(self.settings.max_image_pixels),
+        ]
+        worker = EnvWorker(slot, self.settings.env_timeout_s, on_exit=self._replace)
+        await worker.launch(command)
+        return worker
+
+    def _replace(self, dead: EnvWorker) -> None:
+        """A worker exited: its sessions are lost; start another in its slot unless shutting down."""
+        if self._closing or self.workers[dead.slot] is not dead:
+            return
+        self.workers[dead.slot] = None
+        lost = len(dead.sessions)
+        logger.error("env worker %d (pid %s) exited; %d sessions lost", dead.slot, dead.pid, lost)
+        restart = asyncio.get_running_loop().create_task(
+            self._restart(dead.slot), name=f"vistarl-env-worker-{dead.slot}-restart"
+        )
+        self._restarting.add(restart)  # the loop keeps only weak references to tasks
+        restart.add_done_callback(self._restarting.discard)
+
+    async def _restart(self, slot: int) -> None:
+        """Start a replacement worker in `slot`, a few times with a growing pause before giving up."""
+        for attempt in range(1, WORKER_RESTART_ATTEMPTS + 1):
+            try:
+                worker = await self._spawn(slot)
+            except Exception:
+                logger.exception("restarting env worker %d failed (attempt %d)", slot, attempt)
+                await asyncio.sleep(attempt)
+                continue
+            if self._closing:
+                await worker.stop(self.settings.shutdown_timeout_s)
+                return
+            self.workers[slot] = worker
+            self.metrics.env_worker_restarts.inc()
+            return
+
+
+class EnvWorker:
+    """One `services.env_worker` process, its sessions, and the calls awaiting its answers."""
+
+    def __init__(self, slot: int, timeout_s: float, on_exit: Any) -> None:
+        self.slot = slot
+        self.timeout_s = timeout_s
+        self.on_exit = on_exit
+        self.sessions: set[str] = set()
+        self.pending: dict[int, asyncio.Future[Any]] = {}
+        self.alive = False
+        self.pid: int | None = None
+        self._ids = itertools.count(1)
+        self._process: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    async def launch(self, command: list[str]) -> None:
+        """Start the process and wait for its ready frame (it sends one once the env module is loaded)."""
+        self._process = await asyncio.create_subprocess_exec(
+            *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, start_new_session=True
+        )
+        self.pid = self._process.pid
+        ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.pending[0] = ready
+        self._reader = asyncio.create_task(self._read(), name=f"vistarl-env-worker-{self.pid}")
+        self.alive = True
+        try:
+            async with asyncio.timeout(WORKER_START_TIMEOUT_S):
+                await ready
+        except BaseException:
+            self._kill()
+            raise
+
+    async def call(self, op: str, args: list[Any]) -> Any:
+        """Send one call and await its answer within the timeout; a timeout kills the worker."""
+        if not self.alive or self._process is None or self._process.stdin is None:
+            raise EnvGoneError(f"env worker {self.slot} (pid {self.pid}) is not running")
+        call_id = next(self._ids)
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.pending[call_id] = answer
+        self._process.stdin.write(msgpack.packb([call_id, op, args]))
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await answer
+        except TimeoutError:
+            logger.error("env %s exceeded %ss; killing env worker %d", op, self.timeout_s, self.slot)
+            self._kill()
+            raise EnvGoneError(f"environment {op} exceeded {self.timeout_s}s") from None
+        finally:
+            self.pending.pop(call_id, None)
+
+    async def stop(self, grace_s: float) -> None:
+        """Close stdin (the worker then closes its envs and exits), then kill it if it outlives `grace_s`."""
+        if self._process is None:
+            return
+        if self._process.stdin is not None:
+            self._process.stdin.close()
+        try:
+            async with asyncio.timeout(grace_s):
+                await self._process.wait()
+        except TimeoutError:
+            self._kill()
+        if self._reader is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+
+    async def _read(self) -> None:
+        """Resolve calls from the worker's answers until its stdout closes, then fail what is left."""
+        assert self._process is not None and self._process.stdout is not None
+        unpacker = msgpack.Unpacker(max_buffer_size=MAX_ANSWER_BYTES)
+        try:
+            while chunk := await self._process.stdout.read(READ_CHUNK):
+                unpacker.feed(chunk)
+                for call_id, ok, payload in unpacker:
+                    self._answer(call_id, ok, payload)
+        except (ConnectionError, ValueError, TypeError, msgpack.UnpackException) as exc:
+            logger.error("env worker %d sent a bad frame: %s", self.slot, exc)
+            self._kill()
+        finally:
+            self.alive = False
+            returncode = await self._process.wait()
+            gone = EnvGoneError(f"env worker {self.slot} exited with code {returncode}")
+            for future in self.pending.values():
+                if not future.done():
+                    future.set_exception(gone)
+            self.on_exit(self)
+
+    def _answer(self, call_id: int, ok: bool, payload: Any) -> None:
+        future = self.pending.get(call_id)
+        if future is None or future.done():
+            return
+        if ok:
+            future.set_result(payload)
+        else:
+            code, message = payload
+            future.set_exception(ServiceError(ErrorCode(code), message))
+
+    def _kill(self) -> None:
+        self.alive = False
+        if self._process is not None and self._process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._process.kill()

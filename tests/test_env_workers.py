@@ -1,0 +1,146 @@
+"""Env worker processes: session affinity, a worker's death and replacement, and the frame protocol."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import msgpack
+import pytest
+from fastapi.testclient import TestClient
+
+from services.app import create_app
+from services.env_api import load_env_factory
+from services.env_work import EnvHost
+from services.env_worker import serve
+from services.settings import ServerSettings
+from tests.envs.counter import ENV_FACTORY
+from tests.envs.serving import COUNTER_ENV, counter_process
+
+TIMEOUT = 30.0
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of `pid` (its env workers), from /proc."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
+def metric(http: httpx.Client, name: str) -> float:
+    """One unlabelled sample of the server's /metrics."""
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.split()[1])
+    raise AssertionError(f"no metric {name}")
+
+
+def wait_for(condition: object, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if callable(condition) and condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_dead_worker_loses_only_its_sessions_and_is_replaced() -> None:
+    with (
+        counter_process("--env-workers", "2") as (url, proc),
+        httpx.Client(base_url=url, timeout=TIMEOUT) as http,
+    ):
+        assert metric(http, "vistarl_env_workers") == 2
+        sessions = [
+            http.post("/reset", json={"options": {"target": 50}}).json()["session_id"] for _ in range(2)
+        ]
+        workers = children(proc.pid)
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGKILL)
+        answers = [http.post("/step", json={"session_id": s, "action": "inc"}) for s in sessions]
+        assert sorted(a.status_code for a in answers) == [200, 500]  # one session per worker
+        lost_answer = next(a for a in answers if a.status_code == 500)
+        lost = sessions[answers.index(lost_answer)]
+        assert "exited" in lost_answer.json()["error"]["message"]
+        assert http.post("/step", json={"session_id": lost, "action": "inc"}).status_code == 404
+        kept = sessions[1 - answers.index(lost_answer)]
+        assert (
+            http.post("/step", json={"session_id": kept, "action": "inc"})
+            .json()["observation"]["text"]
+            .startswith("count=2")
+        )
+        assert wait_for(lambda: metric(http, "vistarl_env_worker_restarts_total") == 1)
+        assert metric(http, "vistarl_env_workers") == 2
+        assert len(children(proc.pid)) == 2
+        fresh = [http.post("/reset", json={}).json()["session_id"] for _ in range(2)]
+        assert all(
+            http.post("/step", json={"session_id": s, "action": "inc"}).status_code == 200 for s in fresh
+        )
+
+
+def test_what_an_env_prints_stays_off_the_frames() -> None:
+    with (
+        counter_process("--env-workers", "1") as (url, _),
+        httpx.Client(base_url=url, timeout=TIMEOUT) as http,
+    ):
+        session = http.post("/reset", json={"options": {"chatty": True, "target": 3}}).json()["session_id"]
+        answers = [http.post("/step", json={"session_id": session, "action": "inc"}).json() for _ in range(3)]
+        assert [a["done"] for a in answers] == [False, False, True]
+        assert answers[-1]["info"]["episode_reward"] == 3.0
+
+
+def test_the_worker_answers_every_call_in_order_and_survives_bad_ones() -> None:
+    calls_r, calls_w = os.pipe()
+    answers_r, answers_w = os.pipe()
+    calls = [
+        [1, "bogus", []],
+        [2, "reset", ["s1", {"target": 10}, 5, False]],
+        [3, "step", ["s1", "inc", True]],
+        [4, "step", ["nope", "inc", False]],
+        [5, "reset", ["s2", {"refuse": "no thanks"}, None, False]],
+        [6, "close", ["s1"]],
+    ]
+    os.write(calls_w, b"".join(msgpack.packb(call) for call in calls))
+    os.close(calls_w)
+    host = EnvHost(ENV_FACTORY, max_image_bytes=1 << 20, max_image_pixels=1 << 16)
+    with os.fdopen(answers_w, "wb") as sink:
+        worker = threading.Thread(target=serve, args=(host, calls_r, sink))
+        worker.start()
+        worker.join(timeout=TIMEOUT)
+    unpacker = msgpack.Unpacker()
+    with os.fdopen(answers_r, "rb") as source:
+        unpacker.feed(source.read())
+    answers = list(unpacker)
+    assert [a[0] for a in answers] == [1, 2, 3, 4, 5, 6]
+    assert answers[0][1] is False and answers[0][2][0] == "internal_error" and "bogus" in answers[0][2][1]
+    assert json.loads(answers[1][2])["observation"]["text"].startswith("count=5")
+    done, body = answers[2][2]
+    assert done is False and json.loads(body)["message"]["role"] == "user"
+    assert answers[3][1] is False and answers[3][2][0] == "internal_error"
+    assert answers[4][1] is False and answers[4][2] == [
+        "invalid_options",
+        "options rejected by counter: no thanks",
+    ]
+    assert answers[5] == [6, True, None] and host.envs == {}
+
+
+def test_a_factory_without_an_import_path_cannot_run_in_workers() -> None:
+    assert ENV_FACTORY.import_path is None  # the counter env leaves it to load_env_factory
+    with pytest.raises(ValueError, match="load_env_factory"):
+        create_app(ENV_FACTORY, ServerSettings(env_workers=1, api_token=None))
+
+
+def test_an_app_in_process_starts_and_stops_its_workers() -> None:
+    factory = load_env_factory(COUNTER_ENV)
+    assert factory.import_path == COUNTER_ENV
+    with TestClient(create_app(factory, ServerSettings(env_workers=1, api_token=None))) as client:
+        session = client.post("/reset", json={"seed": 40}).json()["session_id"]
+        answer = client.post("/step", json={"session_id": session, "action": "inc"}).json()
+        assert answer["observation"]["text"].startswith("count=41")
+        formatted = client.post("/format", json={"observation": answer["observation"]}).json()
+        assert formatted["message"]["content"][-1]["text"] == answer["observation"]["text"]
