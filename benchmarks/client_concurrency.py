@@ -56,6 +56,25 @@ def process_cpu_s(pid: int) -> float | None:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def process_tree_cpu_s(pid: int) -> float | None:
+    """CPU seconds of process `pid` plus its live descendants (a server and its env workers)."""
+    own = process_cpu_s(pid)
+    if own is None:
+        return None
+    return own + sum(process_tree_cpu_s(child) or 0.0 for child in _children(pid))
+
+
+def _children(pid: int) -> list[int]:
+    """The child pids of `pid`, from /proc (empty where there is none)."""
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return children
+
+
 async def play(client: AsyncEnvClient, window: Window) -> list[float]:
     """One episode slot: play counter episodes back to back until the window closes; step latencies."""
     latencies: list[float] = []

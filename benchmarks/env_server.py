@@ -1,15 +1,16 @@
 """Sokoban environment-server benchmark: the in-process floor, then HTTP throughput and latency.
 
-    .venv/bin/python -m benchmarks.env_server [--seconds 10] [--concurrency 1 16 64 256]
+    .venv/bin/python -m benchmarks.env_server [--seconds 10] [--concurrency 1 16 64 256] [--env-workers 0 2]
 
 (a) In process: `SokobanEnv.step` + render + PNG encode, one core, steps per second (the floor).
-(b) Over HTTP against a `vistarl serve sokoban` process: N virtual users on one `AsyncEnvClient` in
-    one asyncio client process, each playing episodes back to back (reset, step until done, close).
-    Steps per second and client-side p50 / p99 latency of /step, after a warm-up.
+(b) Over HTTP against a `vistarl serve sokoban --env-workers W` process, for each W (0: envs in the
+    server's threads; W > 0: W env worker processes): N virtual users on one `AsyncEnvClient` in one
+    asyncio client process, each playing episodes back to back (reset, step until done, close). Steps
+    per second and client-side p50 / p99 latency of /step, after a warm-up.
 Both sides use the same moves (a fixed Up/Right/Down/Left walk on default 6x6 levels). Prints a
-markdown table. Its CPU columns are the CPU time per step of the process doing the env work (this one
-in process, the server over HTTP) and of the client, which stay meaningful on a busy machine where
-wall-clock rates do not.
+markdown table. Its CPU columns are the CPU time per step of the processes doing the env work (this
+one in process; the server and its env workers over HTTP) and of the client, which stay meaningful on
+a busy machine where wall-clock rates do not.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ import asyncio
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from benchmarks.client_concurrency import process_cpu_s
+from benchmarks.client_concurrency import process_cpu_s, process_tree_cpu_s
 from clients.http import AsyncEnvClient, RetryPolicy
 from clients.images import encode_image
 from services.sokoban import SokobanEnv, SokobanOptions
@@ -35,12 +37,14 @@ class Figures:
     """One benchmark row."""
 
     mode: str
+    env_workers: int | None
     concurrency: int
     steps_per_s: float
     cpu_ms_per_step: float | None
     p50_ms: float | None = None
     p99_ms: float | None = None
     client_cpu_ms_per_step: float | None = None
+    server_process_cpu_ms_per_step: float | None = None
 
 
 def in_process(seconds: float) -> Figures:
@@ -59,10 +63,12 @@ def in_process(seconds: float) -> Figures:
             env = SokobanEnv(options)
             env.reset()
     cpu_ms = 1e3 * (time.process_time() - cpu_started) / steps
-    return Figures("in-process", 1, steps / (time.perf_counter() - started), cpu_ms)
+    return Figures("in-process", None, 1, steps / (time.perf_counter() - started), cpu_ms)
 
 
-async def over_http(url: str, server_pid: int, concurrency: int, seconds: float, warmup: float) -> Figures:
+async def over_http(
+    url: str, server_pid: int, env_workers: int, concurrency: int, seconds: float, warmup: float
+) -> Figures:
     """Run `concurrency` virtual users for warmup + seconds; count the steps that finish after the warm-up.
 
     The users share one `AsyncEnvClient`, as the episodes of a rollout worker do: its aiohttp pool costs
@@ -72,28 +78,34 @@ async def over_http(url: str, server_pid: int, concurrency: int, seconds: float,
     async with AsyncEnvClient(url, token="", timeout=60.0, retry=retry) as client:
         start = time.perf_counter()
         measure_from, stop_at = start + warmup, start + warmup + seconds
-        server_cpu = asyncio.create_task(_cpu_between(server_pid, measure_from, stop_at))
-        client_cpu = asyncio.create_task(_cpu_between(os.getpid(), measure_from, stop_at))
+        server_cpu = asyncio.create_task(_cpu_between(server_pid, measure_from, stop_at, process_tree_cpu_s))
+        front_cpu = asyncio.create_task(_cpu_between(server_pid, measure_from, stop_at, process_cpu_s))
+        client_cpu = asyncio.create_task(_cpu_between(os.getpid(), measure_from, stop_at, process_cpu_s))
         per_user = await asyncio.gather(*(_user(client, measure_from, stop_at) for _ in range(concurrency)))
     latencies = sorted(latency for user in per_user for latency in user)
     cuts = statistics.quantiles(latencies, n=100)
     return Figures(
         "HTTP",
+        env_workers,
         concurrency,
         len(latencies) / seconds,
         _ms_per_step(await server_cpu, len(latencies)),
         cuts[49] * 1e3,
         cuts[98] * 1e3,
         _ms_per_step(await client_cpu, len(latencies)),
+        _ms_per_step(await front_cpu, len(latencies)),
     )
 
 
-async def _cpu_between(pid: int, start: float, stop: float) -> float | None:
-    """CPU seconds that process `pid` used between two `perf_counter` instants (None without /proc)."""
+async def _cpu_between(
+    pid: int, start: float, stop: float, cpu_s: Callable[[int], float | None]
+) -> float | None:
+    """CPU seconds (by `cpu_s`) that process `pid` used between two `perf_counter` instants (None without
+    /proc)."""
     await asyncio.sleep(start - time.perf_counter())
-    before = process_cpu_s(pid)
+    before = cpu_s(pid)
     await asyncio.sleep(stop - time.perf_counter())
-    after = process_cpu_s(pid)
+    after = cpu_s(pid)
     return None if before is None or after is None else after - before
 
 
@@ -124,12 +136,21 @@ def markdown(rows: list[Figures], floor: float) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 
     lines = [
-        "| mode | concurrency | steps/s | % of floor | p50 ms | p99 ms | CPU ms/step | client CPU ms/step |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| mode | env workers | concurrency | steps/s | % of floor | p50 ms | p99 ms | CPU ms/step "
+        "| of which server process | client CPU ms/step |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        cells = [r.mode, r.concurrency, f"{r.steps_per_s:.0f}", f"{100 * r.steps_per_s / floor:.0f}%"]
-        cells += [ms(r.p50_ms), ms(r.p99_ms), ms(r.cpu_ms_per_step, 2), ms(r.client_cpu_ms_per_step, 2)]
+        workers = "-" if r.env_workers is None else r.env_workers
+        cells = [
+            r.mode,
+            workers,
+            r.concurrency,
+            f"{r.steps_per_s:.0f}",
+            f"{100 * r.steps_per_s / floor:.0f}%",
+        ]
+        cells += [ms(r.p50_ms), ms(r.p99_ms), ms(r.cpu_ms_per_step, 2)]
+        cells += [ms(r.server_process_cpu_ms_per_step, 2), ms(r.client_cpu_ms_per_step, 2)]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 
@@ -141,18 +162,31 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="Measured seconds per row.")
     parser.add_argument("--warmup", type=float, default=3.0, help="Unmeasured seconds before each HTTP row.")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
+    parser.add_argument(
+        "--env-workers", type=int, nargs="+", default=[0, 2], help="Server settings to measure, in turn."
+    )
     args = parser.parse_args()
 
     rows = [in_process(args.seconds)]
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    capacity = str(2 * max(args.concurrency))
-    command = vistarl_cmd(
-        "serve", "sokoban", "--port", str(port), "--log-level", "warning", "--max-sessions", capacity
-    )
-    with running_process(command, ready_url=f"{url}/health", env={"VISTARL_API_TOKEN": ""}) as server:
-        for concurrency in args.concurrency:
-            rows.append(asyncio.run(over_http(url, server.pid, concurrency, args.seconds, args.warmup)))
+    for env_workers in args.env_workers:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        command = vistarl_cmd(
+            "serve",
+            "sokoban",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--max-sessions",
+            str(2 * max(args.concurrency)),
+            "--env-workers",
+            str(env_workers),
+        )
+        with running_process(command, ready_url=f"{url}/health", env={"VISTARL_API_TOKEN": ""}) as server:
+            for concurrency in args.concurrency:
+                figures = over_http(url, server.pid, env_workers, concurrency, args.seconds, args.warmup)
+                rows.append(asyncio.run(figures))
     print(markdown(rows, rows[0].steps_per_s))
 
 
