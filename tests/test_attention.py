@@ -65,6 +65,9 @@ def test_sequence_bounds_follow_the_packed_text_positions(tiny_qwen25: Path) -> 
     cu_seqlens, longest = sequence_bounds(batch.position_ids[0], 1, batch.num_tokens, torch.device("cpu"))
     assert cu_seqlens.tolist() == batch.cu_seqlens.tolist()  # images present: no dummy segment
     assert cu_seqlens.dtype == torch.int32 and longest == int(batch.cu_seqlens.diff().max())
+    assert (
+        torch.equal(batch.bounds.cu_seqlens, cu_seqlens) and batch.bounds.longest == longest
+    )  # packed on host
     rows, _ = sequence_bounds(None, 3, 5, torch.device("cpu"))
     assert rows.tolist() == [0, 5, 10, 15]
     with pytest.raises(ValueError, match="restart at 0"):
@@ -94,7 +97,7 @@ def test_varlen_path_matches_sdpa(
     batch = packed(lm, tiny_checkpoints[arch])
     expected = logprobs_with(lm, batch, SDPA_ATTENTION)
     torch.testing.assert_close(logprobs_with(lm, batch, VARLEN_ATTENTION), expected, rtol=0, atol=1e-5)
-    assert len(bounds_calls) == 1  # once per forward, handed to every decoder layer
+    assert not bounds_calls  # the packed batch brings its bounds: no layer asks the GPU for them
 
 
 @cuda_only

@@ -5,13 +5,14 @@ dense `[T, T]` block-diagonal mask, and Qwen-VL's vision blocks call SDPA once p
 `use_attention(model, VARLEN_ATTENTION)` switches an HF Qwen-VL model to torch's `varlen_attn`
 (FlashAttention-2 kernels shipped with torch; CUDA, bf16/fp16 only), registered with transformers'
 attention interface. The name holds "flash", so vision blocks take their `cu_seqlens` path. Decoder
-layers get no mask; their sequences start where the row's text positions restart at 0, found once
-per forward by `packed_attention_kwargs` (passed to the backbone) or else per layer.
+layers get no mask; their sequence bounds come with the packed batch (`SequenceBounds`, found on the
+host when it was packed, passed to the backbone by `packed_attention_kwargs`), or else are found per
+layer where the row's text positions restart at 0.
 """
 
 from __future__ import annotations
 
-from typing import cast
+from typing import NamedTuple, cast
 
 import torch
 from torch import nn
@@ -20,6 +21,14 @@ from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 
 VARLEN_ATTENTION = "flash_varlen_torch"
 SDPA_ATTENTION = "sdpa"
+
+
+class SequenceBounds(NamedTuple):
+    """The sequences of a packed row: `cu_seqlens` (int32 `[S + 1]`, on the GPU with the row) and the
+    longest length, a host int, so no layer has to ask the GPU for it."""
+
+    cu_seqlens: torch.Tensor
+    longest: int
 
 
 def sequence_bounds(
@@ -39,16 +48,11 @@ def sequence_bounds(
     return cu_seqlens, int(cu_seqlens.diff().max())
 
 
-def packed_attention_kwargs(config: PretrainedConfig, position_ids: torch.Tensor) -> dict[str, object]:
-    """Backbone kwargs that give every decoder layer the packed row's sequence bounds (`{}` unless varlen).
-
-    `position_ids` is the row's `[4, 1, T]` positions; computing the bounds here saves a host sync per layer.
-    """
+def packed_attention_kwargs(config: PretrainedConfig, bounds: SequenceBounds) -> dict[str, object]:
+    """Backbone kwargs that give every decoder layer the packed row's sequence bounds (`{}` unless varlen)."""
     if config._attn_implementation != VARLEN_ATTENTION:
         return {}
-    text = position_ids[0]
-    cu_seqlens, longest = sequence_bounds(text, text.shape[0], text.shape[1], text.device)
-    return {"packed_cu_seqlens": cu_seqlens, "packed_max_seqlen": longest}
+    return {"packed_cu_seqlens": bounds.cu_seqlens, "packed_max_seqlen": bounds.longest}
 
 
 def varlen_attention(

@@ -9,14 +9,15 @@ temperature before the softmax, as the engine samples.
 
 Results are `[T]` tensors aligned with the row's tokens, 0 where nothing was scored, matching
 `loss_mask` and `rollout_logprobs`. Gradients flow when enabled; wrap in `torch.no_grad()` for old
-and reference logprobs.
+and reference logprobs. `compiled=True` runs each chunk's softmax work as a few fused kernels
+(`torch.compile`) instead of one pass over the `[chunk, V]` logits per elementwise op.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, cast
 
 import torch
 from torch import nn
@@ -24,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
 from trainer.models import ActorModel
-from trainer.packing import PackedBatch, SequenceSample, pack_sequences
+from trainer.packing import PackedBatch, SequenceSample, pack_sequences, scored_positions
 from trainer.processor import ImageLike, VLProcessor
 
 DEFAULT_CHUNK_SIZE = 1024
@@ -45,6 +46,7 @@ def token_logprobs(
     mask: torch.Tensor | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     with_entropy: bool = False,
+    compiled: bool = False,
 ) -> TokenScores:
     """Logprob of each token where `mask` (default: `batch.loss_mask`) is 1, given its sequence's prefix.
 
@@ -56,9 +58,13 @@ def token_logprobs(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     index = score_index(batch, mask)
     score = functools.partial(
-        chunked_logprobs, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy
+        chunked_logprobs,
+        temperature=temperature,
+        chunk_size=chunk_size,
+        with_entropy=with_entropy,
+        compiled=compiled,
     )
-    scores: TokenScores = actor(**batch.model_inputs(), index=index, score=score)
+    scores: TokenScores = actor(**batch.forward_inputs(), index=index, score=score)
     entropy = _scatter(scores.entropy, index, batch.num_tokens) if scores.entropy is not None else None
     return TokenScores(_scatter(scores.logprobs, index, batch.num_tokens), entropy)
 
@@ -66,7 +72,7 @@ def token_logprobs(
 def token_values(critic: nn.Module, batch: PackedBatch, *, mask: torch.Tensor | None = None) -> torch.Tensor:
     """The critic's value of the state before each token where `mask` (default: the loss mask) is 1."""
     index = score_index(batch, mask)
-    values: torch.Tensor = critic(**batch.model_inputs(), index=index)
+    values: torch.Tensor = critic(**batch.forward_inputs(), index=index)
     return _scatter(values, index, batch.num_tokens)
 
 
@@ -102,9 +108,11 @@ def chunked_logprobs(
     temperature: float,
     chunk_size: int,
     with_entropy: bool,
+    compiled: bool = False,
 ) -> TokenScores:
     """`log softmax(head(hidden) / temperature)[targets]` (`[K]`), `chunk_size` rows of logits at a time."""
-    run = functools.partial(_chunk_scores, head, temperature=temperature, with_entropy=with_entropy)
+    chunk_scores = _compiled_chunk_scores() if compiled else _chunk_scores
+    run = functools.partial(chunk_scores, head, temperature=temperature, with_entropy=with_entropy)
     pieces: list[torch.Tensor] = [
         checkpoint(run, h, t, use_reentrant=False) if torch.is_grad_enabled() else run(h, t)
         for h, t in zip(hidden.split(chunk_size), targets.split(chunk_size), strict=True)
@@ -126,19 +134,20 @@ def _chunk_scores(
     return torch.stack([logprobs, entropy], dim=-1)
 
 
+@functools.cache
+def _compiled_chunk_scores() -> Callable[..., torch.Tensor]:
+    """`_chunk_scores` compiled once per process, for chunks of any length."""
+    return cast(Callable[..., torch.Tensor], torch.compile(_chunk_scores, dynamic=True))
+
+
 def score_index(batch: PackedBatch, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Positions of the tokens to score; a sequence's first token has no prefix, so it cannot be one."""
-    mask = batch.loss_mask if mask is None else mask
+    """Positions of the tokens to score: the batch's own (found when it was packed) unless `mask` says
+    otherwise; a sequence's first token has no prefix, so it cannot be one."""
+    if mask is None:
+        return batch.scored
     if mask.shape != (batch.num_tokens,):
         raise ValueError(f"mask has shape {tuple(mask.shape)}, expected ({batch.num_tokens},)")
-    index = mask.nonzero().squeeze(-1).to(batch.input_ids.device)
-    starts = batch.cu_seqlens[:-1].to(index.device)
-    if torch.isin(index, starts).any():
-        first = index[torch.isin(index, starts)][0].item()
-        raise ValueError(f"token {first} starts its sequence: it has no prefix to be scored from")
-    if index.numel() and index[-1] >= batch.cu_seqlens[-1]:
-        raise ValueError("the mask selects tokens of the dummy-image segment, which no sequence owns")
-    return index
+    return scored_positions(mask.cpu(), batch.cu_seqlens).to(batch.input_ids.device)
 
 
 def _scatter(values: torch.Tensor, index: torch.Tensor, length: int) -> torch.Tensor:

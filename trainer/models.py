@@ -11,7 +11,7 @@ One code path serves Qwen2.5-VL and Qwen3-VL; every per-arch fact comes from the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -21,13 +21,16 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModelForImageTextToText, PretrainedConfig, PreTrainedModel
 
-from trainer.attention import packed_attention_kwargs
+from trainer.attention import SequenceBounds, packed_attention_kwargs
+from trainer.vision_inputs import vision_inputs
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 BACKBONE_FILE = "model.safetensors"
 
 Scored = TypeVar("Scored")
 HeadScore = Callable[[nn.Module, torch.Tensor, torch.Tensor], Scored]
+Grid = torch.Tensor | Sequence[Sequence[int]]
+"""`image_grid_thw`: `[images, 3]` (t, h, w) per image, as a tensor or as host ints."""
 """`score(head, hidden [K, H], targets [K])`: what the actor computes from the selected hidden states."""
 
 
@@ -44,16 +47,26 @@ def backbone_hidden(
     input_ids: torch.Tensor,
     position_ids: torch.Tensor,
     pixel_values: torch.Tensor | None,
-    image_grid_thw: torch.Tensor | None,
+    image_grid_thw: Grid | None,
+    bounds: SequenceBounds | None = None,
 ) -> torch.Tensor:
-    """Last hidden states `[T, H]` of one packed row; no cache, so sequence bounds come from row 0."""
+    """Last hidden states `[T, H]` of one packed row; no cache, so sequence bounds come from row 0.
+
+    With `bounds` and the image grid on the host (as `PackedBatch.forward_inputs` gives them), the
+    layout reaches the layers and the vision tower precomputed, and the forward needs no host-device
+    sync to find it.
+    """
+    kwargs = packed_attention_kwargs(backbone.config, bounds) if bounds is not None else {}
+    grid = None if image_grid_thw is None else torch.as_tensor(image_grid_thw, device="cpu")
+    if pixel_values is not None and grid is not None:
+        kwargs |= vision_inputs(backbone.visual, grid, pixel_values.device)
     out = backbone(
         input_ids=input_ids,
         position_ids=position_ids,
         pixel_values=pixel_values,
-        image_grid_thw=image_grid_thw,
+        image_grid_thw=grid,
         use_cache=False,
-        **packed_attention_kwargs(backbone.config, position_ids),
+        **kwargs,
     )
     hidden: torch.Tensor = out.last_hidden_state[0]
     return hidden
@@ -78,12 +91,13 @@ class ActorModel(nn.Module):
         input_ids: torch.Tensor,
         position_ids: torch.Tensor,
         pixel_values: torch.Tensor | None,
-        image_grid_thw: torch.Tensor | None,
+        image_grid_thw: Grid | None,
         index: torch.Tensor,
         score: HeadScore[Scored],
+        bounds: SequenceBounds | None = None,
     ) -> Scored:
         """`score(lm_head, hidden[index - 1], input_ids[index])`: position i-1 predicts token i."""
-        hidden = backbone_hidden(self.model, input_ids, position_ids, pixel_values, image_grid_thw)
+        hidden = backbone_hidden(self.model, input_ids, position_ids, pixel_values, image_grid_thw, bounds)
         return score(self.lm_head, hidden[index - 1], input_ids[0, index])
 
 
@@ -104,11 +118,12 @@ class CriticModel(nn.Module):
         input_ids: torch.Tensor,
         position_ids: torch.Tensor,
         pixel_values: torch.Tensor | None,
-        image_grid_thw: torch.Tensor | None,
+        image_grid_thw: Grid | None,
         index: torch.Tensor,
+        bounds: SequenceBounds | None = None,
     ) -> torch.Tensor:
         """Float32 values `[K]` of the states before tokens `index` (read at positions `index - 1`)."""
-        hidden = backbone_hidden(self.model, input_ids, position_ids, pixel_values, image_grid_thw)
+        hidden = backbone_hidden(self.model, input_ids, position_ids, pixel_values, image_grid_thw, bounds)
         values: torch.Tensor = self.value_head(hidden[index - 1]).squeeze(-1).float()
         return values
 

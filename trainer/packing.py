@@ -5,6 +5,12 @@ rows (REFERENCE §3): row 0 is each sequence's text position, restarting at 0, w
 reads to keep attention inside each sequence; rows 1-3 are the mRoPE t/h/w positions, computed per
 sequence by the model's own `get_rope_index`. Images of all sequences are concatenated in pad order.
 
+Everything the forward needs to know about the layout is computed here, on the host, so the GPU step
+never waits on a host-device sync to learn it: the attention bounds of every segment, the longest
+one, and the scored positions. `cu_seqlens` and `image_grid_thw` stay on the host when the rest of
+the batch moves to the GPU (the vision tower's own inputs are derived from the grid there too,
+`trainer.vision_inputs`).
+
 Under FSDP every rank must run the vision tower in every micro-batch, or the collectives of ranks
 with and without images stop matching. A row without images therefore ends in a dummy segment
 `<|vision_start|><|image_pad|>…<|vision_end|>` with one tiny black image: the vision parameters
@@ -19,10 +25,12 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
 from PIL import Image
 
+from trainer.attention import SequenceBounds
 from trainer.processor import ImageLike, VLProcessor
 
 RopeIndex = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -40,6 +48,10 @@ class SequenceSample:
     advantages: Sequence[float] | None = None
 
 
+HOST_FIELDS = frozenset({"cu_seqlens", "image_grid_thw"})
+"""Fields that `PackedBatch.to` leaves on the host: reading them never waits for the GPU."""
+
+
 @dataclass(frozen=True)
 class PackedBatch:
     """Sequences packed into one row; tokens from `cu_seqlens[-1]` on belong to the dummy-image segment."""
@@ -47,11 +59,14 @@ class PackedBatch:
     input_ids: torch.Tensor  # [1, T] int64
     position_ids: torch.Tensor  # [4, 1, T] int64: text positions, then mRoPE t/h/w
     pixel_values: torch.Tensor | None  # [patches, C·t·p·p]
-    image_grid_thw: torch.Tensor | None  # [images, 3] int64
+    image_grid_thw: torch.Tensor | None  # [images, 3] int64, on the host
     loss_mask: torch.Tensor  # [T] float32, 1 on scored (generated) tokens
     rollout_logprobs: torch.Tensor  # [T] float32, 0 where unknown
     advantages: torch.Tensor  # [T] float32, 0 until the trainer fills it
-    cu_seqlens: torch.Tensor  # [S + 1] int64, sequence boundaries
+    cu_seqlens: torch.Tensor  # [S + 1] int64, sequence boundaries, on the host
+    attention_bounds: torch.Tensor  # [segments + 1] int32: every segment's bounds, the dummy's too
+    longest: int  # tokens in the longest segment
+    scored: torch.Tensor  # [K] int64: positions where loss_mask is 1
 
     @property
     def num_tokens(self) -> int:
@@ -64,9 +79,13 @@ class PackedBatch:
         return int(self.cu_seqlens.numel()) - 1
 
     def to(self, device: torch.device | str) -> PackedBatch:
-        """The same batch with every tensor on `device`."""
-        moved = {f.name: getattr(self, f.name) for f in fields(self)}
-        return replace(self, **{k: v.to(device) for k, v in moved.items() if v is not None})
+        """The same batch with every tensor but the `HOST_FIELDS` on `device`."""
+        moved: dict[str, Any] = {
+            f.name: value.to(device)
+            for f in fields(self)
+            if f.name not in HOST_FIELDS and isinstance(value := getattr(self, f.name), torch.Tensor)
+        }
+        return replace(self, **moved)
 
     def model_inputs(self) -> dict[str, torch.Tensor | None]:
         """The keyword arguments of a VL backbone forward over this row."""
@@ -77,6 +96,17 @@ class PackedBatch:
             "image_grid_thw": self.image_grid_thw,
         }
 
+    def forward_inputs(self) -> dict[str, Any]:
+        """The keyword arguments of an actor or critic forward over this row: `model_inputs`, with the
+        image grid as host ints (FSDP moves every tensor argument to the GPU) and the sequence bounds."""
+        grid = self.image_grid_thw.tolist() if self.image_grid_thw is not None else None
+        return {**self.model_inputs(), "image_grid_thw": grid, "bounds": self.bounds}
+
+    @property
+    def bounds(self) -> SequenceBounds:
+        """Where each segment's attention starts and ends, for the packed forward."""
+        return SequenceBounds(self.attention_bounds, self.longest)
+
     def to_padded(self, values: torch.Tensor, pad: float = 0.0) -> torch.Tensor:
         """Per-token `[T]` values as a right-padded `[S, max_len]` tensor, one row per sequence."""
         lengths = self.cu_seqlens.diff().tolist()
@@ -85,13 +115,9 @@ class PackedBatch:
 
     def from_padded(self, padded: torch.Tensor) -> torch.Tensor:
         """The inverse of `to_padded`: `[S, max_len]` back to `[T]`, zeros on the dummy segment."""
-        lengths = self.cu_seqlens.diff()
-        keep = (
-            torch.arange(padded.shape[1], device=padded.device)[None, :] < lengths.to(padded.device)[:, None]
-        )
-        out = padded.new_zeros(self.num_tokens)
-        out[: int(self.cu_seqlens[-1])] = padded[keep]
-        return out
+        pieces = [row[:length] for row, length in zip(padded, self.cu_seqlens.diff().tolist(), strict=True)]
+        tail = padded.new_zeros(self.num_tokens - int(self.cu_seqlens[-1]))
+        return torch.cat([*pieces, tail])
 
 
 def pack_sequences(
@@ -123,17 +149,42 @@ def pack_sequences(
         for i, (sample, grid) in enumerate(zip(segments, seq_grids, strict=True))
     ]
     lengths = [len(sample.train_ids) for sample in samples]
+    segment_lengths = [len(sample.train_ids) for sample in segments]
+    loss_mask = _per_token(segments, lambda s: s.loss_mask)
     cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.long)
     return PackedBatch(
         input_ids=torch.tensor([t for s in segments for t in s.train_ids], dtype=torch.long)[None, :],
         position_ids=torch.cat(positions, dim=-1),
         pixel_values=pixels.pixel_values if pixels is not None else None,
         image_grid_thw=grids if pixels is not None else None,
-        loss_mask=_per_token(segments, lambda s: s.loss_mask),
+        loss_mask=loss_mask,
         rollout_logprobs=_per_token(segments, lambda s: s.rollout_logprobs),
         advantages=_per_token(segments, lambda s: s.advantages),
         cu_seqlens=cu_seqlens,
+        attention_bounds=torch.tensor([0, *itertools.accumulate(segment_lengths)], dtype=torch.int32),
+        longest=max(segment_lengths),
+        scored=scored_positions(loss_mask, cu_seqlens),
     )
+
+
+def scored_positions(mask: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Positions where `mask` is 1 (`[T]`, on the host); each needs a prefix in its own sequence, so the
+    first token of a sequence, or one of the dummy segment after `cu_seqlens[-1]`, is an error."""
+    index = mask.nonzero().squeeze(-1)
+    starts = cu_seqlens[:-1]
+    if torch.isin(index, starts).any():
+        first = index[torch.isin(index, starts)][0].item()
+        raise ValueError(f"token {first} starts its sequence: it has no prefix to be scored from")
+    if index.numel() and index[-1] >= cu_seqlens[-1]:
+        raise ValueError("the mask selects tokens of the dummy-image segment, which no sequence owns")
+    return index
+
+
+def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`tensor` on `device`; to a GPU through pinned memory, so the copy does not wait for queued work."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def dummy_image_sample(processor: VLProcessor) -> SequenceSample:

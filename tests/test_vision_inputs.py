@@ -1,0 +1,38 @@
+"""Vision-tower inputs precomputed on the host: the tower's own output, without reading the grid."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.vl_samples import mixed_samples
+from trainer.models import load_lm
+from trainer.processor import VLProcessor
+from trainer.tiny_checkpoint import ARCHS
+from trainer.vision_inputs import vision_inputs
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_precomputed_inputs_reproduce_the_tower_without_the_grid(
+    tiny_checkpoints: dict[str, Path], arch: str
+) -> None:
+    path = tiny_checkpoints[arch]
+    lm, processor = load_lm(path), VLProcessor.from_pretrained(path)
+    images = [image for sample in mixed_samples(processor) for image in sample.images]
+    pixels = processor.pixel_inputs(images)
+    grid = pixels.image_grid_thw
+    assert any(h != w for _, h, w in grid.tolist())  # so a grid with h and w swapped is a different grid
+    inputs = vision_inputs(lm.model.visual, grid, torch.device("cpu"))
+    assert all(name.startswith("image_") for name in inputs)
+    with torch.no_grad():
+        own = lm.model.get_image_features(pixels.pixel_values, grid).pooler_output
+        given = lm.model.get_image_features(pixels.pixel_values, grid, **inputs).pooler_output
+        # A wrong grid of the same shape is ignored everywhere but the final split: the tower read
+        # nothing from it, so it had nothing to wait for on a GPU.
+        wrong = torch.stack([grid[:, 0], grid[:, 2], grid[:, 1]], dim=1)
+        blind = lm.model.get_image_features(pixels.pixel_values, wrong, **inputs).pooler_output
+    for a, b, c in zip(own, given, blind, strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
+        torch.testing.assert_close(c, a, rtol=0, atol=1e-6)
