@@ -1,10 +1,12 @@
-"""One training step of the tiny actor on a fixed batch, on 1 process or N torchrun ranks (FSDP2, gloo).
+"""Training steps of the tiny actor on a fixed batch under FSDP2 (gloo), for `tests/test_fsdp.py`.
 
     torchrun --nproc-per-node 2 tests/fsdp_worker.py CHECKPOINT OUT_DIR    # sharded
     python tests/fsdp_worker.py CHECKPOINT OUT_DIR                          # plain module
+    torchrun --nproc-per-node 1 tests/fsdp_worker.py CHECKPOINT OUT_DIR keep-gathered
 
-The batch is split across ranks by `plan_micro_batches`; rank 0 writes the loss, the gradient norm,
-the plan and the updated weights (safetensors) to OUT_DIR, for `tests/test_fsdp.py` to compare.
+The first two take one step, the batch split across ranks by `plan_micro_batches`; rank 0 writes the
+loss, the gradient norm, the plan and the updated weights (safetensors) to OUT_DIR. The third trains
+one rank twice, with and without `keep_gathered`, and writes both runs' weights and logprobs.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from tests.vl_samples import make_sample
-from trainer.fsdp import full_state_dict, init_distributed, shard_model
+from trainer.fsdp import full_state_dict, init_distributed, set_last_micro_batch, shard_model
 from trainer.logprobs import token_logprobs
 from trainer.models import load_actor
 from trainer.packing import SequenceSample, pack_sequences, plan_micro_batches
@@ -81,5 +83,43 @@ def train_step(checkpoint: Path, out_dir: Path) -> None:
         dist.destroy_process_group()
 
 
+def keep_gathered_steps(checkpoint: Path, out_dir: Path) -> None:
+    """Two optimizer steps of two micro-batches, each after a no-grad pass (as the trainer's recompute),
+    then a last no-grad pass; once with gathered weights kept through each step, once without."""
+    init_distributed(timeout=timedelta(seconds=60))
+    processor = VLProcessor.from_pretrained(checkpoint)
+    samples = training_samples(processor)
+    results: dict[str, torch.Tensor] = {}
+    for keep in (True, False):
+        torch.manual_seed(0)
+        actor = shard_model(
+            load_actor(checkpoint), torch.device("cpu"), gradient_checkpointing=True, keep_gathered=keep
+        )
+        optimizer = torch.optim.AdamW(actor.parameters(), lr=LR, weight_decay=0.0)
+        plan = plan_micro_batches([len(s.train_ids) for s in samples], 1, MICRO_BATCH_TOKENS)[0]
+        batches = [
+            pack_sequences([samples[i] for i in m], processor, actor.model.get_rope_index) for m in plan
+        ]
+        assert len(batches) >= 2
+        for step in range(3):
+            with torch.no_grad():
+                results[f"{keep}/logprobs/{step}"] = token_logprobs(actor, batches[0], TEMPERATURE).logprobs
+            if step == 2:
+                break
+            for i, batch in enumerate(batches):
+                set_last_micro_batch(actor, i == len(batches) - 1)
+                scores = token_logprobs(actor, batch, TEMPERATURE)
+                (-(scores.logprobs * batch.advantages).sum()).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        results |= {f"{keep}/weights/{k}": v for k, v in full_state_dict(actor).items()}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.clone().contiguous() for k, v in results.items()}, str(out_dir / "runs.safetensors"))
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    train_step(Path(sys.argv[1]), Path(sys.argv[2]))
+    if sys.argv[3:] == ["keep-gathered"]:
+        keep_gathered_steps(Path(sys.argv[1]), Path(sys.argv[2]))
+    else:
+        train_step(Path(sys.argv[1]), Path(sys.argv[2]))

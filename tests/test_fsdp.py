@@ -51,6 +51,27 @@ def test_two_ranks_match_one_process(tiny_qwen25: Path, tmp_path: Path) -> None:
     assert max((after_sharded[k] - after_plain[k]).abs().max().item() for k in before) < 1e-4
 
 
+def test_one_rank_keeps_gathered_weights_and_never_uses_stale_ones(tiny_qwen25: Path, tmp_path: Path) -> None:
+    """On one rank the trainer keeps gathered weights from a no-grad pass through its micro-batches'
+    backwards; the optimizer must never leave a stale gathered copy behind for the next forward."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1"]
+    worker = [str(REPO / "tests" / "fsdp_worker.py"), str(tiny_qwen25), str(tmp_path), "keep-gathered"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    command = [*launcher, "--master-port", str(free_port()), *worker]
+    subprocess.run(command, env=env, cwd=REPO, timeout=240, check=True)
+    runs = load_file(tmp_path / "runs.safetensors")
+    for step in range(3):
+        kept, resharded = runs[f"True/logprobs/{step}"], runs[f"False/logprobs/{step}"]
+        torch.testing.assert_close(kept, resharded, rtol=0, atol=1e-5)
+    assert (runs["True/logprobs/2"] - runs["True/logprobs/0"]).abs().max() > 1e-2  # the steps moved it
+    names = [k.removeprefix("True/weights/") for k in runs if k.startswith("True/weights/")]
+    assert names
+    for name in names:
+        torch.testing.assert_close(
+            runs[f"True/weights/{name}"], runs[f"False/weights/{name}"], rtol=0, atol=1e-6
+        )
+
+
 def test_train_step_benchmark_runs_tiny(tiny_qwen25: Path) -> None:
     """`benchmarks/train_step.py --tiny` takes the GPU benchmark's code path on CPU and reports figures."""
     command = [sys.executable, "-m", "benchmarks.train_step", "--tiny", "--processor", str(tiny_qwen25)]

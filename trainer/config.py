@@ -45,6 +45,10 @@ class ModelConfig(_Section):
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     gradient_checkpointing: bool = True
     freeze_vision: bool = False
+    compile: bool = Field(
+        default=False,
+        description="torch.compile each decoder layer and vision block, and the logprob chunks (GPU runs)",
+    )
 
 
 class EnvConfig(_Section):

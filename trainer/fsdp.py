@@ -1,16 +1,28 @@
 """FSDP2 sharding of the actor, reference and critic, and full state dicts for saving and weight sync.
 
-Each decoder layer and vision block (HF's `_no_split_modules`) is its own `fully_shard` unit, then
-the root takes the rest: embeddings, `lm_head` (tied to them in small Qwen-VL models, so they must
-share a unit), final norm, vision patch embedding and merger, and the value head. On GPU, parameters
-are kept in float32 and gathered as bfloat16 for compute, with gradients reduced in float32, and
-packed rows run on FlashAttention (`trainer.attention`); on CPU everything stays float32 with SDPA.
-Without a process group the model stays a plain module.
+Each decoder layer is its own `fully_shard` unit, the vision tower is one more, and the root takes the
+rest: embeddings, `lm_head` (tied to them in small Qwen-VL models, so they must share a unit), final
+norm, and the value head. The vision tower is one unit, not one per block, because its blocks are too
+small to shard one by one: a 3B model's vision block holds 20M parameters and does about a tenth of a
+decoder layer's work per micro-batch, so per-block gathers, reduces and hooks kept the GPU waiting on
+the host through the whole tower (measured in docs/fsdp.md); gathered whole it is 1.3 GB of bf16.
+
+On GPU, parameters are kept in float32 and gathered as bfloat16 for compute, with gradients reduced
+in float32, and packed rows run on FlashAttention (`trainer.attention`); on CPU everything stays
+float32 with SDPA. Without a process group the model stays a plain module.
+
+With `keep_gathered` (the trainer's choice on one rank, where a shard is the whole model) a unit keeps
+its gathered bf16 parameters from forward to backward and, through `set_last_micro_batch`, from one
+micro-batch to the next: each optimizer step gathers once instead of twice per micro-batch, and the
+last backward frees the copies before the optimizer changes the shards. The two units whose gradient
+reduction cannot overlap with backward compute, the vision tower and the root (last in backward),
+also accumulate their gradients unreduced until the last micro-batch.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 from datetime import timedelta
 from typing import TypeVar, cast
 
@@ -23,9 +35,12 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from trainer.attention import VARLEN_ATTENTION, use_attention
 from trainer.models import ActorModel, CriticModel, blocks, enable_gradient_checkpointing, freeze_vision
+from trainer.vision_mlp import align_gated_mlps
 
 DEFAULT_TIMEOUT = timedelta(minutes=10)
 Model = TypeVar("Model", ActorModel, CriticModel)
+
+_KEEP_GATHERED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
 def init_distributed(timeout: timedelta = DEFAULT_TIMEOUT) -> bool:
@@ -76,27 +91,56 @@ def shard_model(
     *,
     gradient_checkpointing: bool = False,
     vision_frozen: bool = False,
+    compiled: bool = False,
+    keep_gathered: bool = False,
 ) -> Model:
-    """Prepare `module` for training on `device`: optional checkpointing and frozen vision, then FSDP2.
+    """Prepare `module` for training on `device`: optional checkpointing, frozen vision and compiled
+    blocks (`torch.compile` per layer and block), then FSDP2.
 
     Shards only when a process group exists; otherwise the module is returned on `device` unchanged
-    in dtype. Sharded on GPU, it computes in bf16 with varlen FlashAttention. Returns the same object
-    (FSDP2 shards in place).
+    in dtype. Sharded on GPU, it computes in bf16 with varlen FlashAttention and aligned MLP widths
+    (`trainer.vision_mlp`). `keep_gathered`: see the module docstring. Returns the same object (FSDP2
+    shards in place).
     """
     if gradient_checkpointing:
         enable_gradient_checkpointing(module)
     if vision_frozen:
         freeze_vision(module)
+    if compiled:
+        for block in blocks(module):
+            block.compile()
     if not is_distributed():
         return module.to(device)
     if device.type == "cuda":
         use_attention(module, VARLEN_ATTENTION)
+        align_gated_mlps(module)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    block_policy = mixed_precision_policy(device, cast_inputs=False)
-    for block in blocks(module):
-        fully_shard(block, mesh=mesh, mp_policy=block_policy, reshard_after_forward=True)
-    fully_shard(module, mesh=mesh, mp_policy=mixed_precision_policy(device), reshard_after_forward=True)
+    unit_policy = mixed_precision_policy(device, cast_inputs=False)
+    reshard = not keep_gathered
+    for unit in shard_units(module):
+        fully_shard(unit, mesh=mesh, mp_policy=unit_policy, reshard_after_forward=reshard)
+    fully_shard(module, mesh=mesh, mp_policy=mixed_precision_policy(device), reshard_after_forward=reshard)
+    if keep_gathered:
+        _KEEP_GATHERED.add(module)
     return module
+
+
+def shard_units(module: ActorModel | CriticModel) -> list[nn.Module]:
+    """The FSDP units below the root: the vision tower, then every decoder layer."""
+    visual = module.model.visual
+    in_visual = set(visual.modules())
+    return [visual, *(block for block in blocks(module) if block not in in_visual)]
+
+
+def set_last_micro_batch(module: nn.Module, last: bool) -> None:
+    """Call before each micro-batch's backward: a `keep_gathered` module frees its gathered parameters,
+    and reduces the gradients of its vision tower and root, in the last micro-batch of an optimizer step
+    only. Other modules are left alone."""
+    if not (isinstance(module, FSDPModule) and module in _KEEP_GATHERED):
+        return
+    module.set_reshard_after_backward(last)
+    for unit in (module, cast(ActorModel, module).model.visual):
+        cast(FSDPModule, unit).set_requires_gradient_sync(last, recurse=False)
 
 
 def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:

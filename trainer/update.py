@@ -21,7 +21,6 @@ Metrics come back reduced over ranks, token-weighted.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,11 +31,11 @@ from torch.distributed.tensor import DTensor
 
 from trainer.advantages import compute_advantages
 from trainer.config import TrainConfig
-from trainer.fsdp import is_distributed, shard_model
+from trainer.fsdp import is_distributed, set_last_micro_batch, shard_model
 from trainer.logprobs import token_logprobs, token_values
 from trainer.losses import actor_loss, masked_sum, value_loss
 from trainer.models import Models
-from trainer.packing import PackedBatch, SequenceSample, pack_sequences, plan_micro_batches
+from trainer.packing import PackedBatch, SequenceSample, host_to_device, pack_sequences, plan_micro_batches
 from trainer.processor import VLProcessor
 
 __all__ = ["SEED_STRIDE", "USABLE", "PolicyTrainer", "updates_per_step"]
@@ -74,6 +73,7 @@ class _Micro:
     old_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
     values: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
 
 
@@ -81,25 +81,28 @@ class _Micro:
 class _Sums:
     """Token-weighted sums of a fixed list of metrics, reduced over ranks in one collective.
 
-    The list is the same on every rank (a rank whose micro-batches are all empty still takes part).
+    The sums stay on the device until `reduced`, so adding a micro-batch's metrics never waits for the
+    GPU. The list is the same on every rank (a rank whose micro-batches are all empty still takes part).
     """
 
     names: list[str]
-    totals: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
-    weights: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
+    totals: dict[str, torch.Tensor] = field(default_factory=dict)
+    weights: dict[str, torch.Tensor] = field(default_factory=dict)
 
-    def add(self, metrics: dict[str, torch.Tensor], weight: float) -> None:
+    def add(self, metrics: dict[str, torch.Tensor], weight: torch.Tensor) -> None:
+        weight = weight.detach().double()
         for name, value in metrics.items():
-            self.totals[name] += float(value) * weight
-            self.weights[name] += weight
+            value = torch.as_tensor(value, device=weight.device).detach().double()
+            self.totals[name] = self.totals.get(name, 0.0) + value * weight
+            self.weights[name] = self.weights.get(name, 0.0) + weight
 
     def reduced(self, device: torch.device) -> dict[str, float]:
         """`train/<name>`: each metric's weighted mean over every rank's micro-batches."""
         names = self.names
-        packed = torch.tensor(
-            [self.totals[n] for n in names] + [self.weights[n] for n in names],
-            dtype=torch.float64,
-            device=device,
+        zero = torch.zeros((), dtype=torch.float64, device=device)
+        packed = torch.stack(
+            [self.totals.get(n, zero).to(device) for n in names]
+            + [self.weights.get(n, zero).to(device) for n in names]
         )
         if is_distributed():
             dist.all_reduce(packed)
@@ -132,16 +135,18 @@ class PolicyTrainer:
         self.device = device
         self.rank = dist.get_rank() if is_distributed() else 0
         self.world = dist.get_world_size() if is_distributed() else 1
-        checkpointing = cfg.model.gradient_checkpointing
-        self.actor = shard_model(
-            models.actor, device, gradient_checkpointing=checkpointing, vision_frozen=cfg.model.freeze_vision
-        )
-        self.reference = shard_model(models.reference, device) if models.reference is not None else None
-        self.critic = (
-            shard_model(models.critic, device, gradient_checkpointing=checkpointing)
-            if models.critic is not None
+        trained = {
+            "gradient_checkpointing": cfg.model.gradient_checkpointing,
+            "compiled": cfg.model.compile,
+            "keep_gathered": self.world == 1,  # one rank: a shard is the whole model, gathering is pure cost
+        }
+        self.actor = shard_model(models.actor, device, vision_frozen=cfg.model.freeze_vision, **trained)
+        self.reference = (
+            shard_model(models.reference, device, compiled=cfg.model.compile)
+            if models.reference is not None
             else None
         )
+        self.critic = shard_model(models.critic, device, **trained) if models.critic is not None else None
         optim = cfg.optim
         self.actor_optimizer = torch.optim.AdamW(
             [p for p in self.actor.parameters() if p.requires_grad],
@@ -178,12 +183,12 @@ class PolicyTrainer:
         self._recompute([m for mini in micros for m in mini], rows, sums)
         recompute_s = time.perf_counter() - started
         started = time.perf_counter()
-        advantages = self._advantages(rows, [m for mini in micros for m in mini])
+        self._advantages(rows, [m for mini in micros for m in mini])
         grad_norms: list[float] = []
         generator = torch.Generator().manual_seed(self.cfg.train.seed * SEED_STRIDE + step)
         for _ in range(self.cfg.algo.ppo_epochs):
             for index in torch.randperm(len(minis), generator=generator).tolist():
-                grad_norms.append(self._optimize(rows, minis[index], micros[index], advantages, sums))
+                grad_norms.append(self._optimize(rows, minis[index], micros[index], sums))
         metrics = sums.reduced(self.device)
         metrics.update(
             {
@@ -226,22 +231,25 @@ class PolicyTrainer:
     @torch.no_grad()
     def _recompute(self, micros: list[_Micro], rows: list[_Row], sums: _Sums) -> None:
         """Old (and reference) logprobs and old values of every micro-batch; the rollout mismatch metric."""
-        temperature = self.cfg.rollout.rollout_temperature
+        temperature, compiled = self.cfg.rollout.rollout_temperature, self.cfg.model.compile
         for micro in micros:
-            micro.old_logp = token_logprobs(self.actor, micro.batch, temperature).logprobs
+            micro.old_logp = token_logprobs(self.actor, micro.batch, temperature, compiled=compiled).logprobs
             if self.reference is not None:
-                micro.ref_logp = token_logprobs(self.reference, micro.batch, temperature).logprobs
+                micro.ref_logp = token_logprobs(
+                    self.reference, micro.batch, temperature, compiled=compiled
+                ).logprobs
             if self.critic is not None:
                 micro.values = token_values(self.critic, micro.batch)
             mask = micro.batch.loss_mask
-            tokens = float(mask.sum())
-            if tokens:
-                diff = masked_sum((micro.old_logp - micro.batch.rollout_logprobs).abs(), mask) / tokens
-                sums.add({"logprob_abs_diff": diff}, tokens)
+            tokens = mask.sum()
+            diff = masked_sum((micro.old_logp - micro.batch.rollout_logprobs).abs(), mask) / tokens.clamp(
+                min=1
+            )
+            sums.add({"logprob_abs_diff": diff}, tokens)
 
-    def _advantages(self, rows: list[_Row], micros: list[_Micro]) -> torch.Tensor:
-        """`[B, T]` advantages over all usable trajectories (values known only for this rank's rows,
-        which are the only ones it uses); fills each micro-batch's value targets."""
+    def _advantages(self, rows: list[_Row], micros: list[_Micro]) -> None:
+        """Advantages over all usable trajectories (values known only for this rank's rows, which are
+        the only ones it uses), into each micro-batch with its value targets, on the device."""
         lengths = [r.length for r in rows]
         width = max(lengths)
         mask = _padded([r.sample.loss_mask for r in rows], width)
@@ -265,17 +273,14 @@ class PolicyTrainer:
             lam=algo.lam,
             gamma_turn=algo.gamma_turn,
         )
-        if result.returns is not None:
-            for micro in micros:
-                micro.returns = _row_tensor(result.returns, micro, lengths).to(self.device)
-        return result.advantages
+        for micro in micros:
+            micro.advantages = host_to_device(_row_tensor(result.advantages, micro, lengths), self.device)
+            if result.returns is not None:
+                micro.returns = host_to_device(_row_tensor(result.returns, micro, lengths), self.device)
 
-    def _optimize(
-        self, rows: list[_Row], mini: list[int], micros: list[_Micro], advantages: torch.Tensor, sums: _Sums
-    ) -> float:
+    def _optimize(self, rows: list[_Row], mini: list[int], micros: list[_Micro], sums: _Sums) -> float:
         """One optimizer step: accumulate the micro-batches, clip, step; returns the grad norm."""
         algo = self.cfg.algo
-        lengths = [r.length for r in rows]
         if algo.loss_agg_mode == "token-mean":
             denominator = float(sum(rows[i].response_tokens for i in mini))
         else:
@@ -284,21 +289,29 @@ class PolicyTrainer:
         self.actor_optimizer.zero_grad(set_to_none=True)
         if self.critic_optimizer is not None:
             self.critic_optimizer.zero_grad(set_to_none=True)
-        for micro in micros:
+        for i, micro in enumerate(micros):
             batch = micro.batch
+            last = i == len(micros) - 1
+            for model in (self.actor, self.critic):
+                if model is not None:
+                    set_last_micro_batch(model, last)
             scores = token_logprobs(
-                self.actor, batch, self.cfg.rollout.rollout_temperature, with_entropy=True
+                self.actor,
+                batch,
+                self.cfg.rollout.rollout_temperature,
+                with_entropy=True,
+                compiled=self.cfg.model.compile,
             )
             if not micro.rows:
                 (scores.logprobs.sum() * 0.0).backward()
                 continue
             pad = batch.to_padded
             mask = pad(batch.loss_mask)
-            assert micro.old_logp is not None and scores.entropy is not None
+            assert micro.old_logp is not None and micro.advantages is not None and scores.entropy is not None
             loss, metrics = actor_loss(
                 pad(scores.logprobs),
                 pad(micro.old_logp),
-                pad(_row_tensor(advantages, micro, lengths).to(self.device)),
+                pad(micro.advantages),
                 mask,
                 algo,
                 ref_logp=pad(micro.ref_logp) if micro.ref_logp is not None else None,
@@ -307,7 +320,7 @@ class PolicyTrainer:
                 denominator=denominator,
             )
             (loss * self.world).backward()
-            sums.add({k: v for k, v in metrics.items() if k != "loss"}, float(mask.sum()))
+            sums.add({k: v for k, v in metrics.items() if k != "loss"}, mask.sum())
             if self.critic is not None:
                 assert micro.values is not None and micro.returns is not None
                 values = token_values(self.critic, batch)
@@ -321,14 +334,12 @@ class PolicyTrainer:
                     denominator=denominator,
                 )
                 (critic_loss * self.world).backward()
-                sums.add(critic_metrics, float(mask.sum()))
+                sums.add(critic_metrics, mask.sum())
         norm = _clip(self.actor.parameters(), self.cfg.optim.grad_clip)
         self.actor_optimizer.step()
         if self.critic is not None and self.critic_optimizer is not None:
-            sums.add(
-                {"critic_grad_norm": torch.tensor(_clip(self.critic.parameters(), self.cfg.optim.grad_clip))},
-                1,
-            )
+            critic_norm = _clip(self.critic.parameters(), self.cfg.optim.grad_clip)
+            sums.add({"critic_grad_norm": torch.tensor(critic_norm)}, torch.ones(()))
             self.critic_optimizer.step()
         self.optimizer_steps += 1
         return norm
