@@ -22,6 +22,7 @@ Peak is `--peak-tflops` (989: H100 SXM dense bf16). Prints a markdown table and 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import tempfile
@@ -34,13 +35,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from PIL import Image
+from torch.profiler import record_function
 from transformers import PretrainedConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
+from benchmarks.gpu_profile import profile_step, sync_report
 from tests.servers import free_port
 from trainer.attention import SDPA_ATTENTION, use_attention
-from trainer.fsdp import init_distributed, rank_device, shard_model
+from trainer.fsdp import init_distributed, rank_device, set_last_micro_batch, shard_model
 from trainer.logprobs import token_logprobs
-from trainer.models import ActorModel, blocks
+from trainer.models import ActorModel
 from trainer.packing import PackedBatch, SequenceSample, pack_sequences, plan_micro_batches
 from trainer.processor import VLProcessor
 from trainer.tiny_checkpoint import model_config, write_tiny_checkpoint
@@ -155,20 +158,6 @@ def load_processor(path: Path | None) -> VLProcessor:
         return VLProcessor.from_pretrained(write_tiny_checkpoint(tmp, "qwen2_5_vl"))
 
 
-def write_profile(fn: Callable[[], None], device: torch.device, path: Path) -> None:
-    """Run `fn` once under torch.profiler and write its op table, sorted by device time, to `path`."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as profiler:
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(profiler.key_averages().table(sort_by=sort_by, row_limit=60, max_name_column_width=70))
-
-
 def timed(fn: Callable[[], None], device: torch.device, repeats: int) -> float:
     """Seconds per call of `fn`, averaged over `repeats` calls after synchronising the device."""
     if device.type == "cuda":
@@ -188,10 +177,12 @@ def run(args: argparse.Namespace) -> Figures:
     processor = load_processor(args.processor)
     actor = build_actor(config, device)
     params = counted_params(actor)
-    if args.compile:
-        for block in blocks(actor):
-            block.compile()
-    actor = shard_model(actor, device, gradient_checkpointing=True)
+    actor = shard_model(
+        actor, device, gradient_checkpointing=True, compiled=args.compile, keep_gathered=args.keep_gathered
+    )
+    if not args.checkpoint_vision:
+        for block in actor.model.visual.blocks:
+            block.gradient_checkpointing = False
     if args.sdpa:
         use_attention(actor, SDPA_ATTENTION)
     optimizer = torch.optim.AdamW(actor.parameters(), lr=1e-6, fused=device.type == "cuda")
@@ -206,20 +197,30 @@ def run(args: argparse.Namespace) -> Figures:
         pack_sequences([samples[i] for i in micro], processor, rope_index).to(device) for micro in plan
     ]
     tokens = sum(int(b.cu_seqlens[-1]) for b in batches)
-    scored = sum(float(b.loss_mask.sum()) for b in batches)
+    scored = sum(len(b.scored) for b in batches)
+
+    score = functools.partial(
+        token_logprobs, temperature=1.0, chunk_size=args.chunk_size, compiled=args.compile
+    )
 
     def update() -> None:
-        for batch in batches:
-            logprobs = token_logprobs(actor, batch, temperature=1.0, chunk_size=args.chunk_size).logprobs
-            (-(logprobs * batch.advantages).sum() / scored).backward()
-        torch.nn.utils.clip_grad_norm_(actor.parameters(), max_norm=1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        for i, batch in enumerate(batches):
+            set_last_micro_batch(actor, i == len(batches) - 1)
+            with record_function(f"region:micro-batch {i} forward"):
+                loss = -(score(actor, batch).logprobs * batch.advantages).sum() / scored
+            with record_function(f"region:micro-batch {i} backward"):
+                loss.backward()
+        with record_function("region:clip"):
+            torch.nn.utils.clip_grad_norm_(actor.parameters(), max_norm=1.0)
+        with record_function("region:optimizer"):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
 
     @torch.no_grad()
     def recompute() -> None:
-        for batch in batches:
-            token_logprobs(actor, batch, temperature=1.0, chunk_size=args.chunk_size)
+        for i, batch in enumerate(batches):
+            with record_function(f"region:micro-batch {i} recompute"):
+                score(actor, batch)
 
     for _ in range(args.warmup):  # compilation, allocator and kernel selection settle here
         update()
@@ -227,8 +228,10 @@ def run(args: argparse.Namespace) -> Figures:
     update_s = timed(update, device, args.steps)
     recompute_s = timed(recompute, device, args.steps)
     if args.profile is not None:
-        write_profile(update, device, args.profile / "update_profile.txt")
-        write_profile(recompute, device, args.profile / "recompute_profile.txt")
+        profile_step(update, device, args.profile, "update")
+        profile_step(recompute, device, args.profile, "recompute")
+        if device.type == "cuda":
+            sync_report(update, args.profile / "update_syncs.txt")
     peak = args.peak_tflops * 1e12
     memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
     return Figures(
@@ -284,13 +287,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--images-per-seq", type=int, default=1)
     parser.add_argument("--image-side", type=int, default=448, help="448 px -> 256 image tokens")
     parser.add_argument("--chunk-size", type=int, default=2048, help="logprob chunk (rows of logits)")
-    parser.add_argument("--compile", action="store_true", help="torch.compile each layer and block")
+    parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="torch.compile each layer and block, and the logprob chunks (the GPU config's model.compile)",
+    )
+    parser.add_argument(
+        "--checkpoint-vision",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="checkpoint the vision blocks too (decoder layers always are)",
+    )
+    parser.add_argument(
+        "--keep-gathered",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep gathered bf16 weights through the step (the trainer's choice on one rank)",
+    )
     parser.add_argument("--sdpa", action="store_true", help="HF's SDPA attention (dense packed mask)")
     parser.add_argument("--profile", type=Path, help="write torch.profiler op tables to this directory")
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--processor", type=Path, help="a Qwen2.5-VL checkpoint dir for the processor")
     if parser.parse_known_args(argv)[0].tiny:
-        parser.set_defaults(micro_batch_tokens=512, seq_tokens=128, image_side=56, steps=2, warmup=1)
+        parser.set_defaults(
+            micro_batch_tokens=512, seq_tokens=128, image_side=56, steps=2, warmup=1, compile=False
+        )
     return parser.parse_args(argv)
 
 
