@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch import nn
 from transformers import Qwen2_5_VLConfig
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLMLP
 
@@ -33,4 +34,30 @@ def test_a_padded_mlp_computes_the_same_function_and_gradients() -> None:
 def test_aligned_mlps_are_left_alone() -> None:
     config = Qwen2_5_VLConfig(vision_config={"hidden_size": 16, "intermediate_size": 24}).vision_config
     mlp = Qwen2_5_VLMLP(config, bias=True)
-    assert align_gated_mlps(mlp) == 0 and "forward" not in vars(mlp)
+    assert align_gated_mlps(mlp) == 0 and type(mlp) is Qwen2_5_VLMLP
+
+
+def test_compiled_padded_mlps_share_one_graph() -> None:
+    """Every padded MLP must reuse one compiled graph: a per-instance forward recompiled per vision
+    block until torch.compile gave up and ran the rest eagerly."""
+    config = Qwen2_5_VLConfig(vision_config={"hidden_size": 16, "intermediate_size": 20}).vision_config
+    blocks = [Block(Qwen2_5_VLMLP(config, bias=True)) for _ in range(6)]
+    for block in blocks:
+        align_gated_mlps(block)
+        block.compile(backend="eager")
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(recompile_limit=2, fail_on_recompile_limit_hit=True):
+        for block in blocks:
+            block(torch.randn(3, 16))
+
+
+class Block(nn.Module):
+    """An MLP called after a graph break (vision blocks have one on the CPU attention path)."""
+
+    def __init__(self, mlp: nn.Module) -> None:
+        super().__init__()
+        self.mlp = mlp
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        torch._dynamo.graph_break()
+        return self.mlp(hidden)

@@ -2,16 +2,17 @@
 
 Qwen2.5-VL's vision blocks have a 3,420-wide MLP. A bf16 row of 3,420 values is 6,840 bytes, not a
 multiple of 16, so cuBLAS cannot use Hopper's tensor-memory loads for the three matmuls that touch it and
-falls back to older kernels: on an H100 they ran at about 190 TFLOP/s against 600-700 for the decoder's
-(docs/fsdp.md). `align_gated_mlps` makes such an MLP compute on weights padded with zeros to the next
-multiple of 8. The padded units get zero pre-activations, so they output silu(0)·0 = 0 and receive zero
-gradients: the result, the gradients and the parameters (names, shapes, values) are unchanged.
+falls back to older, slower kernels (docs/fsdp.md). `align_gated_mlps` makes such an MLP compute on
+weights padded with zeros to the next multiple of 8. The padded units get zero pre-activations, so they
+output silu(0)·0 = 0 and receive zero gradients: the result, the gradients and the parameters (names,
+shapes, values) are unchanged.
+
+The change is a class swap, to one padded subclass per MLP class, rather than a per-instance `forward`:
+`torch.compile` guards on a module's `forward` object, and 32 different bound forwards made every vision
+block recompile until the recompile limit sent the rest to eager mode.
 """
 
 from __future__ import annotations
-
-import functools
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,18 +30,36 @@ def align_gated_mlps(model: nn.Module) -> int:
         projections = [getattr(module, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
         if not all(isinstance(p, nn.Linear) for p in projections):
             continue
-        if projections[0].out_features % ALIGN:  # type: ignore[union-attr]
-            module.forward = functools.partial(padded_forward, module)
+        if projections[0].out_features % ALIGN and not isinstance(module, PaddedGatedMLP):  # type: ignore[union-attr]
+            module.__class__ = padded_class(type(module))
             changed += 1
     return changed
 
 
-def padded_forward(mlp: Any, hidden: torch.Tensor) -> torch.Tensor:
-    """`down(act(gate(x)) * up(x))` with the hidden width padded to a multiple of `ALIGN`."""
-    pad = -mlp.gate_proj.out_features % ALIGN
-    gate = _padded_linear(hidden, mlp.gate_proj, pad)
-    up = _padded_linear(hidden, mlp.up_proj, pad)
-    return F.linear(mlp.act_fn(gate) * up, F.pad(mlp.down_proj.weight, (0, pad)), mlp.down_proj.bias)
+class PaddedGatedMLP(nn.Module):
+    """Mixin: `down(act(gate(x)) * up(x))` with the hidden width padded to a multiple of `ALIGN`."""
+
+    gate_proj: nn.Linear
+    up_proj: nn.Linear
+    down_proj: nn.Linear
+    act_fn: nn.Module
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        pad = -self.gate_proj.out_features % ALIGN
+        gate = _padded_linear(hidden, self.gate_proj, pad)
+        up = _padded_linear(hidden, self.up_proj, pad)
+        down = self.down_proj
+        return F.linear(self.act_fn(gate) * up, F.pad(down.weight, (0, pad)), down.bias)
+
+
+_PADDED_CLASSES: dict[type[nn.Module], type[nn.Module]] = {}
+
+
+def padded_class(mlp_class: type[nn.Module]) -> type[nn.Module]:
+    """The subclass of `mlp_class` whose forward is `PaddedGatedMLP.forward`, made once per class."""
+    if mlp_class not in _PADDED_CLASSES:
+        _PADDED_CLASSES[mlp_class] = type(f"Padded{mlp_class.__name__}", (PaddedGatedMLP, mlp_class), {})
+    return _PADDED_CLASSES[mlp_class]
 
 
 def _padded_linear(hidden: torch.Tensor, linear: nn.Linear, pad: int) -> torch.Tensor:
