@@ -41,6 +41,8 @@ def test_packed_logprobs_equal_unpacked(arch_setup: tuple[ActorModel, VLProcesso
     samples = mixed_samples(processor)
     batch = packed(actor, processor, samples)
     assert batch.num_sequences == 3 and batch.image_grid_thw is not None and len(batch.image_grid_thw) == 3
+    pads = batch.input_ids[0] == processor.ids.image_pad
+    assert batch.image_positions.tolist() == pads.nonzero().squeeze(-1).tolist() and pads.sum() > 0
     with torch.no_grad():
         together = token_logprobs(actor, batch, TEMPERATURE).logprobs
         alone = torch.cat(

@@ -29,9 +29,9 @@ BACKBONE_FILE = "model.safetensors"
 
 Scored = TypeVar("Scored")
 HeadScore = Callable[[nn.Module, torch.Tensor, torch.Tensor], Scored]
+"""`score(head, hidden [K, H], targets [K])`: what the actor computes from the selected hidden states."""
 Grid = torch.Tensor | Sequence[Sequence[int]]
 """`image_grid_thw`: `[images, 3]` (t, h, w) per image, as a tensor or as host ints."""
-"""`score(head, hidden [K, H], targets [K])`: what the actor computes from the selected hidden states."""
 
 
 def load_lm(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
@@ -49,27 +49,58 @@ def backbone_hidden(
     pixel_values: torch.Tensor | None,
     image_grid_thw: Grid | None,
     bounds: SequenceBounds | None = None,
+    image_positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Last hidden states `[T, H]` of one packed row; no cache, so sequence bounds come from row 0.
 
-    With `bounds` and the image grid on the host (as `PackedBatch.forward_inputs` gives them), the
-    layout reaches the layers and the vision tower precomputed, and the forward needs no host-device
-    sync to find it.
+    With `bounds`, the image grid on the host and `image_positions` (as `PackedBatch.forward_inputs`
+    gives them), the layout reaches the layers and the vision tower precomputed, and neither the
+    forward nor the backward needs a host-device sync to find it.
     """
     kwargs = packed_attention_kwargs(backbone.config, bounds) if bounds is not None else {}
-    grid = None if image_grid_thw is None else torch.as_tensor(image_grid_thw, device="cpu")
-    if pixel_values is not None and grid is not None:
+    embeds = backbone.get_input_embeddings()(input_ids)
+    if pixel_values is not None and image_grid_thw is not None:
+        grid = torch.as_tensor(image_grid_thw, device="cpu")
         kwargs |= vision_inputs(backbone.visual, grid, pixel_values.device)
-    out = backbone(
-        input_ids=input_ids,
-        position_ids=position_ids,
-        pixel_values=pixel_values,
-        image_grid_thw=grid,
-        use_cache=False,
-        **kwargs,
-    )
+        if image_positions is None:
+            image_positions = (input_ids[0] == backbone.config.image_token_id).nonzero().squeeze(-1)
+        embeds, image_kwargs = _with_image_features(
+            backbone, embeds, pixel_values, grid, image_positions, kwargs
+        )
+        kwargs |= image_kwargs
+    out = backbone.language_model(inputs_embeds=embeds, position_ids=position_ids, use_cache=False, **kwargs)
     hidden: torch.Tensor = out.last_hidden_state[0]
     return hidden
+
+
+def _with_image_features(
+    backbone: nn.Module,
+    embeds: torch.Tensor,
+    pixel_values: torch.Tensor,
+    grid: torch.Tensor,
+    positions: torch.Tensor,
+    kwargs: dict[str, object],
+) -> tuple[torch.Tensor, dict[str, object]]:
+    """Token embeddings `[1, T, H]` with the vision tower's features written at the image pads'
+    `positions`, and the text model's extra inputs (Qwen3-VL's deepstack features).
+
+    HF's own forward writes them with `masked_scatter`, whose backward has to ask the GPU how many
+    positions the mask holds; `index_copy` with host-known positions does not.
+    """
+    features = backbone.get_image_features(pixel_values, grid, return_dict=True, **kwargs)
+    image_embeds = torch.cat(features.pooler_output).to(embeds.dtype)
+    if image_embeds.shape[0] != positions.numel():
+        raise ValueError(f"{positions.numel()} image pad tokens but {image_embeds.shape[0]} image features")
+    embeds = embeds.index_copy(1, positions, image_embeds[None])
+    deepstack = getattr(features, "deepstack_features", None)
+    if not deepstack:
+        return embeds, {}
+    return embeds, {
+        "visual_pos_masks": torch.zeros(embeds.shape[:2], dtype=torch.bool, device=embeds.device).index_fill(
+            1, positions, True
+        ),
+        "deepstack_visual_embeds": [torch.cat(level).to(embeds.dtype) for level in deepstack],
+    }
 
 
 class ActorModel(nn.Module):
@@ -95,9 +126,12 @@ class ActorModel(nn.Module):
         index: torch.Tensor,
         score: HeadScore[Scored],
         bounds: SequenceBounds | None = None,
+        image_positions: torch.Tensor | None = None,
     ) -> Scored:
         """`score(lm_head, hidden[index - 1], input_ids[index])`: position i-1 predicts token i."""
-        hidden = backbone_hidden(self.model, input_ids, position_ids, pixel_values, image_grid_thw, bounds)
+        hidden = backbone_hidden(
+            self.model, input_ids, position_ids, pixel_values, image_grid_thw, bounds, image_positions
+        )
         return score(self.lm_head, hidden[index - 1], input_ids[0, index])
 
 
@@ -121,9 +155,12 @@ class CriticModel(nn.Module):
         image_grid_thw: Grid | None,
         index: torch.Tensor,
         bounds: SequenceBounds | None = None,
+        image_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Float32 values `[K]` of the states before tokens `index` (read at positions `index - 1`)."""
-        hidden = backbone_hidden(self.model, input_ids, position_ids, pixel_values, image_grid_thw, bounds)
+        hidden = backbone_hidden(
+            self.model, input_ids, position_ids, pixel_values, image_grid_thw, bounds, image_positions
+        )
         values: torch.Tensor = self.value_head(hidden[index - 1]).squeeze(-1).float()
         return values
 

@@ -67,6 +67,7 @@ class PackedBatch:
     attention_bounds: torch.Tensor  # [segments + 1] int32: every segment's bounds, the dummy's too
     longest: int  # tokens in the longest segment
     scored: torch.Tensor  # [K] int64: positions where loss_mask is 1
+    image_positions: torch.Tensor  # [P] int64: positions of the image pad tokens, in image order
 
     @property
     def num_tokens(self) -> int:
@@ -98,9 +99,15 @@ class PackedBatch:
 
     def forward_inputs(self) -> dict[str, Any]:
         """The keyword arguments of an actor or critic forward over this row: `model_inputs`, with the
-        image grid as host ints (FSDP moves every tensor argument to the GPU) and the sequence bounds."""
+        image grid as host ints (FSDP moves every tensor argument to the GPU), the sequence bounds and
+        the image positions."""
         grid = self.image_grid_thw.tolist() if self.image_grid_thw is not None else None
-        return {**self.model_inputs(), "image_grid_thw": grid, "bounds": self.bounds}
+        return {
+            **self.model_inputs(),
+            "image_grid_thw": grid,
+            "bounds": self.bounds,
+            "image_positions": self.image_positions,
+        }
 
     @property
     def bounds(self) -> SequenceBounds:
@@ -152,8 +159,9 @@ def pack_sequences(
     segment_lengths = [len(sample.train_ids) for sample in segments]
     loss_mask = _per_token(segments, lambda s: s.loss_mask)
     cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.long)
+    input_ids = torch.tensor([t for s in segments for t in s.train_ids], dtype=torch.long)[None, :]
     return PackedBatch(
-        input_ids=torch.tensor([t for s in segments for t in s.train_ids], dtype=torch.long)[None, :],
+        input_ids=input_ids,
         position_ids=torch.cat(positions, dim=-1),
         pixel_values=pixels.pixel_values if pixels is not None else None,
         image_grid_thw=grids if pixels is not None else None,
@@ -164,6 +172,7 @@ def pack_sequences(
         attention_bounds=torch.tensor([0, *itertools.accumulate(segment_lengths)], dtype=torch.int32),
         longest=max(segment_lengths),
         scored=scored_positions(loss_mask, cu_seqlens),
+        image_positions=(input_ids[0] == processor.ids.image_pad).nonzero().squeeze(-1),
     )
 
 
