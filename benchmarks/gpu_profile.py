@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import tempfile
+import traceback
 import warnings
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -62,24 +64,50 @@ def profile_step(fn: Callable[[], None], device: torch.device, out_dir: Path, na
 
 
 def sync_report(fn: Callable[[], None], out_path: Path) -> None:
-    """Run `fn` with CUDA's sync debug mode on; write each host sync's Python call sites, most frequent first.
+    """Run `fn` with CUDA's sync debug mode on; write each host sync's call site, most frequent first.
 
+    A call site is the innermost frame outside torch, then the frame that made the synchronizing call.
     Syncs raised on the autograd engine's thread (checkpoint recomputation) print to stderr instead.
     """
     sites: Counter[str] = Counter()
-    with warnings.catch_warnings(record=True) as caught:
+
+    def record(*_: object, **__: object) -> None:
+        sites[_call_site(traceback.extract_stack()[:-2])] += 1
+
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = record
         torch.cuda.set_sync_debug_mode("warn")
         try:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    for warning in caught:
-        sites[f"{warning.filename}:{warning.lineno}"] += 1
     lines = [
         f"{sum(sites.values())} synchronizing calls",
         *(f"{n:6d}  {site}" for site, n in sites.most_common()),
     ]
+    out_path.write_text("\n".join(lines) + "\n")
+
+
+def _call_site(stack: traceback.StackSummary) -> str:
+    """`outside-torch file:line (function) -> innermost file:line` of a synchronizing call."""
+    innermost = stack[-1]
+    outside = [frame for frame in stack if f"{os.sep}torch{os.sep}" not in frame.filename] or [innermost]
+    caller = outside[-1]
+    return (
+        f"{caller.filename}:{caller.lineno} ({caller.name}) -> "
+        f"{Path(innermost.filename).name}:{innermost.lineno} ({innermost.name})"
+    )
+
+
+def compile_report(out_path: Path) -> None:
+    """What torch.compile did in this process: frames compiled, graph breaks and recompilations by reason."""
+    from torch._dynamo.utils import counters
+
+    lines = []
+    for section in ("frames", "stats", "graph_break", "recompiles"):
+        lines.append(f"{section}:")
+        lines += [f"  {count:6d}  {str(key)[:150]}" for key, count in counters[section].most_common(25)]
     out_path.write_text("\n".join(lines) + "\n")
 
 

@@ -97,3 +97,25 @@ def test_gradient_checkpointing_and_frozen_vision(tiny_qwen25: Path) -> None:
         else:
             assert grad is not None and other is not None
             torch.testing.assert_close(other, grad, rtol=1e-4, atol=1e-7)
+
+
+def test_compiled_model_computes_the_same_logprobs_and_gradients(tiny_qwen25: Path) -> None:
+    """`compiled=True` (every decoder layer and vision block compiled, inside its checkpointing, and
+    the logprob chunks) changes no logprob and no gradient."""
+
+    def run(compiled: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        torch.manual_seed(0)
+        actor = load_models(tiny_qwen25, use_reference=False, use_critic=False).actor
+        actor = shard_model(actor, torch.device("cpu"), gradient_checkpointing=True, compiled=compiled)
+        batch = batch_for(actor, tiny_qwen25)
+        logprobs = token_logprobs(actor, batch, 1.0, compiled=compiled).logprobs
+        logprobs.sum().backward()
+        return logprobs.detach(), {name: p.grad for name, p in actor.named_parameters() if p.grad is not None}
+
+    eager_logprobs, eager_grads = run(compiled=False)
+    compiled_logprobs, compiled_grads = run(compiled=True)
+    torch.testing.assert_close(compiled_logprobs, eager_logprobs, rtol=1e-4, atol=1e-5)
+    assert compiled_grads.keys() == eager_grads.keys()
+    assert any(".visual." in f".{name}" and grad.abs().sum() > 0 for name, grad in eager_grads.items())
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-3, atol=1e-5)
