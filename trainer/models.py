@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -43,7 +43,7 @@ def load_lm(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedM
 
 
 def backbone_hidden(
-    backbone: nn.Module,
+    backbone: Any,
     input_ids: torch.Tensor,
     position_ids: torch.Tensor,
     pixel_values: torch.Tensor | None,
@@ -51,7 +51,8 @@ def backbone_hidden(
     bounds: SequenceBounds | None = None,
     image_positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Last hidden states `[T, H]` of one packed row; no cache, so sequence bounds come from row 0.
+    """Last hidden states `[T, H]` of one packed row of an HF Qwen-VL backbone (the `model` of its
+    `…ForConditionalGeneration`); no cache, so sequence bounds come from row 0.
 
     With `bounds`, the image grid on the host and `image_positions` (as `PackedBatch.forward_inputs`
     gives them), the layout reaches the layers and the vision tower precomputed, and neither the
@@ -74,7 +75,7 @@ def backbone_hidden(
 
 
 def _with_image_features(
-    backbone: nn.Module,
+    backbone: Any,
     embeds: torch.Tensor,
     pixel_values: torch.Tensor,
     grid: torch.Tensor,
