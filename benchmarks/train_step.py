@@ -219,8 +219,10 @@ def run(args: argparse.Namespace) -> Figures:
             with record_function(f"region:micro-batch {i} recompute"):
                 score(actor, batch)
 
-    for _ in range(args.warmup):  # compilation, allocator and kernel selection settle here, for an
-        update()  # update after a recompute, after an update, and a recompute after an update
+    # Compilation, allocator and kernel selection settle here, for each order the timed loops run:
+    # an update after a recompute, an update after an update, a recompute after an update.
+    for _ in range(args.warmup):
+        update()
         update()
         recompute()
     update_s = timed(update, device, args.steps)
