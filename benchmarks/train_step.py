@@ -47,6 +47,7 @@ from trainer.models import ActorModel
 from trainer.packing import PackedBatch, SequenceSample, pack_sequences, plan_micro_batches
 from trainer.processor import VLProcessor
 from trainer.tiny_checkpoint import model_config, write_tiny_checkpoint
+from trainer.vision_passes import VisionPasses
 
 TEXT_VOCAB = 150_000
 
@@ -60,6 +61,8 @@ class Figures:
     params_counted: int
     micro_batch_tokens: int
     micro_batches: int
+    vision_group: int
+    uncheckpointed_layers: int
     images_per_seq: int
     attention: str
     compiled: bool
@@ -68,6 +71,7 @@ class Figures:
     recompute_tokens_per_s: float
     recompute_mfu: float
     peak_memory_gib: float
+    alloc_retries: int
 
 
 def qwen25_vl_3b_config() -> Qwen2_5_VLConfig:
@@ -178,7 +182,12 @@ def run(args: argparse.Namespace) -> Figures:
     actor = build_actor(config, device)
     params = counted_params(actor)
     actor = shard_model(
-        actor, device, gradient_checkpointing=True, compiled=args.compile, keep_gathered=args.keep_gathered
+        actor,
+        device,
+        gradient_checkpointing=True,
+        uncheckpointed_layers=args.uncheckpointed_layers,
+        compiled=args.compile,
+        keep_gathered=args.keep_gathered,
     )
     if args.sdpa:
         use_attention(actor, SDPA_ATTENTION)
@@ -201,12 +210,17 @@ def run(args: argparse.Namespace) -> Figures:
     )
 
     def update() -> None:
+        vision = VisionPasses(actor, batches, args.vision_group)
         for i, batch in enumerate(batches):
             set_last_micro_batch(actor, i == len(batches) - 1)
             with record_function(f"region:micro-batch {i} forward"):
-                loss = -(score(actor, batch).logprobs * batch.advantages).sum() / scored
+                loss = -(
+                    score(actor, batch, image_features=vision.features(i)).logprobs * batch.advantages
+                ).sum()
             with record_function(f"region:micro-batch {i} backward"):
-                loss.backward()
+                (loss / scored).backward()
+            with record_function(f"region:micro-batch {i} vision backward"):
+                vision.backward(i)
         with record_function("region:clip"):
             torch.nn.utils.clip_grad_norm_(actor.parameters(), max_norm=1.0)
         with record_function("region:optimizer"):
@@ -215,9 +229,11 @@ def run(args: argparse.Namespace) -> Figures:
 
     @torch.no_grad()
     def recompute() -> None:
+        vision = VisionPasses(actor, batches, args.vision_group)
         for i, batch in enumerate(batches):
             with record_function(f"region:micro-batch {i} recompute"):
-                score(actor, batch)
+                score(actor, batch, image_features=vision.features(i))
+            vision.backward(i)
 
     # Compilation, allocator and kernel selection settle here, for each order the timed loops run:
     # an update after a recompute, an update after an update, a recompute after an update.
@@ -241,6 +257,8 @@ def run(args: argparse.Namespace) -> Figures:
         params_counted=params,
         micro_batch_tokens=args.micro_batch_tokens,
         micro_batches=len(batches),
+        vision_group=args.vision_group,
+        uncheckpointed_layers=args.uncheckpointed_layers,
         images_per_seq=args.images_per_seq,
         attention=actor.config._attn_implementation,
         compiled=args.compile,
@@ -249,6 +267,9 @@ def run(args: argparse.Namespace) -> Figures:
         recompute_tokens_per_s=tokens / recompute_s,
         recompute_mfu=2 * params * tokens / recompute_s / peak,
         peak_memory_gib=memory,
+        alloc_retries=int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
+        if device.type == "cuda"
+        else 0,
     )
 
 
@@ -287,6 +308,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seq-tokens", type=int, default=2048, help="tokens per packed sequence")
     parser.add_argument("--images-per-seq", type=int, default=1)
     parser.add_argument("--image-side", type=int, default=448, help="448 px -> 256 image tokens")
+    parser.add_argument(
+        "--vision-group",
+        type=int,
+        default=4,
+        help="micro-batches per vision-tower pass (the config's train.vision_pass_micro_batches)",
+    )
+    parser.add_argument(
+        "--uncheckpointed-layers",
+        type=int,
+        default=0,
+        help="the last N decoder layers keep their activations (the config's model.uncheckpointed_layers)",
+    )
     parser.add_argument("--chunk-size", type=int, default=2048, help="logprob chunk (rows of logits)")
     parser.add_argument(
         "--compile",

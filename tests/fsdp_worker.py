@@ -27,11 +27,13 @@ from trainer.logprobs import token_logprobs
 from trainer.models import load_actor
 from trainer.packing import SequenceSample, pack_sequences, plan_micro_batches
 from trainer.processor import VLProcessor
+from trainer.vision_passes import VisionPasses
 
 MICRO_BATCH_TOKENS = 128
 TEMPERATURE = 0.9
 ENTROPY_COEF = 0.01
 LR = 1e-3
+VISION_GROUP = 2  # micro-batches per vision-tower pass, as the trainer's `train.vision_pass_micro_batches`
 
 
 def training_samples(processor: VLProcessor) -> list[SequenceSample]:
@@ -58,13 +60,19 @@ def train_step(checkpoint: Path, out_dir: Path) -> None:
     plan = plan_micro_batches([len(s.train_ids) for s in samples], world, MICRO_BATCH_TOKENS)
     scored_tokens = sum(sum(s.loss_mask) for s in samples)
     loss_sum = torch.zeros(())
-    for micro in plan[rank]:
-        batch = pack_sequences([samples[i] for i in micro], processor, actor.model.get_rope_index)
-        scores = token_logprobs(actor, batch, TEMPERATURE, with_entropy=True)
+    batches = [
+        pack_sequences([samples[i] for i in m], processor, actor.model.get_rope_index) for m in plan[rank]
+    ]
+    vision = VisionPasses(actor, batches, VISION_GROUP)
+    for i, batch in enumerate(batches):
+        scores = token_logprobs(
+            actor, batch, TEMPERATURE, with_entropy=True, image_features=vision.features(i)
+        )
         assert scores.entropy is not None
         token_loss = -scores.logprobs * batch.advantages - ENTROPY_COEF * scores.entropy
         loss = (token_loss * batch.loss_mask).sum() / scored_tokens
         (loss * world).backward()  # FSDP averages gradients over ranks; the loss is a global sum
+        vision.backward(i)
         loss_sum += loss.detach()
     grad_norm = torch.nn.utils.clip_grad_norm_(actor.parameters(), max_norm=1e6)
     optimizer.step()
@@ -106,10 +114,12 @@ def keep_gathered_steps(checkpoint: Path, out_dir: Path) -> None:
                 results[f"{keep}/logprobs/{step}"] = token_logprobs(actor, batches[0], TEMPERATURE).logprobs
             if step == 2:
                 break
+            vision = VisionPasses(actor, batches, VISION_GROUP)
             for i, batch in enumerate(batches):
                 set_last_micro_batch(actor, i == len(batches) - 1)
-                scores = token_logprobs(actor, batch, TEMPERATURE)
+                scores = token_logprobs(actor, batch, TEMPERATURE, image_features=vision.features(i))
                 (-(scores.logprobs * batch.advantages).sum()).backward()
+                vision.backward(i)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         results |= {f"{keep}/weights/{k}": v for k, v in full_state_dict(actor).items()}

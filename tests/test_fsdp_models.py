@@ -76,20 +76,31 @@ def test_critic_checkpoint_round_trip(tiny_qwen25: Path, tmp_path: Path) -> None
 
 
 def test_gradient_checkpointing_and_frozen_vision(tiny_qwen25: Path) -> None:
-    """Checkpointing changes no gradient; a frozen vision tower still runs but gets none."""
+    """Checkpointing (all decoder layers but the last) changes no gradient; a frozen vision tower still
+    runs but gets none."""
 
-    def grads(checkpointing: bool, vision_frozen: bool) -> dict[str, torch.Tensor | None]:
+    def grads(
+        checkpointing: bool, vision_frozen: bool, uncheckpointed: int = 0
+    ) -> dict[str, torch.Tensor | None]:
         actor = load_models(tiny_qwen25, use_reference=False, use_critic=False).actor
         actor = shard_model(
-            actor, torch.device("cpu"), gradient_checkpointing=checkpointing, vision_frozen=vision_frozen
+            actor,
+            torch.device("cpu"),
+            gradient_checkpointing=checkpointing,
+            uncheckpointed_layers=uncheckpointed,
+            vision_frozen=vision_frozen,
         )
-        assert all(block.gradient_checkpointing == checkpointing for block in blocks(actor))
+        layers = list(actor.model.language_model.layers)
+        kept = layers[len(layers) - uncheckpointed :] if uncheckpointed else []
+        assert all(
+            block.gradient_checkpointing == (checkpointing and block not in kept) for block in blocks(actor)
+        )
         batch = batch_for(actor, tiny_qwen25)
         (token_logprobs(actor, batch, 1.0).logprobs * batch.advantages).sum().backward()
         return {name: p.grad for name, p in actor.named_parameters()}
 
     plain = grads(checkpointing=False, vision_frozen=False)
-    checkpointed = grads(checkpointing=True, vision_frozen=True)
+    checkpointed = grads(checkpointing=True, vision_frozen=True, uncheckpointed=1)
     for name, grad in plain.items():
         other = checkpointed[name]
         if ".visual." in f".{name}":
@@ -119,3 +130,9 @@ def test_compiled_model_computes_the_same_logprobs_and_gradients(tiny_qwen25: Pa
     assert any(".visual." in f".{name}" and grad.abs().sum() > 0 for name, grad in eager_grads.items())
     for name, grad in eager_grads.items():
         torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-3, atol=1e-5)
+
+
+def test_uncheckpointed_layers_must_exist(tiny_qwen25: Path) -> None:
+    actor = load_models(tiny_qwen25, use_reference=False, use_critic=False).actor
+    with pytest.raises(ValueError, match="uncheckpointed_layers must be in"):
+        shard_model(actor, torch.device("cpu"), gradient_checkpointing=True, uncheckpointed_layers=99)

@@ -44,6 +44,12 @@ class ModelConfig(_Section):
     arch: Literal["auto", "qwen2_5_vl", "qwen3_vl"] = "auto"
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     gradient_checkpointing: bool = True
+    uncheckpointed_layers: int = Field(
+        default=0,
+        ge=0,
+        description="with gradient_checkpointing, the last N decoder layers keep their activations: less "
+        "recompute for more memory (about 1 GB per layer per 8k tokens for a 3B model)",
+    )
     freeze_vision: bool = False
     compile: bool = Field(
         default=False,
@@ -207,6 +213,9 @@ class TrainLoopConfig(_Section):
     global_batch_size: int = Field(default=16, ge=1, description="trajectories per optimizer step")
     micro_batch_tokens: int = Field(
         default=16384, ge=1, description="token budget of one micro-batch per rank"
+    )
+    vision_pass_micro_batches: int = Field(
+        default=4, ge=1, description="consecutive micro-batches whose images share one vision-tower pass"
     )
     seed: int = 0
     save_every: int = Field(default=0, ge=0, description="0: save only at the end")

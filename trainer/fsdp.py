@@ -14,9 +14,11 @@ float32 with SDPA. Without a process group the model stays a plain module.
 With `keep_gathered` (the trainer's choice on one rank, where a shard is the whole model) a unit keeps
 its gathered bf16 parameters from forward to backward and, through `set_last_micro_batch`, from one
 micro-batch to the next: each optimizer step gathers once instead of twice per micro-batch, and the
-last backward frees the copies before the optimizer changes the shards. The two units whose gradient
-reduction cannot overlap with backward compute, the vision tower and the root (last in backward),
-also accumulate their gradients unreduced until the last micro-batch.
+last backward frees the copies before the optimizer changes the shards. The root, whose gradient
+reduction comes last in backward with no compute left to overlap it, also accumulates its gradients
+unreduced until the last micro-batch. The vision tower needs no such care: it runs forward and
+backward once per group of micro-batches (`trainer.vision_passes`), through `encode_images`, which
+`shard_model` registers as a forward of the root.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
 from trainer.attention import VARLEN_ATTENTION, use_attention
 from trainer.models import ActorModel, CriticModel, blocks, enable_gradient_checkpointing, freeze_vision
@@ -90,6 +92,7 @@ def shard_model(
     device: torch.device,
     *,
     gradient_checkpointing: bool = False,
+    uncheckpointed_layers: int = 0,
     vision_frozen: bool = False,
     compiled: bool = False,
     keep_gathered: bool = False,
@@ -103,7 +106,7 @@ def shard_model(
     shards in place).
     """
     if gradient_checkpointing:
-        enable_gradient_checkpointing(module)
+        enable_gradient_checkpointing(module, uncheckpointed_layers)
     if vision_frozen:
         freeze_vision(module)
     if compiled:
@@ -120,6 +123,7 @@ def shard_model(
     for unit in shard_units(module):
         fully_shard(unit, mesh=mesh, mp_policy=unit_policy, reshard_after_forward=reshard)
     fully_shard(module, mesh=mesh, mp_policy=mixed_precision_policy(device), reshard_after_forward=reshard)
+    register_fsdp_forward_method(module, "encode_images")  # a forward of the root: it may run first
     if keep_gathered:
         _KEEP_GATHERED.add(module)
     return module
@@ -134,13 +138,12 @@ def shard_units(module: ActorModel | CriticModel) -> list[nn.Module]:
 
 def set_last_micro_batch(module: nn.Module, last: bool) -> None:
     """Call before each micro-batch's backward: a `keep_gathered` module frees its gathered parameters,
-    and reduces the gradients of its vision tower and root, in the last micro-batch of an optimizer step
-    only. Other modules are left alone."""
+    and reduces the gradients of its root, in the last micro-batch of an optimizer step only. Other
+    modules are left alone."""
     if not (isinstance(module, FSDPModule) and module in _KEEP_GATHERED):
         return
     module.set_reshard_after_backward(last)
-    for unit in (module, cast(ActorModel, module).model.visual):
-        cast(FSDPModule, unit).set_requires_gradient_sync(last, recurse=False)
+    module.set_requires_gradient_sync(last, recurse=False)
 
 
 def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:

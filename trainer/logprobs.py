@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
-from trainer.models import ActorModel
+from trainer.models import ActorModel, ImageFeatures
 from trainer.packing import PackedBatch, SequenceSample, pack_sequences, scored_positions
 from trainer.processor import ImageLike, VLProcessor
 
@@ -47,10 +47,12 @@ def token_logprobs(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     with_entropy: bool = False,
     compiled: bool = False,
+    image_features: ImageFeatures | None = None,
 ) -> TokenScores:
     """Logprob of each token where `mask` (default: `batch.loss_mask`) is 1, given its sequence's prefix.
 
-    `actor` is an `ActorModel`, plain or FSDP-sharded.
+    `actor` is an `ActorModel`, plain or FSDP-sharded. `image_features`: the batch's images already
+    encoded (`trainer.vision_passes`); without them the actor runs its vision tower on the batch's.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -64,15 +66,24 @@ def token_logprobs(
         with_entropy=with_entropy,
         compiled=compiled,
     )
-    scores: TokenScores = actor(**batch.forward_inputs(), index=index, score=score)
+    scores: TokenScores = actor(
+        **batch.forward_inputs(), index=index, score=score, image_features=image_features
+    )
     entropy = _scatter(scores.entropy, index, batch.num_tokens) if scores.entropy is not None else None
     return TokenScores(_scatter(scores.logprobs, index, batch.num_tokens), entropy)
 
 
-def token_values(critic: nn.Module, batch: PackedBatch, *, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """The critic's value of the state before each token where `mask` (default: the loss mask) is 1."""
+def token_values(
+    critic: nn.Module,
+    batch: PackedBatch,
+    *,
+    mask: torch.Tensor | None = None,
+    image_features: ImageFeatures | None = None,
+) -> torch.Tensor:
+    """The critic's value of the state before each token where `mask` (default: the loss mask) is 1;
+    `image_features` as for `token_logprobs`."""
     index = score_index(batch, mask)
-    values: torch.Tensor = critic(**batch.forward_inputs(), index=index)
+    values: torch.Tensor = critic(**batch.forward_inputs(), index=index, image_features=image_features)
     return _scatter(values, index, batch.num_tokens)
 
 

@@ -42,6 +42,42 @@ def load_lm(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedM
     return model
 
 
+@dataclass(frozen=True)
+class ImageFeatures:
+    """What the vision tower hands the language model, one row per image pad token in image order:
+    the merged embeddings `[P, H]`, and Qwen3-VL's deepstack levels (none for Qwen2.5-VL)."""
+
+    embeds: torch.Tensor
+    deepstack: tuple[torch.Tensor, ...] = ()
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor, embeddings first."""
+        return [self.embeds, *self.deepstack]
+
+    def split(self, rows: Sequence[int]) -> list[ImageFeatures]:
+        """Consecutive parts of `rows` rows each (the image tokens of one micro-batch each)."""
+        parts = [t.split(list(rows)) for t in self.tensors]
+        return [ImageFeatures(embeds, tuple(levels)) for embeds, *levels in zip(*parts, strict=True)]
+
+    def detached(self) -> ImageFeatures:
+        """New autograd leaves with the same values, requiring grad when these do: gradients collect on
+        them, and reach the tower when handed back to `torch.autograd.backward`."""
+        grad = self.embeds.requires_grad
+        leaves = [t.detach().requires_grad_(grad) for t in self.tensors]
+        return ImageFeatures(leaves[0], tuple(leaves[1:]))
+
+
+def encode_images(backbone: Any, pixel_values: torch.Tensor, image_grid_thw: Grid) -> ImageFeatures:
+    """The vision tower's features for images of `image_grid_thw`, their layout computed on the host
+    (`trainer.vision_inputs`) so the tower never waits for the GPU."""
+    grid = torch.as_tensor(image_grid_thw, device="cpu")
+    inputs = vision_inputs(backbone.visual, grid, pixel_values.device)
+    features = backbone.get_image_features(pixel_values, grid, return_dict=True, **inputs)
+    deepstack = getattr(features, "deepstack_features", None) or ()
+    return ImageFeatures(torch.cat(features.pooler_output), tuple(torch.cat(level) for level in deepstack))
+
+
 def backbone_hidden(
     backbone: Any,
     input_ids: torch.Tensor,
@@ -50,24 +86,24 @@ def backbone_hidden(
     image_grid_thw: Grid | None,
     bounds: SequenceBounds | None = None,
     image_positions: torch.Tensor | None = None,
+    image_features: ImageFeatures | None = None,
 ) -> torch.Tensor:
     """Last hidden states `[T, H]` of one packed row of an HF Qwen-VL backbone (the `model` of its
     `…ForConditionalGeneration`); no cache, so sequence bounds come from row 0.
 
-    With `bounds`, the image grid on the host and `image_positions` (as `PackedBatch.forward_inputs`
-    gives them), the layout reaches the layers and the vision tower precomputed, and neither the
-    forward nor the backward needs a host-device sync to find it.
+    The images' features are `image_features` when given (encoded beforehand, `trainer.vision_passes`),
+    else the tower runs here on `pixel_values`. With `bounds`, the image grid on the host and
+    `image_positions` (as `PackedBatch.forward_inputs` gives them), the layout reaches the layers and the
+    vision tower precomputed, and neither the forward nor the backward needs a host-device sync to find it.
     """
     kwargs = packed_attention_kwargs(backbone.config, bounds) if bounds is not None else {}
     embeds = backbone.get_input_embeddings()(input_ids)
-    if pixel_values is not None and image_grid_thw is not None:
-        grid = torch.as_tensor(image_grid_thw, device="cpu")
-        kwargs |= vision_inputs(backbone.visual, grid, pixel_values.device)
+    if image_features is None and pixel_values is not None and image_grid_thw is not None:
+        image_features = encode_images(backbone, pixel_values, image_grid_thw)
+    if image_features is not None:
         if image_positions is None:
             image_positions = (input_ids[0] == backbone.config.image_token_id).nonzero().squeeze(-1)
-        embeds, image_kwargs = _with_image_features(
-            backbone, embeds, pixel_values, grid, image_positions, kwargs
-        )
+        embeds, image_kwargs = _with_image_features(embeds, image_features, image_positions)
         kwargs |= image_kwargs
     out = backbone.language_model(inputs_embeds=embeds, position_ids=position_ids, use_cache=False, **kwargs)
     hidden: torch.Tensor = out.last_hidden_state[0]
@@ -75,36 +111,41 @@ def backbone_hidden(
 
 
 def _with_image_features(
-    backbone: Any,
-    embeds: torch.Tensor,
-    pixel_values: torch.Tensor,
-    grid: torch.Tensor,
-    positions: torch.Tensor,
-    kwargs: dict[str, object],
+    embeds: torch.Tensor, features: ImageFeatures, positions: torch.Tensor
 ) -> tuple[torch.Tensor, dict[str, object]]:
-    """Token embeddings `[1, T, H]` with the vision tower's features written at the image pads'
-    `positions`, and the text model's extra inputs (Qwen3-VL's deepstack features).
+    """Token embeddings `[1, T, H]` with the image features written at the image pads' `positions`,
+    and the text model's extra inputs (Qwen3-VL's deepstack features).
 
     HF's own forward writes them with `masked_scatter`, whose backward has to ask the GPU how many
     positions the mask holds; `index_copy` with host-known positions does not.
     """
-    features = backbone.get_image_features(pixel_values, grid, return_dict=True, **kwargs)
-    image_embeds = torch.cat(features.pooler_output).to(embeds.dtype)
-    if image_embeds.shape[0] != positions.numel():
-        raise ValueError(f"{positions.numel()} image pad tokens but {image_embeds.shape[0]} image features")
-    embeds = embeds.index_copy(1, positions, image_embeds[None])
-    deepstack = getattr(features, "deepstack_features", None)
-    if not deepstack:
+    if features.embeds.shape[0] != positions.numel():
+        raise ValueError(
+            f"{positions.numel()} image pad tokens but {features.embeds.shape[0]} image features"
+        )
+    embeds = embeds.index_copy(1, positions, features.embeds.to(embeds.dtype)[None])
+    if not features.deepstack:
         return embeds, {}
     return embeds, {
         "visual_pos_masks": torch.zeros(embeds.shape[:2], dtype=torch.bool, device=embeds.device).index_fill(
             1, positions, True
         ),
-        "deepstack_visual_embeds": [torch.cat(level).to(embeds.dtype) for level in deepstack],
+        "deepstack_visual_embeds": [level.to(embeds.dtype) for level in features.deepstack],
     }
 
 
-class ActorModel(nn.Module):
+class _VLModel(nn.Module):
+    """What the actor and the critic share: the HF VL backbone under `model`, and its vision tower."""
+
+    model: Any
+
+    def encode_images(self, pixel_values: torch.Tensor, image_grid_thw: Grid) -> ImageFeatures:
+        """The vision tower's features for these images (`encode_images`), to hand to `forward` later;
+        FSDP runs it as a forward (`shard_model` registers it)."""
+        return encode_images(self.model, pixel_values, image_grid_thw)
+
+
+class ActorModel(_VLModel):
     """The policy: VL backbone + `lm_head`, scoring chosen tokens from their prefixes."""
 
     def __init__(self, backbone: PreTrainedModel, lm_head: nn.Linear, config: PretrainedConfig) -> None:
@@ -128,15 +169,23 @@ class ActorModel(nn.Module):
         score: HeadScore[Scored],
         bounds: SequenceBounds | None = None,
         image_positions: torch.Tensor | None = None,
+        image_features: ImageFeatures | None = None,
     ) -> Scored:
         """`score(lm_head, hidden[index - 1], input_ids[index])`: position i-1 predicts token i."""
         hidden = backbone_hidden(
-            self.model, input_ids, position_ids, pixel_values, image_grid_thw, bounds, image_positions
+            self.model,
+            input_ids,
+            position_ids,
+            pixel_values,
+            image_grid_thw,
+            bounds,
+            image_positions,
+            image_features,
         )
         return score(self.lm_head, hidden[index - 1], input_ids[0, index])
 
 
-class CriticModel(nn.Module):
+class CriticModel(_VLModel):
     """The value model: VL backbone + a scalar `value_head` (zero-initialised, so every rank agrees)."""
 
     def __init__(self, backbone: PreTrainedModel, config: PretrainedConfig) -> None:
@@ -157,10 +206,18 @@ class CriticModel(nn.Module):
         index: torch.Tensor,
         bounds: SequenceBounds | None = None,
         image_positions: torch.Tensor | None = None,
+        image_features: ImageFeatures | None = None,
     ) -> torch.Tensor:
         """Float32 values `[K]` of the states before tokens `index` (read at positions `index - 1`)."""
         hidden = backbone_hidden(
-            self.model, input_ids, position_ids, pixel_values, image_grid_thw, bounds, image_positions
+            self.model,
+            input_ids,
+            position_ids,
+            pixel_values,
+            image_grid_thw,
+            bounds,
+            image_positions,
+            image_features,
         )
         values: torch.Tensor = self.value_head(hidden[index - 1]).squeeze(-1).float()
         return values
@@ -241,11 +298,17 @@ def freeze_vision(module: ActorModel | CriticModel) -> None:
     module.model.visual.requires_grad_(False)
 
 
-def enable_gradient_checkpointing(module: ActorModel | CriticModel) -> None:
-    """Recompute each layer's activations in backward (non-reentrant, which composes with FSDP2)."""
+def enable_gradient_checkpointing(module: ActorModel | CriticModel, uncheckpointed_layers: int = 0) -> None:
+    """Recompute each layer's activations in backward (non-reentrant, which composes with FSDP2), except
+    in the last `uncheckpointed_layers` decoder layers, which keep theirs: less recompute, more memory."""
     backbone = module.model
     # transformers 5.2x renamed the method; the options dict is the first argument of both.
     enable = (
         getattr(backbone, "activation_checkpointing_enable", None) or backbone.gradient_checkpointing_enable
     )
     enable({"use_reentrant": False})
+    layers = backbone.language_model.layers
+    if not 0 <= uncheckpointed_layers <= len(layers):
+        raise ValueError(f"uncheckpointed_layers must be in [0, {len(layers)}], got {uncheckpointed_layers}")
+    for layer in layers[len(layers) - uncheckpointed_layers :]:
+        layer.gradient_checkpointing = False

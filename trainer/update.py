@@ -15,6 +15,9 @@ TRUNCATED with at least one generated token) in episode-id order, and
    (losses normalised by the mini-batch's token or sequence count, times the world size because
    FSDP averages gradients over ranks), clipping to `optim.grad_clip`.
 
+The vision tower runs once per `train.vision_pass_micro_batches` micro-batches (`VisionPasses`), in
+the recompute and in the update.
+
 Metrics come back reduced over ranks, token-weighted.
 """
 
@@ -34,9 +37,10 @@ from trainer.config import TrainConfig
 from trainer.fsdp import is_distributed, set_last_micro_batch, shard_model
 from trainer.logprobs import token_logprobs, token_values
 from trainer.losses import actor_loss, masked_sum, value_loss
-from trainer.models import Models
+from trainer.models import ImageFeatures, Models
 from trainer.packing import PackedBatch, SequenceSample, host_to_device, pack_sequences, plan_micro_batches
 from trainer.processor import VLProcessor
+from trainer.vision_passes import VisionPasses
 
 __all__ = ["SEED_STRIDE", "USABLE", "PolicyTrainer", "updates_per_step"]
 
@@ -135,8 +139,9 @@ class PolicyTrainer:
         self.device = device
         self.rank = dist.get_rank() if is_distributed() else 0
         self.world = dist.get_world_size() if is_distributed() else 1
-        trained = {
+        trained: dict[str, Any] = {
             "gradient_checkpointing": cfg.model.gradient_checkpointing,
+            "uncheckpointed_layers": cfg.model.uncheckpointed_layers,
             "compiled": cfg.model.compile,
             "keep_gathered": self.world == 1,  # one rank: a shard is the whole model, gathering is pure cost
         }
@@ -232,20 +237,34 @@ class PolicyTrainer:
     def _recompute(self, micros: list[_Micro], rows: list[_Row], sums: _Sums) -> None:
         """Old (and reference) logprobs and old values of every micro-batch; the rollout mismatch metric."""
         temperature, compiled = self.cfg.rollout.rollout_temperature, self.cfg.model.compile
-        for micro in micros:
-            micro.old_logp = token_logprobs(self.actor, micro.batch, temperature, compiled=compiled).logprobs
-            if self.reference is not None:
+        batches = [micro.batch for micro in micros]
+        group = self.cfg.train.vision_pass_micro_batches
+        actor = VisionPasses(self.actor, batches, group)
+        reference = VisionPasses(self.reference, batches, group) if self.reference is not None else None
+        critic = VisionPasses(self.critic, batches, group) if self.critic is not None else None
+        for i, micro in enumerate(micros):
+            micro.old_logp = token_logprobs(
+                self.actor, micro.batch, temperature, compiled=compiled, image_features=actor.features(i)
+            ).logprobs
+            if reference is not None:
                 micro.ref_logp = token_logprobs(
-                    self.reference, micro.batch, temperature, compiled=compiled
+                    reference.model,
+                    micro.batch,
+                    temperature,
+                    compiled=compiled,
+                    image_features=reference.features(i),
                 ).logprobs
-            if self.critic is not None:
-                micro.values = token_values(self.critic, micro.batch)
+            if critic is not None:
+                micro.values = token_values(critic.model, micro.batch, image_features=critic.features(i))
             mask = micro.batch.loss_mask
             tokens = mask.sum()
             diff = masked_sum((micro.old_logp - micro.batch.rollout_logprobs).abs(), mask) / tokens.clamp(
                 min=1
             )
             sums.add({"logprob_abs_diff": diff}, tokens)
+            for passes in (actor, reference, critic):
+                if passes is not None:
+                    passes.backward(i)  # frees a finished group's features (nothing to backpropagate)
 
     def _advantages(self, rows: list[_Row], micros: list[_Micro]) -> None:
         """Advantages over all usable trajectories (values known only for this rank's rows, which are
@@ -289,52 +308,19 @@ class PolicyTrainer:
         self.actor_optimizer.zero_grad(set_to_none=True)
         if self.critic_optimizer is not None:
             self.critic_optimizer.zero_grad(set_to_none=True)
+        batches = [micro.batch for micro in micros]
+        group = self.cfg.train.vision_pass_micro_batches
+        actor_vision = VisionPasses(self.actor, batches, group)
+        critic_vision = VisionPasses(self.critic, batches, group) if self.critic is not None else None
         for i, micro in enumerate(micros):
-            batch = micro.batch
             last = i == len(micros) - 1
-            for model in (self.actor, self.critic):
-                if model is not None:
-                    set_last_micro_batch(model, last)
-            scores = token_logprobs(
-                self.actor,
-                batch,
-                self.cfg.rollout.rollout_temperature,
-                with_entropy=True,
-                compiled=self.cfg.model.compile,
-            )
-            if not micro.rows:
-                (scores.logprobs.sum() * 0.0).backward()
-                continue
-            pad = batch.to_padded
-            mask = pad(batch.loss_mask)
-            assert micro.old_logp is not None and micro.advantages is not None and scores.entropy is not None
-            loss, metrics = actor_loss(
-                pad(scores.logprobs),
-                pad(micro.old_logp),
-                pad(micro.advantages),
-                mask,
-                algo,
-                ref_logp=pad(micro.ref_logp) if micro.ref_logp is not None else None,
-                entropy=pad(scores.entropy),
-                rollout_logp=pad(batch.rollout_logprobs),
-                denominator=denominator,
-            )
-            (loss * self.world).backward()
-            sums.add({k: v for k, v in metrics.items() if k != "loss"}, mask.sum())
-            if self.critic is not None:
-                assert micro.values is not None and micro.returns is not None
-                values = token_values(self.critic, batch)
-                critic_loss, critic_metrics = value_loss(
-                    pad(values),
-                    pad(micro.values),
-                    pad(micro.returns),
-                    mask,
-                    clip=algo.value_clip,
-                    loss_agg_mode=algo.loss_agg_mode,
-                    denominator=denominator,
-                )
-                (critic_loss * self.world).backward()
-                sums.add(critic_metrics, mask.sum())
+            set_last_micro_batch(self.actor, last)
+            self._actor_backward(micro, actor_vision.features(i), denominator, sums)
+            actor_vision.backward(i)
+            if critic_vision is not None:
+                set_last_micro_batch(critic_vision.model, last)
+                self._critic_backward(micro, critic_vision.features(i), denominator, sums)
+                critic_vision.backward(i)
         norm = _clip(self.actor.parameters(), self.cfg.optim.grad_clip)
         self.actor_optimizer.step()
         if self.critic is not None and self.critic_optimizer is not None:
@@ -343,6 +329,65 @@ class PolicyTrainer:
             self.critic_optimizer.step()
         self.optimizer_steps += 1
         return norm
+
+    def _actor_backward(
+        self, micro: _Micro, features: ImageFeatures | None, denominator: float, sums: _Sums
+    ) -> None:
+        """The actor's loss on one micro-batch, backpropagated (a zero loss on a rank's empty bin, whose
+        forward and backward still have to join the other ranks' collectives)."""
+        batch, algo = micro.batch, self.cfg.algo
+        scores = token_logprobs(
+            self.actor,
+            batch,
+            self.cfg.rollout.rollout_temperature,
+            with_entropy=True,
+            compiled=self.cfg.model.compile,
+            image_features=features,
+        )
+        if not micro.rows:
+            (scores.logprobs.sum() * 0.0).backward()
+            return
+        pad = batch.to_padded
+        mask = pad(batch.loss_mask)
+        assert micro.old_logp is not None and micro.advantages is not None and scores.entropy is not None
+        loss, metrics = actor_loss(
+            pad(scores.logprobs),
+            pad(micro.old_logp),
+            pad(micro.advantages),
+            mask,
+            algo,
+            ref_logp=pad(micro.ref_logp) if micro.ref_logp is not None else None,
+            entropy=pad(scores.entropy),
+            rollout_logp=pad(batch.rollout_logprobs),
+            denominator=denominator,
+        )
+        (loss * self.world).backward()
+        sums.add({k: v for k, v in metrics.items() if k != "loss"}, mask.sum())
+
+    def _critic_backward(
+        self, micro: _Micro, features: ImageFeatures | None, denominator: float, sums: _Sums
+    ) -> None:
+        """The critic's value loss on one micro-batch, backpropagated (zero on an empty bin, as above)."""
+        assert self.critic is not None
+        batch = micro.batch
+        values = token_values(self.critic, batch, image_features=features)
+        if not micro.rows:
+            (values.sum() * 0.0).backward()
+            return
+        assert micro.values is not None and micro.returns is not None
+        pad = batch.to_padded
+        mask = pad(batch.loss_mask)
+        critic_loss, critic_metrics = value_loss(
+            pad(values),
+            pad(micro.values),
+            pad(micro.returns),
+            mask,
+            clip=self.cfg.algo.value_clip,
+            loss_agg_mode=self.cfg.algo.loss_agg_mode,
+            denominator=denominator,
+        )
+        (critic_loss * self.world).backward()
+        sums.add(critic_metrics, mask.sum())
 
     def _set_lr(self) -> None:
         """Linear warmup over `optim.warmup_steps` optimizer steps, then constant."""
