@@ -76,6 +76,7 @@ class VisionPasses:
             return
         pixel_values = torch.cat([cast(torch.Tensor, batches[i].pixel_values) for i in images])
         grid = torch.cat([cast(torch.Tensor, batches[i].image_grid_thw) for i in images])
+        # Host ints, as `PackedBatch.forward_inputs` sends the grid: FSDP would move a tensor to the GPU.
         encoded: ImageFeatures = self.model.encode_images(pixel_values, grid.tolist())
         parts = encoded.split([batches[i].image_positions.numel() for i in images])
         for i, part in zip(images, parts, strict=True):
