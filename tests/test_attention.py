@@ -33,15 +33,18 @@ def reference_varlen_attn(
     *,
     scale: float | None = None,
     window_size: tuple[int, int] = (-1, -1),
+    enable_gqa: bool = False,
 ) -> torch.Tensor:
-    """torch's `varlen_attn` computed one sequence at a time with SDPA: a CPU stand-in for the CUDA kernel."""
+    """torch's `varlen_attn` computed one sequence at a time with SDPA: a CPU stand-in for the CUDA kernel,
+    which shares each kv head among its group of query heads."""
     assert torch.equal(cu_q, cu_k) and max_q == max_k == int(cu_q.diff().max())
+    assert enable_gqa == bool(attention._GQA)  # the flag goes with every call, where torch has it
     out = torch.empty_like(q)
     for start, end in itertools.pairwise(cu_q.tolist()):
         heads_first = [x[start:end].transpose(0, 1) for x in (q, k, v)]
         causal = window_size == (-1, 0)
         out[start:end] = F.scaled_dot_product_attention(
-            *heads_first, is_causal=causal, scale=scale
+            *heads_first, is_causal=causal, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
         ).transpose(0, 1)
     return out
 

@@ -12,7 +12,8 @@ layer where the row's text positions restart at 0.
 
 from __future__ import annotations
 
-from typing import NamedTuple, cast
+import inspect
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import nn
@@ -21,6 +22,12 @@ from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 
 VARLEN_ATTENTION = "flash_varlen_torch"
 SDPA_ATTENTION = "sdpa"
+
+_GQA: dict[str, Any] = (
+    {"enable_gqa": True} if "enable_gqa" in inspect.signature(varlen_attn).parameters else {}
+)
+"""Grouped kv heads go to the kernel as they are (FlashAttention shares each among its query heads): torch
+2.13 asks for the flag, torch 2.11 has none and takes them without it."""
 
 
 class SequenceBounds(NamedTuple):
@@ -86,8 +93,6 @@ def varlen_attention(
         else:
             cu_seq_lens_q, max_length_q = sequence_bounds(position_ids, batch, length, query.device)
     q, k, v = (x.transpose(1, 2).reshape(batch * length, -1, dim) for x in (query, key, value))
-    if (groups := heads // k.shape[1]) > 1:  # grouped-query attention: each kv head serves `groups` heads
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     causal = bool(getattr(module, "is_causal", False)) if is_causal is None else is_causal
     cu_seqlens = cu_seq_lens_q.int()
     out = varlen_attn(  # a plain tensor: no auxiliary outputs are requested
@@ -100,6 +105,7 @@ def varlen_attention(
         max_length_q,
         scale=scaling,
         window_size=(-1, 0) if causal else (-1, -1),
+        **_GQA,
     )
     return cast(torch.Tensor, out).view(batch, length, heads, dim), None
 
