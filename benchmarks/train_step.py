@@ -6,9 +6,10 @@
     .venv/bin/python -m benchmarks.train_step --profile out/   # also write torch.profiler tables to out/
 
 The trainer's own path: `shard_model` (FSDP2 over a one-rank group, fp32 master weights gathered as
-bf16, fp32 gradient reduction), gradient checkpointing per decoder layer and vision block, varlen
-FlashAttention on GPU (`--sdpa` runs HF's SDPA path instead, as the CPU does), packed micro-batches
-of `--micro-batch-tokens` with 4-row position ids, chunked logprobs at response tokens, fused AdamW.
+bf16, fp32 gradient reduction), gradient checkpointing of each vision block and of each decoder
+layer's MLP (`--checkpoint-scope layer`: the whole layer), varlen FlashAttention on GPU (`--sdpa`
+runs HF's SDPA path instead, as the CPU does), packed micro-batches of `--micro-batch-tokens` with
+4-row position ids, chunked logprobs at response tokens, fused AdamW.
 One step = forward + backward over `--micro-batches` micro-batches, then clip + AdamW. Recompute =
 the same micro-batches under `torch.no_grad`.
 
@@ -63,6 +64,7 @@ class Figures:
     micro_batches: int
     vision_group: int
     uncheckpointed_layers: int
+    checkpoint_scope: str
     images_per_seq: int
     attention: str
     compiled: bool
@@ -186,6 +188,7 @@ def run(args: argparse.Namespace) -> Figures:
         device,
         gradient_checkpointing=True,
         uncheckpointed_layers=args.uncheckpointed_layers,
+        checkpoint_scope=args.checkpoint_scope,
         compiled=args.compile,
         keep_gathered=args.keep_gathered,
     )
@@ -259,6 +262,7 @@ def run(args: argparse.Namespace) -> Figures:
         micro_batches=len(batches),
         vision_group=args.vision_group,
         uncheckpointed_layers=args.uncheckpointed_layers,
+        checkpoint_scope=args.checkpoint_scope,
         images_per_seq=args.images_per_seq,
         attention=actor.config._attn_implementation,
         compiled=args.compile,
@@ -319,6 +323,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=0,
         help="the last N decoder layers keep their activations (the config's model.uncheckpointed_layers)",
+    )
+    parser.add_argument(
+        "--checkpoint-scope",
+        choices=["layer", "mlp"],
+        default="mlp",
+        help="what a checkpointed decoder layer recomputes (the config's model.checkpoint_scope; the GPU "
+        "config's choice)",
     )
     parser.add_argument("--chunk-size", type=int, default=2048, help="logprob chunk (rows of logits)")
     parser.add_argument(

@@ -110,14 +110,57 @@ def test_gradient_checkpointing_and_frozen_vision(tiny_qwen25: Path) -> None:
             torch.testing.assert_close(other, grad, rtol=1e-4, atol=1e-7)
 
 
-def test_compiled_model_computes_the_same_logprobs_and_gradients(tiny_qwen25: Path) -> None:
-    """`compiled=True` (every decoder layer and vision block compiled, inside its checkpointing, and
-    the logprob chunks) changes no logprob and no gradient."""
+@pytest.mark.parametrize("arch", ARCHS)
+def test_mlp_checkpoint_scope_recomputes_only_the_mlp(tiny_checkpoints: dict[str, Path], arch: str) -> None:
+    """With `checkpoint_scope="mlp"` backward runs each checkpointed decoder layer's MLP again but not its
+    attention (the last layer, uncheckpointed, runs nothing again), and every gradient is unchanged."""
+    path = tiny_checkpoints[arch]
+
+    def run(scope: str | None) -> tuple[list[tuple[int, int]], dict[str, torch.Tensor]]:
+        actor = load_models(path, use_reference=False, use_critic=False).actor
+        actor = shard_model(
+            actor,
+            torch.device("cpu"),
+            gradient_checkpointing=scope is not None,
+            uncheckpointed_layers=1 if scope is not None else 0,
+            checkpoint_scope=scope or "layer",
+        )
+        layers = list(actor.model.language_model.layers)
+        calls = [[0, 0] for _ in layers]
+        for count, layer in zip(calls, layers, strict=True):
+            for slot, projection in enumerate((layer.self_attn.q_proj, layer.mlp.gate_proj)):
+                projection.register_forward_hook(lambda *_, c=count, i=slot: c.__setitem__(i, c[i] + 1))
+        batch = batch_for(actor, path)
+        (token_logprobs(actor, batch, 1.0).logprobs * batch.advantages).sum().backward()
+        grads = {name: p.grad for name, p in actor.named_parameters() if p.grad is not None}
+        return [(attention, mlp) for attention, mlp in calls], grads
+
+    plain_calls, plain = run(None)
+    layer_calls, _ = run("layer")
+    mlp_calls, scoped = run("mlp")
+    assert plain_calls == [(1, 1)] * len(plain_calls)
+    assert layer_calls == [(2, 2)] * (len(plain_calls) - 1) + [(1, 1)]
+    assert mlp_calls == [(1, 2)] * (len(plain_calls) - 1) + [(1, 1)]
+    assert scoped.keys() == plain.keys()
+    for name, grad in plain.items():
+        torch.testing.assert_close(scoped[name], grad, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("scope", ["layer", "mlp"])
+def test_compiled_model_computes_the_same_logprobs_and_gradients(tiny_qwen25: Path, scope: str) -> None:
+    """`compiled=True` (every decoder layer and vision block compiled, inside its layer checkpointing
+    or around its MLP checkpointing, and the logprob chunks) changes no logprob and no gradient."""
 
     def run(compiled: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         torch.manual_seed(0)
         actor = load_models(tiny_qwen25, use_reference=False, use_critic=False).actor
-        actor = shard_model(actor, torch.device("cpu"), gradient_checkpointing=True, compiled=compiled)
+        actor = shard_model(
+            actor,
+            torch.device("cpu"),
+            gradient_checkpointing=True,
+            checkpoint_scope=scope,  # type: ignore[arg-type]
+            compiled=compiled,
+        )
         batch = batch_for(actor, tiny_qwen25)
         logprobs = token_logprobs(actor, batch, 1.0, compiled=compiled).logprobs
         logprobs.sum().backward()
@@ -132,7 +175,9 @@ def test_compiled_model_computes_the_same_logprobs_and_gradients(tiny_qwen25: Pa
         torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-3, atol=1e-5)
 
 
-def test_uncheckpointed_layers_must_exist(tiny_qwen25: Path) -> None:
+def test_uncheckpointed_layers_and_scope_must_exist(tiny_qwen25: Path) -> None:
     actor = load_models(tiny_qwen25, use_reference=False, use_critic=False).actor
     with pytest.raises(ValueError, match="uncheckpointed_layers must be in"):
         shard_model(actor, torch.device("cpu"), gradient_checkpointing=True, uncheckpointed_layers=99)
+    with pytest.raises(ValueError, match="checkpoint scope must be 'layer' or 'mlp'"):
+        shard_model(actor, torch.device("cpu"), gradient_checkpointing=True, checkpoint_scope="block")  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ import torch
 
 from tests.vl_samples import make_sample
 from trainer.logprobs import token_logprobs, token_values
-from trainer.models import ActorModel, CriticModel, ImageFeatures, load_actor, load_critic
+from trainer.models import ActorModel, CriticModel, ImageFeatures, encode_images, load_actor, load_critic
 from trainer.packing import PackedBatch, pack_sequences
 from trainer.processor import VLProcessor
 from trainer.tiny_checkpoint import ARCHS
@@ -118,3 +118,29 @@ def test_features_must_match_the_image_pads(tiny_qwen25: Path) -> None:
     short = ImageFeatures(features.embeds[:-1])
     with pytest.raises(ValueError, match="image pad tokens but"):
         actor_loss(actor, batches[0], short)
+
+
+def test_image_features_come_joined_or_per_image(tiny_checkpoints: dict[str, Path]) -> None:
+    """Transformers versions hand the tower's rows back one tensor per image or already joined (5.17's
+    Qwen3-VL deepstack levels); `encode_images` gives the same features either way."""
+    path = tiny_checkpoints["qwen3_vl"]
+    backbone = load_actor(path).model
+    batch = micro_batches(load_actor(path), path)[0]
+    assert batch.pixel_values is not None
+    per_image = encode_images(backbone, batch.pixel_values, batch.image_grid_thw)
+    original = backbone.get_image_features
+
+    def join(rows: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+        return rows if isinstance(rows, torch.Tensor) else torch.cat(rows)
+
+    def joined(*args: object, **kwargs: object) -> object:
+        out = original(*args, **kwargs)
+        out.pooler_output = join(out.pooler_output)
+        out.deepstack_features = [join(level) for level in out.deepstack_features]
+        return out
+
+    backbone.get_image_features = joined
+    together = encode_images(backbone, batch.pixel_values, batch.image_grid_thw)
+    assert len(together.tensors) == len(per_image.tensors) > 1
+    for a, b in zip(together.tensors, per_image.tensors, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -35,8 +35,9 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
+from trainer.activation_checkpointing import CheckpointScope, enable_gradient_checkpointing
 from trainer.attention import VARLEN_ATTENTION, use_attention
-from trainer.models import ActorModel, CriticModel, blocks, enable_gradient_checkpointing, freeze_vision
+from trainer.models import ActorModel, CriticModel, blocks, freeze_vision
 from trainer.vision_mlp import align_gated_mlps
 
 DEFAULT_TIMEOUT = timedelta(minutes=10)
@@ -93,20 +94,24 @@ def shard_model(
     *,
     gradient_checkpointing: bool = False,
     uncheckpointed_layers: int = 0,
+    checkpoint_scope: CheckpointScope = "layer",
     vision_frozen: bool = False,
     compiled: bool = False,
     keep_gathered: bool = False,
 ) -> Model:
-    """Prepare `module` for training on `device`: optional checkpointing, frozen vision and compiled
-    blocks (`torch.compile` per layer and block), then FSDP2.
+    """Prepare `module` for training on `device`: optional checkpointing (`trainer.activation_checkpointing`),
+    frozen vision and compiled blocks (`torch.compile` per layer and block), then FSDP2.
 
     Shards only when a process group exists; otherwise the module is returned on `device` unchanged
     in dtype. Sharded on GPU, it computes in bf16 with varlen FlashAttention and aligned MLP widths
     (`trainer.vision_mlp`). `keep_gathered`: see the module docstring. Returns the same object (FSDP2
     shards in place).
     """
+    if is_distributed() and device.type == "cuda":
+        use_attention(module, VARLEN_ATTENTION)
+        align_gated_mlps(module)  # before checkpointing, which may subclass the MLPs again
     if gradient_checkpointing:
-        enable_gradient_checkpointing(module, uncheckpointed_layers)
+        enable_gradient_checkpointing(module, uncheckpointed_layers, checkpoint_scope)
     if vision_frozen:
         freeze_vision(module)
     if compiled:
@@ -114,9 +119,6 @@ def shard_model(
             block.compile()
     if not is_distributed():
         return module.to(device)
-    if device.type == "cuda":
-        use_attention(module, VARLEN_ATTENTION)
-        align_gated_mlps(module)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     unit_policy = mixed_precision_policy(device, cast_inputs=False)
     reshard = not keep_gathered

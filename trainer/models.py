@@ -75,7 +75,13 @@ def encode_images(backbone: Any, pixel_values: torch.Tensor, image_grid_thw: Gri
     inputs = vision_inputs(backbone.visual, grid, pixel_values.device)
     features = backbone.get_image_features(pixel_values, grid, return_dict=True, **inputs)
     deepstack = getattr(features, "deepstack_features", None) or ()
-    return ImageFeatures(torch.cat(features.pooler_output), tuple(torch.cat(level) for level in deepstack))
+    return ImageFeatures(_rows(features.pooler_output), tuple(_rows(level) for level in deepstack))
+
+
+def _rows(per_image: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
+    """Every image's feature rows in one tensor: transformers versions return them joined (5.17's
+    Qwen3-VL deepstack levels) or one tensor per image."""
+    return per_image if isinstance(per_image, torch.Tensor) else torch.cat(list(per_image))
 
 
 def backbone_hidden(
@@ -298,17 +304,17 @@ def freeze_vision(module: ActorModel | CriticModel) -> None:
     module.model.visual.requires_grad_(False)
 
 
-def enable_gradient_checkpointing(module: ActorModel | CriticModel, uncheckpointed_layers: int = 0) -> None:
-    """Recompute each layer's activations in backward (non-reentrant, which composes with FSDP2), except
-    in the last `uncheckpointed_layers` decoder layers, which keep theirs: less recompute, more memory."""
-    backbone = module.model
-    # transformers 5.2x renamed the method; the options dict is the first argument of both.
-    enable = (
-        getattr(backbone, "activation_checkpointing_enable", None) or backbone.gradient_checkpointing_enable
-    )
-    enable({"use_reentrant": False})
-    layers = backbone.language_model.layers
-    if not 0 <= uncheckpointed_layers <= len(layers):
-        raise ValueError(f"uncheckpointed_layers must be in [0, {len(layers)}], got {uncheckpointed_layers}")
-    for layer in layers[len(layers) - uncheckpointed_layers :]:
-        layer.gradient_checkpointing = False
+_MIXED: dict[tuple[type[nn.Module], type[nn.Module]], type[nn.Module]] = {}
+
+
+def with_mixin(module: nn.Module, mixin: type[nn.Module]) -> None:
+    """Change `module`'s class to one subclass of it with `mixin` first, made once per class pair, so
+    `mixin.forward` runs (and reaches the original through `super()`). Names, parameters and state
+    dict stay as they are. A class, not a per-instance `forward`: `torch.compile` guards on a module's
+    `forward` object, and one bound forward per layer makes every layer recompile."""
+    base = type(module)
+    if issubclass(base, mixin):
+        return
+    if (base, mixin) not in _MIXED:
+        _MIXED[base, mixin] = type(f"{mixin.__name__}_{base.__name__}", (mixin, base), {})
+    module.__class__ = _MIXED[base, mixin]

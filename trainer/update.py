@@ -142,6 +142,7 @@ class PolicyTrainer:
         trained: dict[str, Any] = {
             "gradient_checkpointing": cfg.model.gradient_checkpointing,
             "uncheckpointed_layers": cfg.model.uncheckpointed_layers,
+            "checkpoint_scope": cfg.model.checkpoint_scope,
             "compiled": cfg.model.compile,
             "keep_gathered": self.world == 1,  # one rank: a shard is the whole model, gathering is pure cost
         }

@@ -7,9 +7,9 @@ weights padded with zeros to the next multiple of 8. The padded units get zero p
 output silu(0)·0 = 0 and receive zero gradients: the result, the gradients and the parameters (names,
 shapes, values) are unchanged.
 
-The change is a class swap, to one padded subclass per MLP class, rather than a per-instance `forward`:
-`torch.compile` guards on a module's `forward` object, and 32 different bound forwards made every vision
-block recompile until the recompile limit sent the rest to eager mode.
+The change is a class swap, to one padded subclass per MLP class (`models.with_mixin`), rather than a
+per-instance `forward`: `torch.compile` guards on a module's `forward` object, and 32 different bound
+forwards made every vision block recompile until the recompile limit sent the rest to eager mode.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from trainer.models import with_mixin
 
 ALIGN = 8
 """bf16 elements in 16 bytes."""
@@ -31,7 +33,7 @@ def align_gated_mlps(model: nn.Module) -> int:
         if not all(isinstance(p, nn.Linear) for p in projections):
             continue
         if projections[0].out_features % ALIGN and not isinstance(module, PaddedGatedMLP):  # type: ignore[union-attr]
-            module.__class__ = padded_class(type(module))
+            with_mixin(module, PaddedGatedMLP)
             changed += 1
     return changed
 
@@ -50,16 +52,6 @@ class PaddedGatedMLP(nn.Module):
         up = _padded_linear(hidden, self.up_proj, pad)
         down = self.down_proj
         return F.linear(self.act_fn(gate) * up, F.pad(down.weight, (0, pad)), down.bias)
-
-
-_PADDED_CLASSES: dict[type[nn.Module], type[nn.Module]] = {}
-
-
-def padded_class(mlp_class: type[nn.Module]) -> type[nn.Module]:
-    """The subclass of `mlp_class` whose forward is `PaddedGatedMLP.forward`, made once per class."""
-    if mlp_class not in _PADDED_CLASSES:
-        _PADDED_CLASSES[mlp_class] = type(f"Padded{mlp_class.__name__}", (PaddedGatedMLP, mlp_class), {})
-    return _PADDED_CLASSES[mlp_class]
 
 
 def _padded_linear(hidden: torch.Tensor, linear: nn.Linear, pad: int) -> torch.Tensor:
