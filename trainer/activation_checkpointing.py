@@ -52,8 +52,9 @@ def enable_gradient_checkpointing(
     )
     enable({"use_reentrant": False})
     checkpointed = len(layers) - uncheckpointed_layers
-    for index, layer in enumerate(layers):
-        if index >= checkpointed or scope == "mlp":
+    for layer in layers[checkpointed:]:
+        layer.gradient_checkpointing = False
+    if scope == "mlp":
+        for layer in layers[:checkpointed]:
             layer.gradient_checkpointing = False
-        if index < checkpointed and scope == "mlp":
             with_mixin(layer.mlp, CheckpointedMLP)
