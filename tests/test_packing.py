@@ -66,7 +66,12 @@ def test_omitting_text_positions_leaks_attention(arch_setup: tuple[ActorModel, V
     with torch.no_grad():
         right = token_logprobs(actor, batch, TEMPERATURE).logprobs[index]
         leaky = actor(
-            batch.input_ids, batch.position_ids[1:], batch.pixel_values, batch.image_grid_thw, index, score
+            index,
+            score,
+            input_ids=batch.input_ids,
+            position_ids=batch.position_ids[1:],
+            pixel_values=batch.pixel_values,
+            image_grid_thw=batch.image_grid_thw,
         ).logprobs
     first_end = int(batch.cu_seqlens[1])
     in_first = index < first_end

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Required, TypedDict, TypeVar, Unpack
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -84,12 +84,25 @@ def _rows(per_image: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
     return per_image if isinstance(per_image, torch.Tensor) else torch.cat(list(per_image))
 
 
+class BackboneInputs(TypedDict, total=False):
+    """One packed row's inputs to `backbone_hidden`, and so to the actor's and the critic's forward:
+    `PackedBatch.forward_inputs`, plus the images' features when they were encoded beforehand."""
+
+    input_ids: Required[torch.Tensor]
+    position_ids: Required[torch.Tensor]
+    pixel_values: torch.Tensor | None
+    image_grid_thw: Grid | None
+    bounds: SequenceBounds | None
+    image_positions: torch.Tensor | None
+    image_features: ImageFeatures | None
+
+
 def backbone_hidden(
     backbone: Any,
     input_ids: torch.Tensor,
     position_ids: torch.Tensor,
-    pixel_values: torch.Tensor | None,
-    image_grid_thw: Grid | None,
+    pixel_values: torch.Tensor | None = None,
+    image_grid_thw: Grid | None = None,
     bounds: SequenceBounds | None = None,
     image_positions: torch.Tensor | None = None,
     image_features: ImageFeatures | None = None,
@@ -166,29 +179,11 @@ class ActorModel(_VLModel):
         return cls(lm.model, lm.lm_head, lm.config)
 
     def forward(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        pixel_values: torch.Tensor | None,
-        image_grid_thw: Grid | None,
-        index: torch.Tensor,
-        score: HeadScore[Scored],
-        bounds: SequenceBounds | None = None,
-        image_positions: torch.Tensor | None = None,
-        image_features: ImageFeatures | None = None,
+        self, index: torch.Tensor, score: HeadScore[Scored], **inputs: Unpack[BackboneInputs]
     ) -> Scored:
         """`score(lm_head, hidden[index - 1], input_ids[index])`: position i-1 predicts token i."""
-        hidden = backbone_hidden(
-            self.model,
-            input_ids,
-            position_ids,
-            pixel_values,
-            image_grid_thw,
-            bounds,
-            image_positions,
-            image_features,
-        )
-        return score(self.lm_head, hidden[index - 1], input_ids[0, index])
+        hidden = backbone_hidden(self.model, **inputs)
+        return score(self.lm_head, hidden[index - 1], inputs["input_ids"][0, index])
 
 
 class CriticModel(_VLModel):
@@ -203,28 +198,9 @@ class CriticModel(_VLModel):
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        pixel_values: torch.Tensor | None,
-        image_grid_thw: Grid | None,
-        index: torch.Tensor,
-        bounds: SequenceBounds | None = None,
-        image_positions: torch.Tensor | None = None,
-        image_features: ImageFeatures | None = None,
-    ) -> torch.Tensor:
+    def forward(self, index: torch.Tensor, **inputs: Unpack[BackboneInputs]) -> torch.Tensor:
         """Float32 values `[K]` of the states before tokens `index` (read at positions `index - 1`)."""
-        hidden = backbone_hidden(
-            self.model,
-            input_ids,
-            position_ids,
-            pixel_values,
-            image_grid_thw,
-            bounds,
-            image_positions,
-            image_features,
-        )
+        hidden = backbone_hidden(self.model, **inputs)
         values: torch.Tensor = self.value_head(hidden[index - 1]).squeeze(-1).float()
         return values
 
