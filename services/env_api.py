@@ -6,14 +6,20 @@ An environment package (e.g. `services.sokoban`) exposes:
 
 Observations in process are `{"text": str, "images": [PIL.Image]}`; the server encodes images to
 data URLs at the boundary.
+
+A task starts from a seed (generated tasks) or from a *sample*: one dataset row in the env's
+`sample_model` schema, JSON-safe, images as PNG data URLs. The splits an env holds (`splits`) are
+addressed by `/reset`'s `task_id` as `SPLIT/INDEX`; a row can also be sent whole as `sample`.
+An env's whole state is JSON-safe data (`Env.state()`), from which `EnvFactory.restore` rebuilds
+an env that continues the episode identically: any server replica can then serve any session.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict
 
 from PIL import Image
@@ -44,13 +50,36 @@ class Env(Protocol):
         """Release resources; safe to call twice."""
         ...
 
+    def state(self) -> dict[str, Any]:
+        """The whole episode state as JSON-safe data; `EnvFactory.restore` rebuilds the env from it."""
+        ...
+
+
+class TaskSplit(Protocol):
+    """One split of tasks an env holds, addressed by `/reset`'s `task_id` as `SPLIT/INDEX`."""
+
+    def __len__(self) -> int:
+        """Rows in the split."""
+        ...
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        """Row `index` (0-based) as a JSON-safe sample of the env's `sample_model`."""
+        ...
+
+
+def no_splits() -> dict[str, TaskSplit]:
+    """The `splits` of an env that holds no datasets."""
+    return {}
+
 
 @dataclass(frozen=True)
 class EnvFactory:
     """Everything a server needs to host one environment: metadata plus a constructor.
 
     `options_model` validates the `options` of `/reset` (it should forbid unknown fields, so a
-    typo is a 422 naming the field). `create(options, seed)` builds a fresh env for a session.
+    typo is a 422 naming the field). `create(options, seed, sample)` builds a fresh env for a
+    session from validated options and its task: a seed, or a row validated by `sample_model`
+    (neither: the env picks a task itself).
     """
 
     name: str
@@ -59,7 +88,15 @@ class EnvFactory:
     system_prompt: str
     action_format: str
     options_model: type[BaseModel]
-    create: Callable[[BaseModel, int | None], Env]
+    create: Callable[[BaseModel, int | None, BaseModel | None], Env]
+    restore: Callable[[dict[str, Any]], Env]
+    """Rebuild an env from what its `state()` returned."""
+    sample_model: type[BaseModel] | None = None
+    """Validates a dataset row given as `sample`; None when the env takes no samples."""
+    splits: Callable[[], Mapping[str, TaskSplit]] = no_splits
+    """The splits the env holds built in, by name; called once per process, on first use."""
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    """The env's actions as OpenAI function-tool schemas, for chat-completion agents."""
     import_path: str | None = None
     """The module that defines this factory as `ENV_FACTORY` (`__name__` there), from which env worker
     processes load it; `load_env_factory` fills it in when a module leaves it out."""

@@ -44,7 +44,7 @@ class EnvHost:
         The env's own ValueError on its options is the caller's fault (422).
         """
         try:
-            env = self.factory.create(options, seed)
+            env = self.factory.create(options, seed, None)
         except ValueError as exc:
             message = f"options rejected by {self.factory.name}: {exc}"
             raise ServiceError(ErrorCode.INVALID_OPTIONS, message) from exc
@@ -91,7 +91,7 @@ class EnvHost:
         except ImageError as exc:
             raise ServiceError(ErrorCode.INVALID_IMAGE, str(exc)) from None
         if self._formatter is None:  # one env with default options serves every /format
-            self._formatter = self.factory.create(self.factory.options_model.model_validate({}), None)
+            self._formatter = self.factory.create(self.factory.options_model.model_validate({}), None, None)
         return to_json(FormatResponse(message=message_to_wire(self._formatter.format_observation(obs))))
 
     def close_all(self) -> None:

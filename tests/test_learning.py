@@ -48,6 +48,9 @@ class OneTurnEnv:
     def close(self) -> None:
         return None
 
+    def state(self) -> dict[str, Any]:
+        return {"seed": self.seed}
+
 
 ENV_FACTORY = EnvFactory(
     name="one-turn",
@@ -56,7 +59,8 @@ ENV_FACTORY = EnvFactory(
     system_prompt="",
     action_format="any text",
     options_model=_NoOptions,
-    create=lambda options, seed: OneTurnEnv(seed),
+    create=lambda options, seed, sample: OneTurnEnv(seed),
+    restore=lambda state: OneTurnEnv(state["seed"]),
 )
 
 

@@ -90,7 +90,7 @@ def test_invalid_options_name_the_field(config: dict, field: str) -> None:
 def test_factory_is_registered_and_uses_the_reset_seed() -> None:
     assert load_env_factory("sokoban") is ENV_FACTORY
     options = ENV_FACTORY.options_model.model_validate({"render_mode": "text"})
-    env = ENV_FACTORY.create(options, 42)
+    env = ENV_FACTORY.create(options, 42, None)
     assert env.reset()[1]["seed"] == 42
     assert "render_mode" in ENV_FACTORY.config_schema()["properties"]
     assert "<answer>" in ENV_FACTORY.system_prompt

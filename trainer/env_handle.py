@@ -136,7 +136,7 @@ class LocalEnvHandle:
     def _create(self, seed: int | None, options: dict[str, Any], sample: Mapping[str, Any] | None) -> Env:
         """A fresh env: the server's constructor, or the package's `build_env` hook for a dataset sample."""
         if sample is None:
-            return self.factory.create(self.factory.options_model.model_validate(options), seed)
+            return self.factory.create(self.factory.options_model.model_validate(options), seed, None)
         if self._build_env is None:
             raise EnvError(f"env {self.factory.name!r} has no build_env hook to take a dataset sample")
         return self._build_env(sample=sample, **options)

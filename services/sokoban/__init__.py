@@ -12,7 +12,7 @@ from services.sokoban.prompt import ACTION_FORMAT, system_prompt
 __all__ = ["ENV_FACTORY", "SokobanEnv", "SokobanOptions", "build_env"]
 
 
-def _create(options: BaseModel, seed: int | None) -> SokobanEnv:
+def _create(options: BaseModel, seed: int | None, sample: BaseModel | None) -> SokobanEnv:
     """The server's constructor: validated options plus the `/reset` seed (used by generated levels)."""
     if not isinstance(options, SokobanOptions):
         raise TypeError(f"expected SokobanOptions, got {type(options).__name__}")
@@ -31,5 +31,6 @@ ENV_FACTORY = EnvFactory(
     action_format=ACTION_FORMAT,
     options_model=SokobanOptions,
     create=_create,
+    restore=SokobanEnv.from_state,
     import_path=__name__,
 )

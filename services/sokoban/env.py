@@ -36,12 +36,15 @@ class SokobanEnv:
     _done: bool
     _last_actions: list[str]
 
-    def __init__(self, options: SokobanOptions | None = None, seed: int | None = None) -> None:
-        """Fix the level now: the given one, or the one generated from `seed` / `options.seed` / at random."""
+    def __init__(
+        self, options: SokobanOptions | None = None, seed: int | None = None, *, level: Level | None = None
+    ) -> None:
+        """Fix the level now: `level` (a restored episode's), the options' own, or the one generated from
+        `seed` / `options.seed` / at random."""
         self.options = options or SokobanOptions()
-        self.seed: int | None = None
+        self.seed: int | None = seed if level is not None else None
         self.optimal_moves: int | None = None
-        fixed = self.options.fixed_level
+        fixed = level or self.options.fixed_level
         if fixed is not None:
             self.level = fixed
         else:
@@ -152,6 +155,41 @@ class SokobanEnv:
 
     def close(self) -> None:
         """Nothing to release; present for the Env contract."""
+
+    def state(self) -> dict[str, Any]:
+        """Everything `from_state` needs to continue this episode: options, level, positions, counters."""
+        return {
+            "options": self.options.model_dump(mode="json", exclude_unset=True),
+            "seed": self.seed,
+            "level": self.level.to_xsb(),
+            "optimal_moves": self.optimal_moves,
+            "started": self._started,
+            "done": self._done,
+            "boxes": [list(box) for box in sorted(self._game.boxes)],
+            "player": list(self._game.player),
+            "steps": self.steps,
+            "valid_actions": self.valid_actions,
+            "effective_actions": self.effective_actions,
+            "turn_rewards": list(self.turn_rewards),
+            "last_actions": list(self._last_actions),
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> SokobanEnv:
+        """The env `state()` described, continuing where it stopped (no level is generated again)."""
+        options = SokobanOptions.model_validate(state["options"])
+        env = cls(options, state["seed"], level=Level.from_xsb(state["level"]))
+        env.optimal_moves = state["optimal_moves"]
+        env._started = bool(state["started"])
+        env._done = bool(state["done"])
+        env._game.boxes = {(int(r), int(c)) for r, c in state["boxes"]}
+        env._game.player = (int(state["player"][0]), int(state["player"][1]))
+        env.steps = int(state["steps"])
+        env.valid_actions = int(state["valid_actions"])
+        env.effective_actions = int(state["effective_actions"])
+        env.turn_rewards = [float(r) for r in state["turn_rewards"]]
+        env._last_actions = [str(a) for a in state["last_actions"]]
+        return env
 
     def _new_episode(self) -> None:
         """Put the level back in its initial state and zero the episode's counters."""

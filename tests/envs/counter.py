@@ -79,6 +79,22 @@ class CounterEnv:
         if self.options.close_marker is not None:
             Path(self.options.close_marker).touch()
 
+    def state(self) -> dict[str, Any]:
+        """Options, start, count and step counters: all the episode is."""
+        return {
+            "options": self.options.model_dump(mode="json"),
+            "start": self.start,
+            "count": self.count,
+            "steps": self.steps,
+            "total_reward": self.total_reward,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> CounterEnv:
+        env = cls(CounterOptions.model_validate(state["options"]), state["start"])
+        env.count, env.steps, env.total_reward = state["count"], state["steps"], state["total_reward"]
+        return env
+
     def _observe(self, feedback: str) -> EnvObservation:
         """Text with the count and step number, plus an image whose red channel is the count."""
         side = self.options.image_size
@@ -87,7 +103,7 @@ class CounterEnv:
         return EnvObservation(text=text, images=[image])
 
 
-def _create(options: BaseModel, seed: int | None) -> CounterEnv:
+def _create(options: BaseModel, seed: int | None, sample: BaseModel | None) -> CounterEnv:
     assert isinstance(options, CounterOptions)
     return CounterEnv(options, seed)
 
@@ -100,4 +116,5 @@ ENV_FACTORY = EnvFactory(
     action_format="inc",
     options_model=CounterOptions,
     create=_create,
+    restore=CounterEnv.from_state,
 )
