@@ -47,9 +47,9 @@ def serve(
     """Serve an environment over HTTP. Set VISTARL_API_TOKEN to require a bearer token."""
     import uvicorn
 
-    from services.app import create_app
     from services.env_api import load_env_factory
-    from services.settings import ServerSettings
+    from services.server.app import create_app
+    from services.server.settings import ServerSettings
 
     flags: dict[str, Any] = {
         "host": host,

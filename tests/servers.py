@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 
 import httpx
 
-from services.launch import free_port, stop_process
+from services.server.launch import free_port, stop_process
 
 __all__ = ["free_port", "redis_server", "running_process", "stop_process", "vistarl_cmd", "wait_http"]
 

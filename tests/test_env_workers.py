@@ -14,11 +14,11 @@ import msgpack
 import pytest
 from fastapi.testclient import TestClient
 
-from services.app import create_app
 from services.env_api import load_env_factory
-from services.env_work import EnvHost
-from services.env_worker import serve
-from services.settings import ServerSettings
+from services.server.app import create_app
+from services.server.env_work import EnvHost
+from services.server.env_worker import serve
+from services.server.settings import ServerSettings
 from tests.envs.counter import ENV_FACTORY
 from tests.envs.serving import COUNTER_ENV, counter_process
 

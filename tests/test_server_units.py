@@ -10,10 +10,10 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from clients.images import decode_image, encode_image
-from services.app import create_app
-from services.encoding import json_safe, message_to_wire, observation_to_wire
 from services.env_api import EnvObservation
-from services.settings import ServerSettings
+from services.server.app import create_app
+from services.server.encoding import json_safe, message_to_wire, observation_to_wire
+from services.server.settings import ServerSettings
 from tests.envs.counter import ENV_FACTORY
 
 

@@ -22,8 +22,8 @@ import anyio.to_thread
 from clients.errors import EnvClientError
 from clients.http import AsyncEnvClient, RetryPolicy
 from clients.protocol import Message
-from services.encoding import json_safe, message_to_wire
 from services.env_api import ENV_MODULES, Env, EnvFactory, EnvObservation, load_env_factory
+from services.server.encoding import json_safe, message_to_wire
 
 __all__ = [
     "EnvError",

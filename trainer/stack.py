@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from services.launch import serve_env
+from services.server.launch import serve_env
 from trainer.config import RolloutConfig, TrainConfig
 from trainer.engines import Engine, make_engine
 from trainer.processor import VLProcessor

@@ -23,9 +23,14 @@ from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from clients.protocol import ErrorCode
-from services.errors import ServiceError, describe_validation_errors, error_response, install_error_handlers
-from services.metrics import ServerMetrics
-from services.security import RequestGuard
+from services.server.errors import (
+    ServiceError,
+    describe_validation_errors,
+    error_response,
+    install_error_handlers,
+)
+from services.server.metrics import ServerMetrics
+from services.server.security import RequestGuard
 from trainer.engines.base import EngineRequestError, GenerateRequest, GenerateResult
 from trainer.engines.hf import DEFAULT_MAX_BATCH_SIZE, HFEngine
 from trainer.engines.sglang_api import (

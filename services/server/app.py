@@ -1,10 +1,9 @@
 """The environment server: `create_app(env_factory, settings)` serves one env over the wire protocol.
 
 Endpoints (see docs/server.md): POST /reset, POST /step, POST /format, DELETE /sessions/{id},
-GET /info, GET /health, GET /ready, GET /metrics. Session rules live in `services.sessions`, where envs
-run in `services.env_pool`, error shapes in `services.errors`, auth and the body limit in
-`services.security`, the lean path of the env endpoints in `services.json_route`; this module only
-wires them together.
+GET /info, GET /health, GET /ready, GET /metrics. Session rules live in `sessions`, where envs run in
+`env_pool`, error shapes in `errors`, auth and the body limit in `security`, the lean path of the env
+endpoints in `json_route` (all in `services.server`); this module only wires them together.
 """
 
 from __future__ import annotations
@@ -27,13 +26,13 @@ from clients.protocol import (
     StepResponse,
 )
 from services.env_api import EnvFactory
-from services.env_pool import create_pool
-from services.errors import install_error_handlers
-from services.json_route import JSONRoute
-from services.metrics import ServerMetrics
-from services.security import RequestGuard
-from services.sessions import SessionManager
-from services.settings import ServerSettings
+from services.server.env_pool import create_pool
+from services.server.errors import install_error_handlers
+from services.server.json_route import JSONRoute
+from services.server.metrics import ServerMetrics
+from services.server.security import RequestGuard
+from services.server.sessions import SessionManager
+from services.server.settings import ServerSettings
 
 
 def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) -> FastAPI:

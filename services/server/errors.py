@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from clients.protocol import ERROR_STATUS, ErrorCode, ErrorResponse
-from services.metrics import ServerMetrics
+from services.server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
 

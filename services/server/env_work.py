@@ -3,7 +3,7 @@
 `EnvHost` keeps the live envs of the sessions it hosts, by session id, and answers `start`, `step`,
 `close` and `format` with ready-to-send JSON bytes: observations are encoded (PNG data URLs, plain-JSON
 info) where the env ran, in the server's threads or in an env worker process, never on the event loop.
-The session rules (capacity, ordering, retries, expiry) are `services.sessions`' business, not this.
+The session rules (capacity, ordering, retries, expiry) are `services.server.sessions`' business, not this.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pydantic_core import to_json
 
 from clients.images import ImageError
 from clients.protocol import ErrorCode, FormatResponse, Observation, ResetResponse, StepResponse
-from services.encoding import json_safe, message_to_wire, observation_from_wire, observation_to_wire
 from services.env_api import Env, EnvFactory
-from services.errors import ServiceError
+from services.server.encoding import json_safe, message_to_wire, observation_from_wire, observation_to_wire
+from services.server.errors import ServiceError
 
 logger = logging.getLogger(__name__)
 

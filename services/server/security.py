@@ -14,8 +14,8 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from clients.protocol import ErrorCode
-from services.errors import error_response
-from services.metrics import ServerMetrics
+from services.server.errors import error_response
+from services.server.metrics import ServerMetrics
 
 OPEN_PATHS = frozenset({"/health"})
 

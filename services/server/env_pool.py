@@ -1,11 +1,11 @@
 """Where env code runs: threads of the server process, or env worker processes with session affinity.
 
-Both pools host the envs of live sessions and run `services.env_work.EnvHost` calls off the event loop,
+Both pools host the envs of live sessions and run `services.server.env_work.EnvHost` calls off the event loop,
 each bounded by `env_timeout_s`, answering with ready-to-send JSON bodies.
 
 - `ThreadEnvPool` (`env_workers = 0`): a thread pool in the server process. Cheapest to start, and
   enough for envs that wait on I/O or release the GIL; the GIL caps CPU-bound envs at about one core.
-- `ProcessEnvPool` (`env_workers = N`): N `python -m services.env_worker` processes. Each session lives
+- `ProcessEnvPool` (`env_workers = N`): N `python -m services.server.env_worker` processes. Each session lives
   in the worker that reset it, so its steps always reach its env; new sessions go to the worker with
   the fewest. The event loop only routes requests: msgpack frames on each worker's stdin and stdout.
   A worker that dies or overruns the timeout is replaced; the sessions it held are lost (500, then 404).
@@ -26,10 +26,10 @@ from pydantic import BaseModel
 
 from clients.protocol import ErrorCode, Observation
 from services.env_api import EnvFactory
-from services.env_work import EnvHost, guarded, options_payload
-from services.errors import ServiceError
-from services.metrics import ServerMetrics
-from services.settings import ServerSettings
+from services.server.env_work import EnvHost, guarded, options_payload
+from services.server.errors import ServiceError
+from services.server.metrics import ServerMetrics
+from services.server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ class ProcessEnvPool:
         command = [
             sys.executable,
             "-m",
-            "services.env_worker",
+            "services.server.env_worker",
             self.import_path,
             "--max-image-bytes",
             str(self.settings.max_image_bytes),
@@ -268,7 +268,7 @@ class ProcessEnvPool:
 
 
 class EnvWorker:
-    """One `services.env_worker` process, its sessions, and the calls awaiting its answers."""
+    """One `services.server.env_worker` process, its sessions, and the calls awaiting its answers."""
 
     def __init__(self, slot: int, timeout_s: float, on_exit: Any) -> None:
         self.slot = slot

@@ -21,10 +21,10 @@ from pydantic import BaseModel, ValidationError
 
 from clients.protocol import ErrorCode, FormatRequest, ReadyResponse, ResetRequest, StepRequest
 from services.env_api import EnvFactory
-from services.env_pool import EnvGoneError, EnvPool
-from services.errors import ServiceError, describe_validation_errors
-from services.metrics import ServerMetrics
-from services.settings import ServerSettings
+from services.server.env_pool import EnvGoneError, EnvPool
+from services.server.errors import ServiceError, describe_validation_errors
+from services.server.metrics import ServerMetrics
+from services.server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """An env worker process: hosts the envs of some sessions for a server's `ProcessEnvPool`.
 
-    python -m services.env_worker services.sokoban [--max-image-bytes N] [--max-image-pixels N]
+    python -m services.server.env_worker services.sokoban [--max-image-bytes N] [--max-image-pixels N]
 
 It reads msgpack calls `[call_id, op, args]` from stdin and writes `[call_id, ok, payload]` to stdout,
 in order, one call at a time: `payload` is the answer (JSON bytes, or `[done, bytes]` for a step), or
@@ -22,8 +22,8 @@ import msgpack
 
 from clients.protocol import ErrorCode, Observation
 from services.env_api import load_env_factory
-from services.env_work import EnvHost, guarded
-from services.errors import ServiceError
+from services.server.env_work import EnvHost, guarded
+from services.server.errors import ServiceError
 
 READ_CHUNK = 1 << 16
 MAX_CALL_BYTES = 1 << 28

@@ -21,7 +21,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from clients.protocol import ErrorCode
-from services.errors import ServiceError, invalid_body
+from services.server.errors import ServiceError, invalid_body
 
 JSON_MEDIA_TYPE = "application/json"
 
@@ -55,7 +55,7 @@ def _serve(endpoint: Endpoint, body_model: type[BaseModel]) -> ASGIApp:
 async def read_json(request: Request, model: type[BaseModel]) -> BaseModel:
     """The request's JSON body as `model`, or a `ServiceError` (400 malformed, 422 invalid or not JSON).
 
-    The body is read once; its size is already bounded by `services.security.RequestGuard`.
+    The body is read once; its size is already bounded by `services.server.security.RequestGuard`.
     """
     try:
         body = await request.body()

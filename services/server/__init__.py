@@ -1,0 +1,1 @@
+"""The environment server framework: routes, sessions, env pools and workers, limits, auth, metrics."""
