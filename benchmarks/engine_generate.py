@@ -16,9 +16,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainer.engines import Engine, GenerateRequest, HFEngine, SamplingParams, make_engine
-from trainer.processor import VLProcessor
-from trainer.tiny_checkpoint import write_tiny_checkpoint
+from devtools.tiny_checkpoint import write_tiny_checkpoint
+from trainer.rollout.engines.base import Engine, GenerateRequest
+from trainer.rollout.engines.hf import HFEngine
+from trainer.rollout.engines.loading import make_engine
+from trainer.rollout.engines.sglang_api import SamplingParams
+from trainer.rollout.processor import VLProcessor
 
 
 async def measure(engine: Engine, processor: VLProcessor, requests: int, new_tokens: int) -> None:

@@ -29,7 +29,10 @@ from dataclasses import dataclass
 import redis
 
 from tests.servers import free_port, redis_server, running_process, vistarl_cmd
-from trainer.queue import EpisodeJob, EpisodeQueue, RedisQueue, ResultConsumer
+from trainer.queue.base import EpisodeQueue
+from trainer.queue.consumer import ResultConsumer
+from trainer.queue.redis import RedisQueue
+from trainer.rollout.job import EpisodeJob
 
 
 @dataclass
@@ -88,7 +91,7 @@ async def consume(consumer: ResultConsumer, count: int, timeout_s: float) -> lis
     deadline = time.monotonic() + timeout_s
     while len(latencies) < count and time.monotonic() < deadline:
         for trajectory in await consumer.collect(min(256, count - len(latencies)), timeout_s=0.01):
-            latencies.append(time.time() - trajectory["options"]["t"])
+            latencies.append(time.time() - trajectory.metrics["t"])
     if len(latencies) < count:
         raise TimeoutError(f"only {len(latencies)} of {count} trajectories arrived")
     return latencies

@@ -25,17 +25,18 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from benchmarks.client_concurrency import process_cpu_s
+from devtools.tiny_checkpoint import write_tiny_checkpoint
 from tests.servers import free_port, running_process, vistarl_cmd
 from trainer.config import RolloutConfig
-from trainer.engines.base import GenerateRequest
-from trainer.engines.scripted import ScriptedEngine
-from trainer.env_handle import RemoteEnvs
-from trainer.processor import VLProcessor
-from trainer.rollout import RolloutRunner, group_jobs, run_jobs
-from trainer.tiny_checkpoint import write_tiny_checkpoint
+from trainer.rollout.engines.base import GenerateRequest
+from trainer.rollout.engines.scripted import ScriptedEngine
+from trainer.rollout.env_handle import RemoteEnvs
+from trainer.rollout.job import group_jobs
+from trainer.rollout.processor import VLProcessor
+from trainer.rollout.runner import RolloutRunner, run_jobs
+from trainer.rollout.trajectory import Trajectory
 
 MOVES = ("<answer>Up</answer>", "<answer>Right</answer>", "<answer>Down</answer>", "<answer>Left</answer>")
 SPLIT = ("env", "tokenize", "generate")
@@ -76,12 +77,12 @@ class Tally:
     statuses: Counter[str] = field(default_factory=Counter)
     seconds: Counter[str] = field(default_factory=Counter)
 
-    def add(self, trajectory: dict[str, Any]) -> None:
+    def add(self, trajectory: Trajectory) -> None:
         self.episodes += 1
-        self.turns += int(trajectory["metrics"]["turns"])
-        self.images += len(trajectory["images"])
-        self.statuses[trajectory["status"]] += 1
-        self.seconds.update(trajectory["timings"])
+        self.turns += int(trajectory.metrics["turns"])
+        self.images += len(trajectory.images)
+        self.statuses[trajectory.status.value] += 1
+        self.seconds.update(trajectory.timings)
 
     def split_ms(self) -> dict[str, float]:
         """Per turn, the summed episode wall time spent in each part (overlapping across episodes)."""

@@ -18,10 +18,10 @@ from typing import Any
 from PIL import Image
 
 from clients.images import encode_image
-from trainer.processor import VLProcessor
-from trainer.tiny_checkpoint import ARCHS, write_tiny_checkpoint
-from trainer.tokenization import TokenTracks, TurnEncoder
-from trainer.trajectory import Status, Trajectory
+from devtools.tiny_checkpoint import ARCHS, write_tiny_checkpoint
+from trainer.rollout.processor import VLProcessor
+from trainer.rollout.tokenization import TokenTracks, TurnEncoder
+from trainer.rollout.trajectory import Status, Trajectory
 
 REPLY = "I see the box left of me, so I push it.\n<answer>Left</answer>"
 FEEDBACK = "Turn {turn}: you moved Left. Reward -0.1. Boxes on target: 1 of 2. Steps left: 12. What next?"

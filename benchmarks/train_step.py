@@ -37,18 +37,19 @@ import torch
 import torch.distributed as dist
 from PIL import Image
 from torch.profiler import record_function
-from transformers import PretrainedConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+from transformers import PretrainedConfig, Qwen2_5_VLForConditionalGeneration
 
 from benchmarks.gpu_profile import compile_report, profile_step, sync_report
+from devtools.model_shapes import SHAPES, qwen_vl_config
+from devtools.tiny_checkpoint import write_tiny_checkpoint
 from tests.servers import free_port
-from trainer.attention import SDPA_ATTENTION, use_attention
-from trainer.fsdp import init_distributed, rank_device, set_last_micro_batch, shard_model
-from trainer.logprobs import token_logprobs
-from trainer.models import ActorModel
-from trainer.packing import PackedBatch, SequenceSample, pack_sequences, plan_micro_batches
-from trainer.processor import VLProcessor
-from trainer.tiny_checkpoint import model_config, write_tiny_checkpoint
-from trainer.vision_passes import VisionPasses
+from trainer.learner.attention import SDPA_ATTENTION, use_attention
+from trainer.learner.fsdp import init_distributed, rank_device, set_last_micro_batch, shard_model
+from trainer.learner.logprobs import token_logprobs
+from trainer.learner.models import ActorModel
+from trainer.learner.packing import PackedBatch, SequenceSample, pack_sequences, plan_micro_batches
+from trainer.learner.vision_passes import VisionPasses
+from trainer.rollout.processor import VLProcessor
 
 TEXT_VOCAB = 150_000
 
@@ -74,38 +75,6 @@ class Figures:
     recompute_mfu: float
     peak_memory_gib: float
     alloc_retries: int
-
-
-def qwen25_vl_3b_config() -> Qwen2_5_VLConfig:
-    """The shape of Qwen/Qwen2.5-VL-3B-Instruct's config.json (weights are random)."""
-    text = dict(
-        vocab_size=151936,
-        hidden_size=2048,
-        intermediate_size=11008,
-        num_hidden_layers=36,
-        num_attention_heads=16,
-        num_key_value_heads=2,
-        max_position_embeddings=128000,
-        rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]},
-        bos_token_id=151643,
-        eos_token_id=151645,
-    )
-    vision = dict(
-        depth=32,
-        hidden_size=1280,
-        intermediate_size=3420,
-        num_heads=16,
-        out_hidden_size=2048,
-        patch_size=14,
-        spatial_merge_size=2,
-        temporal_patch_size=2,
-        window_size=112,
-        fullatt_block_indexes=[7, 15, 23, 31],
-        tokens_per_second=2,
-    )
-    special = dict(image_token_id=151655, video_token_id=151656, vision_start_token_id=151652)
-    return Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **special)
 
 
 def build_actor(config: PretrainedConfig, device: torch.device) -> ActorModel:
@@ -179,7 +148,7 @@ def timed(fn: Callable[[], None], device: torch.device, repeats: int) -> float:
 def run(args: argparse.Namespace) -> Figures:
     """Build the model and batches, then time the update step and the recompute."""
     device = rank_device()
-    config = model_config("qwen2_5_vl") if args.tiny else qwen25_vl_3b_config()
+    config = qwen_vl_config("qwen2_5_vl", SHAPES["tiny" if args.tiny else "qwen2_5_vl_3b"])
     processor = load_processor(args.processor)
     actor = build_actor(config, device)
     params = counted_params(actor)

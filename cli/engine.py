@@ -32,8 +32,8 @@ def serve(
     import uvicorn
     from pydantic import ValidationError
 
-    from trainer.engines.hf import HFEngine
-    from trainer.engines.server import EngineServerSettings, create_app
+    from trainer.rollout.engines.hf import HFEngine
+    from trainer.rollout.engines.server import EngineServerSettings, create_app
 
     flags: dict[str, Any] = {
         "host": host,

@@ -15,14 +15,18 @@ def tiny(
     out: Path = typer.Option(..., "--out", help="Directory to write the checkpoint into."),
     arch: str = typer.Option("qwen2_5_vl", "--arch", help="qwen2_5_vl or qwen3_vl."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random initialisation."),
+    shape: str = typer.Option("tiny", "--shape", help="Model size: tiny, small or qwen2_5_vl_3b."),
 ) -> None:
-    """Write a tiny random-init Qwen-VL checkpoint (real tokenizer and template) for CPU runs and tests."""
-    from trainer.tiny_checkpoint import ARCHS, Arch, write_tiny_checkpoint
+    """Write a random-init Qwen-VL checkpoint (real tokenizer and template) for CPU runs and tests."""
+    from devtools.model_shapes import ARCHS, SHAPES, Arch
+    from devtools.tiny_checkpoint import write_tiny_checkpoint
 
     if arch not in ARCHS:
         raise typer.BadParameter(f"choose one of {', '.join(ARCHS)}", param_hint="--arch")
-    path = write_tiny_checkpoint(out, cast(Arch, arch), seed)
-    typer.echo(f"wrote tiny {arch} checkpoint to {path}")
+    if shape not in SHAPES:
+        raise typer.BadParameter(f"choose one of {', '.join(SHAPES)}", param_hint="--shape")
+    path = write_tiny_checkpoint(out, cast(Arch, arch), seed, SHAPES[shape])
+    typer.echo(f"wrote {shape} {arch} checkpoint to {path}")
 
 
 def register(app: typer.Typer) -> None:

@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from trainer.rollout.trajectory import Status, Trajectory
+
 
 def rollout(
     env: Annotated[str, typer.Option(help="Env server URL, registered env name, or env import path.")],
@@ -38,9 +40,9 @@ def rollout(
 ) -> None:
     """Run episodes concurrently, write each trajectory as it finishes, then print a summary."""
     from trainer.config import RolloutConfig
-    from trainer.engines.base import EngineError
-    from trainer.rewards import load_reward_fn
-    from trainer.worker import EngineSpec
+    from trainer.rollout.engines.base import EngineError
+    from trainer.rollout.engines.spec import EngineSpec
+    from trainer.rollout.rewards import load_reward_fn
 
     if episodes % group_size:
         raise typer.BadParameter(f"{episodes} episodes do not split into groups of {group_size}")
@@ -62,22 +64,24 @@ def rollout(
     starts = [{"seed": seed + g, "options": env_options} for g in range(episodes // group_size)]
     out.parent.mkdir(parents=True, exist_ok=True)
 
-    async def main() -> tuple[list[dict[str, Any]], float]:
-        from trainer.rollout import RolloutRunner, group_jobs, load_engine, run_jobs
+    async def main() -> tuple[list[Trajectory], float]:
+        from trainer.rollout.engines.loading import load_engine
+        from trainer.rollout.job import group_jobs
+        from trainer.rollout.runner import RolloutRunner, run_jobs
 
         jobs = group_jobs(env, starts, group_size, seed=seed)
         loaded, processor = await load_engine(spec)
         runner = RolloutRunner(loaded, processor, config, reward_fn=reward_fn, deadline_s=deadline)
-        done: list[dict[str, Any]] = []
+        done: list[Trajectory] = []
         started = time.perf_counter()
         try:
             with out.open("w", encoding="utf-8") as sink, _progress() as progress:
                 bar = progress.add_task("episodes", total=len(jobs), statuses="")
                 async for trajectory in run_jobs(runner, jobs, concurrency):
-                    sink.write(json.dumps(trajectory) + "\n")
+                    sink.write(json.dumps(trajectory.to_dict()) + "\n")
                     sink.flush()
                     done.append(trajectory)
-                    counts = Counter(t["status"] for t in done)
+                    counts = Counter(t.status.value for t in done)
                     progress.update(bar, advance=1, statuses=" ".join(f"{s}={n}" for s, n in counts.items()))
         finally:
             await runner.aclose()
@@ -89,8 +93,8 @@ def rollout(
         typer.echo(f"rollout failed: {exc}", err=True)
         raise typer.Exit(1) from None
     _print_summary(trajectories, wall_s, out)
-    if all(t["status"] in ("FAILED", "ABORTED") for t in trajectories):
-        typer.echo(f"every episode failed; first error: {trajectories[0]['error']}", err=True)
+    if not any(t.status.played for t in trajectories):
+        typer.echo(f"every episode failed; first error: {trajectories[0].error}", err=True)
         raise typer.Exit(1)
 
 
@@ -118,17 +122,17 @@ def _progress() -> Progress:
     )
 
 
-def _print_summary(trajectories: Sequence[dict[str, Any]], wall_s: float, out: Path) -> None:
+def _print_summary(trajectories: Sequence[Trajectory], wall_s: float, out: Path) -> None:
     """Statuses, mean reward of scored episodes, turns, and generated tokens per second of episodes."""
-    statuses = Counter(t["status"] for t in trajectories)
-    scored = [t["episode_reward"] for t in trajectories if t["status"] in ("COMPLETED", "TRUNCATED")]
-    generated = sum(t["metrics"].get("generated_tokens", 0.0) for t in trajectories)
-    turns = [t["metrics"].get("turns", 0.0) for t in trajectories]
+    statuses = Counter(t.status for t in trajectories)
+    scored = [t.episode_reward for t in trajectories if t.status.played]
+    generated = sum(t.metrics.get("generated_tokens", 0.0) for t in trajectories)
+    turns = [t.metrics.get("turns", 0.0) for t in trajectories]
     table = Table(title=f"{len(trajectories)} episodes -> {out}")
     table.add_column("what")
     table.add_column("value", justify="right")
-    for status in ("COMPLETED", "TRUNCATED", "ABORTED", "FAILED"):
-        table.add_row(status, str(statuses.get(status, 0)))
+    for status in Status:
+        table.add_row(status.value, str(statuses.get(status, 0)))
     table.add_row("mean reward", f"{sum(scored) / len(scored):.4f}" if scored else "-")
     table.add_row("mean turns", f"{sum(turns) / len(turns):.2f}" if turns else "-")
     table.add_row("generated tokens", f"{generated:.0f}")

@@ -81,9 +81,9 @@ def eval_command(
     ] = None,
 ) -> None:
     """Evaluate greedily on the held-out eval seeds; save every episode's images and trajectory JSON."""
-    from trainer.engines.scripted import ScriptedEngine
     from trainer.eval import evaluate, random_moves
-    from trainer.processor import VLProcessor
+    from trainer.rollout.engines.scripted import ScriptedEngine
+    from trainer.rollout.processor import VLProcessor
     from trainer.stack import open_stack
 
     cfg = _load(config, set_)

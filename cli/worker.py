@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from trainer.queue.worker import RunnerFactory
 
 
 def _env_urls(pairs: list[str]) -> dict[str, str]:
@@ -51,7 +54,8 @@ def worker(
     log_level: Annotated[str, typer.Option(help="Python log level.")] = "INFO",
 ) -> None:
     """Run episodes from the queue and publish their trajectories; SIGTERM drains gracefully."""
-    from trainer.worker import DEFAULT_RUNNER, EngineSpec, WorkerOptions, load_runner_factory, run_worker
+    from trainer.queue.worker import WorkerOptions, load_runner_factory, run_worker
+    from trainer.rollout.engines.spec import EngineSpec
 
     if runner is None and engine is None:
         raise typer.BadParameter("is required unless --runner is given", param_hint="--engine")
@@ -60,7 +64,7 @@ def worker(
         "namespace": namespace,
         "env_urls": _env_urls(env_url or []),
         "reward_path": reward,
-        "runner": runner or DEFAULT_RUNNER,
+        "runner": runner,
         "concurrency": concurrency,
         "lease_s": lease_s,
         "max_attempts": max_attempts,
@@ -73,7 +77,7 @@ def worker(
         options = WorkerOptions.model_validate(
             {**fields, "engine": EngineSpec.parse(engine) if engine else None}
         )
-        factory = load_runner_factory(options.runner)
+        factory = load_runner_factory(options.runner) if options.runner else _default_runner_factory()
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -91,6 +95,13 @@ def worker(
     except ConnectionError as exc:
         typer.echo(f"worker stopped: {exc}", err=True)
         raise typer.Exit(1) from None
+
+
+def _default_runner_factory() -> RunnerFactory:
+    """The rollout runner on `--engine`, imported only when no `--runner` replaces it (it loads torch)."""
+    from trainer.queue.episode_runner import make_episode_runner
+
+    return make_episode_runner
 
 
 def register(app: typer.Typer) -> None:

@@ -20,7 +20,7 @@ def redis_url() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Tiny random-init Qwen2.5-VL and Qwen3-VL checkpoint directories, written once per session."""
-    from trainer.tiny_checkpoint import ARCHS, write_tiny_checkpoint
+    from devtools.tiny_checkpoint import ARCHS, write_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("tiny-checkpoints")
     return {arch: write_tiny_checkpoint(root / arch, arch, seed=0) for arch in ARCHS}

@@ -22,12 +22,12 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from tests.vl_samples import make_sample
-from trainer.fsdp import full_state_dict, init_distributed, set_last_micro_batch, shard_model
-from trainer.logprobs import token_logprobs
-from trainer.models import load_actor
-from trainer.packing import SequenceSample, pack_sequences, plan_micro_batches
-from trainer.processor import VLProcessor
-from trainer.vision_passes import VisionPasses
+from trainer.learner.fsdp import full_state_dict, init_distributed, set_last_micro_batch, shard_model
+from trainer.learner.logprobs import token_logprobs
+from trainer.learner.models import load_actor
+from trainer.learner.packing import SequenceSample, pack_sequences, plan_micro_batches
+from trainer.learner.vision_passes import VisionPasses
+from trainer.rollout.processor import VLProcessor
 
 MICRO_BATCH_TOKENS = 128
 TEMPERATURE = 0.9

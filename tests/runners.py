@@ -12,28 +12,30 @@ import asyncio
 from typing import Any
 
 from clients.http import AsyncEnvClient
-from trainer.queue import EpisodeJob
-from trainer.worker import WorkerOptions
+from trainer.queue.worker import WorkerOptions
+from trainer.rollout.job import EpisodeJob
+from trainer.rollout.trajectory import Status, Trajectory
 
 
-def trajectory_for(job: EpisodeJob, status: str = "COMPLETED", **fields: Any) -> dict[str, Any]:
+def trajectory_for(job: EpisodeJob, status: Status = Status.COMPLETED, **fields: Any) -> Trajectory:
     """The smallest valid trajectory for `job`, plus `fields`."""
-    return {
-        "episode_id": job.episode_id,
-        "group_id": job.group_id,
-        "policy_version": job.policy_version,
-        "status": status,
-        "error": None,
+    return Trajectory(
+        episode_id=job.episode_id,
+        group_id=job.group_id,
+        policy_version=job.policy_version,
+        status=status,
         **fields,
-    }
+    )
 
 
-async def scripted_episode(job: EpisodeJob) -> dict[str, Any]:
-    """Sleep `options.sleep_s`, raise `options.raise` if set, else return a trajectory echoing the options."""
+async def scripted_episode(job: EpisodeJob) -> Trajectory:
+    """Sleep `options.sleep_s`, raise `options.raise` if set, else return a trajectory whose metrics echo
+    the job's numeric options."""
     await asyncio.sleep(float(job.options.get("sleep_s", 0.0)))
     if job.options.get("raise"):
         raise RuntimeError(str(job.options["raise"]))
-    return trajectory_for(job, options=job.options)
+    echoed = {key: float(value) for key, value in job.options.items() if isinstance(value, (int, float))}
+    return trajectory_for(job, metrics=echoed)
 
 
 def make_noop_runner(options: WorkerOptions) -> Any:
@@ -51,13 +53,13 @@ class CounterRunner:
         self.env_urls = env_urls
         self._clients: dict[str, AsyncEnvClient] = {}
 
-    async def __call__(self, job: EpisodeJob) -> dict[str, Any]:
+    async def __call__(self, job: EpisodeJob) -> Trajectory:
         url = self.env_urls.get(job.env, job.env)
         client = self._clients.get(url) or self._clients.setdefault(url, AsyncEnvClient(url, token=""))
         async with client.episode(seed=job.seed, options=job.options) as episode:
             while not episode.done:
                 await episode.step("inc")
-            return trajectory_for(job, reward=episode.total_reward, turns=episode.turns)
+            return trajectory_for(job, episode_reward=episode.total_reward, metrics={"turns": episode.turns})
 
     async def aclose(self) -> None:
         for client in self._clients.values():

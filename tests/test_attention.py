@@ -10,14 +10,14 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from devtools.tiny_checkpoint import ARCHS
 from tests.vl_samples import mixed_samples
-from trainer import attention
-from trainer.attention import SDPA_ATTENTION, VARLEN_ATTENTION, sequence_bounds, use_attention
-from trainer.logprobs import token_logprobs
-from trainer.models import ActorModel, load_lm
-from trainer.packing import PackedBatch, pack_sequences
-from trainer.processor import VLProcessor
-from trainer.tiny_checkpoint import ARCHS
+from trainer.learner import attention
+from trainer.learner.attention import SDPA_ATTENTION, VARLEN_ATTENTION, sequence_bounds, use_attention
+from trainer.learner.logprobs import token_logprobs
+from trainer.learner.models import ActorModel, load_lm
+from trainer.learner.packing import PackedBatch, pack_sequences
+from trainer.rollout.processor import VLProcessor
 
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="the varlen kernel runs on CUDA only")
 

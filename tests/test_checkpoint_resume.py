@@ -12,13 +12,21 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch.optim.lr_scheduler import LambdaLR
 
-from trainer.checkpoint import TrainerState, latest_checkpoint, load_optimizer, save_checkpoint
 from trainer.config import TrainConfig
-from trainer.engines.base import GenerateRequest
-from trainer.engines.scripted import ScriptedEngine
-from trainer.models import load_actor
-from trainer.processor import VLProcessor
+from trainer.learner.checkpoint import (
+    TrainerState,
+    latest_checkpoint,
+    load_optimizer,
+    load_schedulers,
+    save_checkpoint,
+)
+from trainer.learner.models import load_actor
+from trainer.learner.update import warmup
+from trainer.rollout.engines.base import GenerateRequest
+from trainer.rollout.engines.scripted import ScriptedEngine
+from trainer.rollout.processor import VLProcessor
 from trainer.run_logging import read_metrics
 from trainer.train import run_training
 
@@ -100,7 +108,9 @@ def test_optimizer_state_round_trips_through_safetensors_and_json(tiny_qwen25: P
     optimizer = torch.optim.AdamW(actor.parameters(), lr=1e-3, betas=(0.8, 0.9), weight_decay=0.1)
     ids = torch.tensor([[1, 2, 3, 4, 5]])
     actor.model(input_ids=ids).last_hidden_state.square().mean().backward()
+    scheduler = LambdaLR(optimizer, warmup(4))
     optimizer.step()
+    scheduler.step()
     path = save_checkpoint(
         tmp_path,
         TrainerState(step=1, policy_version=1, prompt_cursor=4),
@@ -108,11 +118,19 @@ def test_optimizer_state_round_trips_through_safetensors_and_json(tiny_qwen25: P
         actor_optimizer=optimizer,
         hf_config=actor.config,
         source_dir=tiny_qwen25,
+        schedulers={"actor": scheduler},
     )
     assert latest_checkpoint(tmp_path) == path
     fresh = torch.optim.AdamW(actor.parameters(), lr=5.0)
     load_optimizer(path, "optimizer", actor, fresh)
-    assert fresh.param_groups[0]["lr"] == 1e-3 and tuple(fresh.param_groups[0]["betas"]) == (0.8, 0.9)
+    assert fresh.param_groups[0]["lr"] == pytest.approx(1e-3 * 2 / 4) and tuple(
+        fresh.param_groups[0]["betas"]
+    ) == (0.8, 0.9)
+    fresh_scheduler = LambdaLR(fresh, warmup(4))
+    load_schedulers(path, {"actor": fresh_scheduler})
+    fresh_scheduler.step()
+    scheduler.step()
+    assert fresh.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * 3 / 4)
     trained = [p for p in actor.parameters() if optimizer.state[p]]
     assert trained, "the backward pass should have given some parameters optimizer state"
     for parameter in trained:

@@ -14,9 +14,11 @@ from transformers import AutoModelForImageTextToText, PreTrainedModel
 
 from clients.images import encode_image
 from tests.vl_samples import noise_image
-from trainer.engines import EngineRequestError, GenerateRequest, GenerateResult, HFEngine, SamplingParams
-from trainer.logprobs import sequence_logprobs
-from trainer.processor import VLProcessor
+from trainer.learner.logprobs import sequence_logprobs
+from trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
+from trainer.rollout.engines.hf import HFEngine
+from trainer.rollout.engines.sglang_api import SamplingParams
+from trainer.rollout.processor import VLProcessor
 
 Loaded = tuple[PreTrainedModel, VLProcessor]
 ATOL = 1e-4
@@ -190,7 +192,7 @@ async def test_logprobs_are_log_softmax_of_a_fresh_forward_pass(engine: HFEngine
 async def test_multiturn_logprobs_match_the_trainer_recompute(
     request: pytest.FixtureRequest, arch: str
 ) -> None:
-    """HFEngine's logprobs equal `trainer.logprobs.sequence_logprobs` over train_ids, at mask-1 positions."""
+    """HFEngine's logprobs equal `learner.logprobs.sequence_logprobs` over train_ids, at mask-1 positions."""
     model, processor = request.getfixturevalue("qwen25" if arch == "qwen2_5_vl" else "qwen3")
     engine = HFEngine(model, processor, batch_wait_s=0.0)
     temperature = 0.8

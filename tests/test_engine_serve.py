@@ -15,20 +15,16 @@ from pydantic import ValidationError
 from transformers import AutoModelForImageTextToText, PreTrainedModel
 
 from clients.images import encode_image
+from devtools.tiny_checkpoint import build_model
 from tests.servers import free_port, running_process, vistarl_cmd
 from tests.vl_samples import noise_image
-from trainer.engines import (
-    EngineRequestError,
-    EngineUnavailableError,
-    GenerateRequest,
-    HFEngine,
-    SamplingParams,
-    SGLangEngine,
-    make_engine,
-)
-from trainer.engines.server import EngineServerSettings, create_app
-from trainer.processor import VLProcessor
-from trainer.tiny_checkpoint import build_model
+from trainer.rollout.engines.base import EngineRequestError, EngineUnavailableError, GenerateRequest
+from trainer.rollout.engines.hf import HFEngine
+from trainer.rollout.engines.loading import make_engine
+from trainer.rollout.engines.server import EngineServerSettings, create_app
+from trainer.rollout.engines.sglang import SGLangEngine
+from trainer.rollout.engines.sglang_api import SamplingParams
+from trainer.rollout.processor import VLProcessor
 
 
 @pytest.fixture(scope="module")

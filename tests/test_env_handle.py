@@ -11,8 +11,9 @@ import pytest
 
 from clients.http import RetryPolicy
 from tests.servers import free_port, running_process, stop_process, vistarl_cmd
-from trainer.env_handle import EnvError, LocalEnvHandle, RemoteEnvHandle, RemoteEnvs, is_url, open_env
-from trainer.rewards import env_reward, load_reward_fn
+from trainer.rollout.env_handle import EnvError, LocalEnvHandle, RemoteEnvHandle, RemoteEnvs, is_url, open_env
+from trainer.rollout.job import EpisodeJob
+from trainer.rollout.rewards import env_reward, load_reward_fn
 
 SOLVABLE = {"xsb": "#####\n#@$.#\n#####"}
 
@@ -40,6 +41,11 @@ async def remotes() -> AsyncIterator[RemoteEnvs]:
     await pool.aclose()
 
 
+def start(**fields: object) -> EpisodeJob:
+    """A job that starts an episode as `fields` say (seed, options, sample, task_id)."""
+    return EpisodeJob.model_validate({"episode_id": "e", "group_id": "g", "env": "test", **fields})
+
+
 def image_urls(message: dict) -> list[str]:
     return [part["image_url"]["url"] for part in message["content"] if part["type"] == "image_url"]
 
@@ -47,7 +53,7 @@ def image_urls(message: dict) -> list[str]:
 async def play(handle, actions: list[str], **reset: object) -> list[tuple]:
     """Reset and step through `actions`, closing the handle; every result in order."""
     try:
-        results: list[tuple] = [await handle.reset(**reset)]
+        results: list[tuple] = [await handle.reset(start(**reset))]
         for action in actions:
             results.append(await handle.step(action))
         return results
@@ -85,7 +91,7 @@ async def test_a_solved_level_reports_done_and_the_env_reward(sokoban_url: str, 
 async def test_remote_close_deletes_the_session(sokoban_url: str, remotes: RemoteEnvs) -> None:
     handle = open_env(sokoban_url, remotes)
     assert isinstance(handle, RemoteEnvHandle)
-    await handle.reset(seed=1)
+    await handle.reset(start(seed=1))
     session_id = handle.session_id
     await handle.close()
     await handle.close()
@@ -96,13 +102,13 @@ async def test_remote_close_deletes_the_session(sokoban_url: str, remotes: Remot
 async def test_bad_options_fail_as_env_errors(sokoban_url: str, remotes: RemoteEnvs) -> None:
     for handle in (open_env("sokoban"), open_env(sokoban_url, remotes)):
         with pytest.raises(EnvError, match="no_such_option"):
-            await handle.reset(options={"no_such_option": 1})
+            await handle.reset(start(options={"no_such_option": 1}))
         await handle.close()
 
 
 async def test_a_raising_env_fails_as_an_env_error() -> None:
     handle = open_env("tests.envs.counter")
-    await handle.reset(options={"fail_on": "boom"})
+    await handle.reset(start(options={"fail_on": "boom"}))
     with pytest.raises(EnvError, match="told to fail"):
         await handle.step("boom")
     await handle.close()
@@ -110,7 +116,7 @@ async def test_a_raising_env_fails_as_an_env_error() -> None:
 
 async def test_a_hanging_env_step_times_out() -> None:
     handle = LocalEnvHandle("tests.envs.counter", timeout_s=0.2)
-    await handle.reset(options={"step_delay_s": 2.0})
+    await handle.reset(start(options={"step_delay_s": 2.0}))
     started = time.monotonic()
     with pytest.raises(EnvError, match="timed out"):
         await handle.step("inc")
@@ -121,7 +127,7 @@ async def test_a_hanging_env_step_times_out() -> None:
 async def test_a_dead_env_server_fails_within_the_retry_budget(remotes: RemoteEnvs) -> None:
     with env_process("tests.envs.counter") as (url, proc):
         handle = open_env(url, remotes)
-        await handle.reset()
+        await handle.reset(start())
         await handle.step("inc")
         stop_process(proc)
     started = time.monotonic()
@@ -143,7 +149,7 @@ async def test_local_sample_goes_through_build_env() -> None:
 async def test_remote_refuses_a_sample(sokoban_url: str, remotes: RemoteEnvs) -> None:
     handle = open_env(sokoban_url, remotes)
     with pytest.raises(EnvError, match="not a dataset sample"):
-        await handle.reset(sample={"extra_info": {}})
+        await handle.reset(start(sample={"extra_info": {}}))
 
 
 def test_open_env_picks_by_spec() -> None:

@@ -7,9 +7,10 @@ import subprocess
 from pathlib import Path
 
 from tests.servers import vistarl_cmd
-from trainer.engines.base import GenerateRequest
-from trainer.engines.sglang_api import SamplingParams
 from trainer.eval import random_moves, summarize
+from trainer.rollout.engines.base import GenerateRequest
+from trainer.rollout.engines.sglang_api import SamplingParams
+from trainer.rollout.trajectory import Status, Trajectory
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "sokoban_tiny.yaml"
 
@@ -58,10 +59,21 @@ def test_random_moves_are_reproducible_per_episode_and_turn() -> None:
 
 
 def test_summary_counts_failed_episodes_as_unsolved() -> None:
+    outcomes = [
+        (Status.COMPLETED, 5.0, {"env/success": 1.0, "turns": 2.0}),
+        (Status.TRUNCATED, 1.0, {"env/success": 0.0, "turns": 4.0}),
+        (Status.FAILED, 0.0, {}),
+    ]
     trajectories = [
-        {"status": "COMPLETED", "episode_reward": 5.0, "metrics": {"env/success": 1.0, "turns": 2.0}},
-        {"status": "TRUNCATED", "episode_reward": 1.0, "metrics": {"env/success": 0.0, "turns": 4.0}},
-        {"status": "FAILED", "episode_reward": 0.0, "metrics": {}},
+        Trajectory(
+            episode_id=f"e{i}",
+            group_id="g",
+            policy_version=0,
+            status=status,
+            episode_reward=reward,
+            metrics=m,
+        )
+        for i, (status, reward, m) in enumerate(outcomes)
     ]
     summary = summarize(trajectories)
     assert summary["eval/success_rate"] == 1 / 3

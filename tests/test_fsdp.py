@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 
 from tests.fsdp_worker import train_step
 from tests.servers import free_port
-from trainer.fsdp import full_state_dict
-from trainer.models import load_actor
+from trainer.learner.fsdp import full_state_dict
+from trainer.learner.models import load_actor
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -7,21 +7,22 @@ from pathlib import Path
 import pytest
 import torch
 
+from devtools.tiny_checkpoint import ARCHS
 from tests.vl_samples import mixed_samples
-from trainer.fsdp import full_state_dict, shard_model
-from trainer.logprobs import token_logprobs, token_values
-from trainer.models import (
+from trainer.learner.fsdp import full_state_dict, shard_model
+from trainer.learner.logprobs import token_logprobs, token_values
+from trainer.learner.models import (
     ActorModel,
     CriticModel,
     blocks,
+    load_actor,
     load_critic,
     load_lm,
-    load_models,
+    load_reference,
     save_critic,
 )
-from trainer.packing import PackedBatch, pack_sequences
-from trainer.processor import VLProcessor
-from trainer.tiny_checkpoint import ARCHS
+from trainer.learner.packing import PackedBatch, pack_sequences
+from trainer.rollout.processor import VLProcessor
 
 
 def batch_for(model: ActorModel | CriticModel, path: Path) -> PackedBatch:
@@ -31,14 +32,11 @@ def batch_for(model: ActorModel | CriticModel, path: Path) -> PackedBatch:
 
 
 def test_reference_and_critic_load_only_when_asked(tiny_qwen25: Path) -> None:
-    bare = load_models(tiny_qwen25, use_reference=False, use_critic=False)
-    assert bare.reference is None and bare.critic is None and bare.actor.training
-    full = load_models(tiny_qwen25, use_reference=True, use_critic=True)
-    assert full.reference is not None and full.critic is not None
-    assert not full.reference.training
-    assert not any(p.requires_grad for p in full.reference.parameters())
-    assert all(p.requires_grad for p in full.actor.parameters())
-    assert torch.all(full.critic.value_head.weight == 0)
+    actor, reference, critic = load_actor(tiny_qwen25), load_reference(tiny_qwen25), load_critic(tiny_qwen25)
+    assert actor.training and critic.training and not reference.training
+    assert not any(p.requires_grad for p in reference.parameters())
+    assert all(p.requires_grad for p in actor.parameters())
+    assert torch.all(critic.value_head.weight == 0)
 
 
 def test_actor_state_dict_has_the_hf_model_names(tiny_qwen25: Path) -> None:
@@ -82,7 +80,7 @@ def test_gradient_checkpointing_and_frozen_vision(tiny_qwen25: Path) -> None:
     def grads(
         checkpointing: bool, vision_frozen: bool, uncheckpointed: int = 0
     ) -> dict[str, torch.Tensor | None]:
-        actor = load_models(tiny_qwen25, use_reference=False, use_critic=False).actor
+        actor = load_actor(tiny_qwen25)
         actor = shard_model(
             actor,
             torch.device("cpu"),
@@ -117,7 +115,7 @@ def test_mlp_checkpoint_scope_recomputes_only_the_mlp(tiny_checkpoints: dict[str
     path = tiny_checkpoints[arch]
 
     def run(scope: str | None) -> tuple[list[tuple[int, int]], dict[str, torch.Tensor]]:
-        actor = load_models(path, use_reference=False, use_critic=False).actor
+        actor = load_actor(path)
         actor = shard_model(
             actor,
             torch.device("cpu"),
@@ -153,7 +151,7 @@ def test_compiled_model_computes_the_same_logprobs_and_gradients(tiny_qwen25: Pa
 
     def run(compiled: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         torch.manual_seed(0)
-        actor = load_models(tiny_qwen25, use_reference=False, use_critic=False).actor
+        actor = load_actor(tiny_qwen25)
         actor = shard_model(
             actor,
             torch.device("cpu"),
@@ -176,7 +174,7 @@ def test_compiled_model_computes_the_same_logprobs_and_gradients(tiny_qwen25: Pa
 
 
 def test_uncheckpointed_layers_and_scope_must_exist(tiny_qwen25: Path) -> None:
-    actor = load_models(tiny_qwen25, use_reference=False, use_critic=False).actor
+    actor = load_actor(tiny_qwen25)
     with pytest.raises(ValueError, match="uncheckpointed_layers must be in"):
         shard_model(actor, torch.device("cpu"), gradient_checkpointing=True, uncheckpointed_layers=99)
     with pytest.raises(ValueError, match="checkpoint scope must be 'layer' or 'mlp'"):

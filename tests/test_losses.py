@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from trainer.config import AlgoConfig
-from trainer.losses import (
+from trainer.learner.logprobs import chunk_scores
+from trainer.learner.losses import (
     actor_loss,
     aggregate_loss,
-    entropy_from_logits,
     kl_penalty,
     logprob_abs_diff,
     masked_mean,
@@ -132,10 +132,12 @@ def test_logprob_abs_diff_counts_response_tokens_only() -> None:
     _close(logprob_abs_diff(old, rollout, torch.tensor([[1, 1, 0]])), (0.1 + 0.2) / 2)
 
 
-def test_entropy_from_logits() -> None:
+def test_chunk_entropy_is_the_softmax_entropy() -> None:
     logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [100.0, 0.0, 0.0, 0.0]])
-    entropy = entropy_from_logits(logits)
-    assert entropy.tolist() == pytest.approx([math.log(4), 0.0], abs=1e-6)
+    scores = chunk_scores(
+        torch.nn.Identity(), logits, torch.tensor([0, 0]), temperature=1.0, with_entropy=True
+    )
+    assert scores[:, 1].tolist() == pytest.approx([math.log(4), 0.0], abs=1e-6)
 
 
 def test_actor_loss_combines_tis_kl_and_entropy() -> None:

@@ -11,16 +11,12 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.runners import trajectory_for
-from trainer.queue import (
-    EpisodeJob,
-    EpisodeQueue,
-    MemoryQueue,
-    QueueFull,
-    RedisQueue,
-    ResultConsumer,
-    open_queue,
-    pack_trajectory,
-)
+from trainer.queue import open_queue
+from trainer.queue.base import EpisodeQueue, QueueFull, pack
+from trainer.queue.consumer import ResultConsumer
+from trainer.queue.memory import MemoryQueue
+from trainer.queue.redis import RedisQueue
+from trainer.rollout.job import EpisodeJob
 
 QueueMaker = Callable[..., EpisodeQueue]
 
@@ -50,7 +46,7 @@ async def make_queue(request: pytest.FixtureRequest, redis_url: str) -> AsyncIte
 async def finish(queue: EpisodeQueue, consumer: str, count: int = 10, **fields: Any) -> list[str]:
     """Take jobs as `consumer` and publish a trajectory for each; returns their episode ids."""
     deliveries = await queue.take(consumer, count, 0.5)
-    await queue.complete([(d, pack_trajectory(d.job, trajectory_for(d.job, **fields))) for d in deliveries])
+    await queue.complete([(d, trajectory_for(d.job, **fields).to_msgpack()) for d in deliveries])
     return [d.job.episode_id for d in deliveries]
 
 
@@ -66,13 +62,13 @@ async def test_job_goes_through_and_stats_follow(make_queue: QueueMaker) -> None
     stats = await queue.stats()
     assert (stats.pending, stats.in_flight, stats.workers) == (1, 1, 1)
 
-    await queue.complete([(first, pack_trajectory(first.job, trajectory_for(first.job, reward=1.0)))])
+    await queue.complete([(first, trajectory_for(first.job, episode_reward=1.0).to_msgpack())])
     stats = await queue.stats()
     assert (stats.pending, stats.in_flight, stats.results) == (1, 0, 1)
 
     consumer = ResultConsumer(queue)
     [result] = await consumer.collect(5, timeout_s=0.5)
-    assert result == {**trajectory_for(first.job, reward=1.0), "attempt": 1}
+    assert result == trajectory_for(first.job, episode_reward=1.0)
     assert (await queue.stats()).results == 0
 
 
@@ -158,7 +154,7 @@ async def test_each_episode_is_delivered_once_even_across_consumer_restarts(make
     await finish(queue, "w1")
     consumer = ResultConsumer(queue)
     results = await consumer.collect(3, timeout_s=0.5)
-    assert sorted(r["episode_id"] for r in results) == ["other", "twice"]
+    assert sorted(r.episode_id for r in results) == ["other", "twice"]
     assert consumer.duplicates_dropped == 1
 
     await queue.enqueue([job("twice")])
@@ -176,17 +172,30 @@ async def test_results_read_but_not_acknowledged_reach_the_next_consumer(make_qu
     assert len(read_then_crashed) == 2
 
     results = await ResultConsumer(make_queue()).collect(2, timeout_s=1.0)
-    assert sorted(r["episode_id"] for r in results) == ["a", "b"]
+    assert sorted(r.episode_id for r in results) == ["a", "b"]
 
 
-async def test_stale_results_are_dropped_and_counted(make_queue: QueueMaker) -> None:
+async def test_results_that_are_not_trajectories_are_rejected_and_counted(make_queue: QueueMaker) -> None:
     queue = make_queue()
-    await queue.enqueue([job(f"v{version}", policy_version=version) for version in range(5)])
-    await finish(queue, "w1")
-    consumer = ResultConsumer(queue, max_staleness=2, policy_version=4)
+    await queue.enqueue([job(name) for name in ("fine", "garbage", "partial", "bad-status", "misaligned")])
+    deliveries = {d.job.episode_id: d for d in await queue.take("w1", 10, 0.5)}
+    fine = trajectory_for(deliveries["fine"].job).to_dict()
+    payloads = {
+        "fine": pack(fine),
+        "garbage": b"\xc1 not msgpack",
+        "partial": pack({"episode_id": "partial"}),
+        "bad-status": pack({**fine, "episode_id": "bad-status", "status": "DONE"}),
+        "misaligned": pack({**fine, "episode_id": "misaligned", "train_ids": [1, 2], "loss_mask": [0]}),
+    }
+    await queue.complete([(deliveries[name], payload) for name, payload in payloads.items()])
+    consumer = ResultConsumer(queue)
     results = await consumer.collect(5, timeout_s=0.5)
-    assert sorted(r["policy_version"] for r in results) == [2, 3, 4]
-    assert consumer.stale_dropped == 2
+    assert [r.episode_id for r in results] == ["fine"]
+    assert sum(consumer.rejected.values()) == 4
+    assert consumer.rejected["not msgpack"] == 1
+    assert consumer.rejected["status: enum"] == 1
+    assert any(reason.startswith("group_id") for reason in consumer.rejected)
+    assert (await queue.stats()).results == 0
 
 
 async def test_enqueue_waits_for_room_under_max_in_flight(make_queue: QueueMaker) -> None:
@@ -222,15 +231,6 @@ def test_bad_input_is_rejected_with_clear_errors() -> None:
         MemoryQueue("has space")
     with pytest.raises(ValueError, match="max_attempts"):
         MemoryQueue("ok", max_attempts=0)
-    a = job("a")
-    with pytest.raises(ValueError, match="lacks required keys"):
-        pack_trajectory(a, {"episode_id": "a"})
-    with pytest.raises(ValueError, match="episode_id"):
-        pack_trajectory(a, trajectory_for(job("b")))
-    with pytest.raises(ValueError, match="status"):
-        pack_trajectory(a, trajectory_for(a, status="DONE"))
-    with pytest.raises(TypeError, match="msgpack"):
-        pack_trajectory(a, trajectory_for(a, blob=object()))
 
 
 async def test_namespaces_share_one_redis_without_mixing(redis_url: str) -> None:

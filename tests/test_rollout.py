@@ -12,17 +12,19 @@ import pytest
 
 from clients.http import RetryPolicy
 from services.sokoban.reward import reward as sokoban_reward
+from tests.runners import trajectory_for
 from tests.servers import free_port
 from tests.test_env_handle import env_process, image_urls
 from trainer.config import RolloutConfig
-from trainer.engines import SGLangEngine
-from trainer.engines.base import Engine, GenerateRequest
-from trainer.engines.scripted import ScriptedEngine
-from trainer.env_handle import LocalEnvHandle, RemoteEnvHandle, RemoteEnvs, open_env
-from trainer.processor import VLProcessor
-from trainer.queue import EpisodeJob
-from trainer.rollout import episode_settings, group_jobs, run_episode, run_jobs
-from trainer.trajectory import Status, Trajectory
+from trainer.rollout.engines.base import Engine, GenerateRequest
+from trainer.rollout.engines.scripted import ScriptedEngine
+from trainer.rollout.engines.sglang import SGLangEngine
+from trainer.rollout.env_handle import LocalEnvHandle, RemoteEnvHandle, RemoteEnvs, open_env
+from trainer.rollout.episode import episode_settings, run_episode
+from trainer.rollout.job import EpisodeJob, group_jobs
+from trainer.rollout.processor import VLProcessor
+from trainer.rollout.runner import run_jobs
+from trainer.rollout.trajectory import Status, Trajectory
 
 # The player walks right and pushes the box three cells onto the target: four moves, two turns.
 CORRIDOR = {"xsb": "########\n#@ $  .#\n########"}
@@ -297,7 +299,7 @@ async def test_images_reach_the_engine_and_the_trajectory_in_order(
     engine = ScriptedEngine(processor, wander)
     trajectory = await play(processor, engine, sokoban[0], remotes, config=config(max_turns=4), seed=11)
     replay = LocalEnvHandle("sokoban")
-    first, _ = await replay.reset(seed=11)
+    first, _ = await replay.reset(EpisodeJob(episode_id="replay", group_id="g", env="sokoban", seed=11))
     observed = image_urls(first)
     for index in range(3):
         message, *_ = await replay.step(WANDER[index])
@@ -354,22 +356,22 @@ def test_groups_share_a_start_and_differ_in_sampling_seed() -> None:
     assert len(set(seeds)) == 6 and all(j.sampling["top_p"] == 0.9 for j in jobs)
     again = group_jobs("sokoban", [{"seed": 1}, {"seed": 2}], 3, sampling={"top_p": 0.9})
     assert [j.sampling["sampling_seed"] for j in again] == seeds
-    with pytest.raises(ValueError, match="seed, options and sample"):
+    with pytest.raises(ValueError, match=r"takes options, sample, seed, task_id; got \[.sed.\]"):
         group_jobs("sokoban", [{"sed": 1}], 2)
 
 
 async def test_run_jobs_bounds_concurrency_and_yields_every_result() -> None:
     running = most = 0
 
-    async def runner(episode: EpisodeJob) -> dict[str, Any]:
+    async def runner(episode: EpisodeJob) -> Trajectory:
         nonlocal running, most
         running += 1
         most = max(most, running)
         await asyncio.sleep(0.01)
         running -= 1
-        return {"episode_id": episode.episode_id}
+        return trajectory_for(episode)
 
     jobs = group_jobs("sokoban", [{"seed": s} for s in range(5)], 2)
     results = [result async for result in run_jobs(runner, jobs, 3)]
-    assert sorted(r["episode_id"] for r in results) == sorted(j.episode_id for j in jobs)
+    assert sorted(r.episode_id for r in results) == sorted(j.episode_id for j in jobs)
     assert most == 3

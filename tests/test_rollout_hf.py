@@ -22,13 +22,17 @@ from cli.main import app
 from clients.http import RetryPolicy
 from tests.test_env_handle import env_process
 from trainer.config import RolloutConfig
-from trainer.engines import HFEngine
-from trainer.env_handle import RemoteEnvs
-from trainer.logprobs import sequence_logprobs
-from trainer.queue import MemoryQueue, ResultConsumer
-from trainer.rollout import RolloutRunner, group_jobs, run_jobs
-from trainer.trajectory import Status, Trajectory
-from trainer.worker import EngineSpec, WorkerOptions, run_worker
+from trainer.learner.logprobs import sequence_logprobs
+from trainer.queue.consumer import ResultConsumer
+from trainer.queue.episode_runner import make_episode_runner
+from trainer.queue.memory import MemoryQueue
+from trainer.queue.worker import WorkerOptions, run_worker
+from trainer.rollout.engines.hf import HFEngine
+from trainer.rollout.engines.spec import EngineSpec
+from trainer.rollout.env_handle import RemoteEnvs
+from trainer.rollout.job import group_jobs
+from trainer.rollout.runner import RolloutRunner, run_jobs
+from trainer.rollout.trajectory import Status, Trajectory
 
 TEMPERATURE = 0.8
 ATOL = 1e-4
@@ -126,13 +130,13 @@ async def test_the_default_runner_works_through_a_worker(tiny_qwen25: Path, soko
     )
     await queue.enqueue(jobs)
     stop = asyncio.Event()
-    worker = asyncio.create_task(run_worker(options, stop, queue=queue))
+    worker = asyncio.create_task(run_worker(options, stop, factory=make_episode_runner, queue=queue))
     try:
         results = await ResultConsumer(queue).collect(len(jobs), timeout_s=120)
     finally:
         stop.set()
         await asyncio.wait_for(worker, timeout=60)
-    assert sorted(r["episode_id"] for r in results) == sorted(j.episode_id for j in jobs)
+    assert sorted(r.episode_id for r in results) == sorted(j.episode_id for j in jobs)
     for result in results:
         trajectory = Trajectory.from_dict(result)
         assert trajectory.status is Status.COMPLETED, trajectory.error

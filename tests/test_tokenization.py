@@ -15,9 +15,9 @@ from PIL import Image
 
 from clients.images import encode_image
 from clients.protocol import Message
-from trainer.processor import VLProcessor
-from trainer.tiny_checkpoint import ARCHS
-from trainer.tokenization import TokenTrackError, TokenTracks, TurnEncoder
+from devtools.tiny_checkpoint import ARCHS
+from trainer.rollout.processor import VLProcessor
+from trainer.rollout.tokenization import TokenTrackError, TokenTracks, TurnEncoder
 
 SYSTEM = {"role": "system", "content": "You solve Sokoban. Answer with <answer>Left</answer>."}
 

@@ -8,9 +8,9 @@ import pytest
 
 from tests.test_checkpoint_resume import odd_seeds_count, scripted_config
 from trainer.config import TrainConfig
-from trainer.engines.base import GenerateRequest
-from trainer.engines.scripted import ScriptedEngine
-from trainer.processor import VLProcessor
+from trainer.rollout.engines.base import GenerateRequest
+from trainer.rollout.engines.scripted import ScriptedEngine
+from trainer.rollout.processor import VLProcessor
 from trainer.train import PromptSource, run_training
 
 

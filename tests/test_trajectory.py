@@ -14,10 +14,11 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from clients.images import encode_image
-from trainer.processor import VLProcessor
-from trainer.queue import EpisodeJob, pack_trajectory, unpack
-from trainer.tokenization import TokenTracks, TurnEncoder
-from trainer.trajectory import Status, Trajectory
+from trainer.queue.worker import pack_result
+from trainer.rollout.job import EpisodeJob
+from trainer.rollout.processor import VLProcessor
+from trainer.rollout.tokenization import TokenTracks, TurnEncoder
+from trainer.rollout.trajectory import Status, Trajectory
 
 
 def small_trajectory(**overrides: Any) -> Trajectory:
@@ -124,9 +125,9 @@ def test_from_tracks_and_through_the_queue(tiny_qwen25: Path) -> None:
     assert trajectory.train_ids == list(tracks.train_ids)
     assert trajectory.images == [image] and trajectory.image_grid_thw == [(1, 4, 4)]
     assert sum(trajectory.loss_mask) == len(reply)
-    # The queue stamps the attempt and ships msgpack; the trainer side validates it back.
+    # The worker stamps the attempt and ships msgpack; the trainer side validates it back.
     job = EpisodeJob(episode_id="ep-3", group_id="g", env="sokoban", attempt=2)
-    received = Trajectory.from_dict(unpack(pack_trajectory(job, trajectory.to_dict())))
+    received = Trajectory.from_msgpack(pack_result(job, trajectory))
     assert received.attempt == 2
     assert received.train_ids == trajectory.train_ids
     assert received.messages[0]["content"][0] == {"type": "image"}

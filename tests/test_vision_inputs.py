@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from devtools.tiny_checkpoint import ARCHS
 from tests.vl_samples import mixed_samples
-from trainer.models import load_lm
-from trainer.processor import VLProcessor
-from trainer.tiny_checkpoint import ARCHS
-from trainer.vision_inputs import vision_inputs
+from trainer.learner.models import load_lm
+from trainer.learner.vision_inputs import vision_inputs
+from trainer.rollout.processor import VLProcessor
 
 
 @pytest.mark.parametrize("arch", ARCHS)

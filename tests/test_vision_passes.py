@@ -8,13 +8,20 @@ import numpy as np
 import pytest
 import torch
 
+from devtools.tiny_checkpoint import ARCHS
 from tests.vl_samples import make_sample
-from trainer.logprobs import token_logprobs, token_values
-from trainer.models import ActorModel, CriticModel, ImageFeatures, encode_images, load_actor, load_critic
-from trainer.packing import PackedBatch, pack_sequences
-from trainer.processor import VLProcessor
-from trainer.tiny_checkpoint import ARCHS
-from trainer.vision_passes import VisionPasses
+from trainer.learner.logprobs import token_logprobs, token_values
+from trainer.learner.models import (
+    ActorModel,
+    CriticModel,
+    ImageFeatures,
+    encode_images,
+    load_actor,
+    load_critic,
+)
+from trainer.learner.packing import PackedBatch, pack_sequences
+from trainer.learner.vision_passes import VisionPasses
+from trainer.rollout.processor import VLProcessor
 
 TEMPERATURE = 0.8
 

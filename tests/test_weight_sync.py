@@ -16,11 +16,8 @@ from safetensors import safe_open
 from transformers import PreTrainedModel
 
 from tests.servers import free_port, running_process, vistarl_cmd
-from trainer.engines import HFEngine, SGLangEngine
-from trainer.engines.sglang_api import InitWeightsUpdateGroupBody, UpdateWeightsFromDistributedBody
-from trainer.models import load_lm
-from trainer.processor import VLProcessor
-from trainer.weight_sync import (
+from trainer.learner.models import load_lm
+from trainer.learner.weight_sync import (
     DiskSync,
     DistributedSync,
     DistributedTarget,
@@ -35,6 +32,10 @@ from trainer.weight_sync import (
     to_checkpoint_state,
     verify_weight_sync,
 )
+from trainer.rollout.engines.hf import HFEngine
+from trainer.rollout.engines.sglang import SGLangEngine
+from trainer.rollout.engines.sglang_api import InitWeightsUpdateGroupBody, UpdateWeightsFromDistributedBody
+from trainer.rollout.processor import VLProcessor
 
 
 def nudge(model: PreTrainedModel, amount: float = 0.02, seed: int = 1) -> dict[str, torch.Tensor]:

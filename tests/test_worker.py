@@ -13,8 +13,12 @@ from prometheus_client import generate_latest
 
 from tests.runners import scripted_episode, trajectory_for
 from tests.test_queue import QueueMaker, job, make_queue
-from trainer.queue import EpisodeJob, EpisodeQueue, ResultConsumer
-from trainer.worker import EngineSpec, EpisodeRunner, Worker, load_runner_factory
+from trainer.queue.base import EpisodeQueue
+from trainer.queue.consumer import ResultConsumer
+from trainer.queue.worker import EpisodeRunner, Worker, load_runner_factory
+from trainer.rollout.engines.spec import EngineSpec
+from trainer.rollout.job import EpisodeJob
+from trainer.rollout.trajectory import Status, Trajectory
 
 # `make_queue` is the backend-parametrized fixture of test_queue, used here too.
 __all__ = ["make_queue"]
@@ -49,8 +53,8 @@ async def test_worker_runs_jobs_and_publishes_every_trajectory(make_queue: Queue
     await queue.enqueue([job(f"e{i}", options={"i": i}) for i in range(20)])
     async with running(worker_on(queue)) as worker:
         results = await ResultConsumer(queue).collect(20, timeout_s=10)
-    assert sorted(r["options"]["i"] for r in results) == list(range(20))
-    assert {r["attempt"] for r in results} == {1}
+    assert sorted(r.metrics["i"] for r in results) == list(range(20))
+    assert {r.attempt for r in results} == {1}
     assert metric(worker, "vistarl_worker_episodes_done_total") == 20
     assert metric(worker, "vistarl_worker_episode_seconds_count") == 20
     stats = await queue.stats()
@@ -61,7 +65,7 @@ async def test_worker_holds_at_most_its_concurrency(make_queue: QueueMaker) -> N
     queue = make_queue()
     now_running, most = 0, 0
 
-    async def counting(episode: EpisodeJob) -> dict[str, Any]:
+    async def counting(episode: EpisodeJob) -> Trajectory:
         nonlocal now_running, most
         now_running += 1
         most = max(most, now_running)
@@ -83,7 +87,7 @@ async def test_poison_job_is_dead_lettered_with_its_error(make_queue: QueueMaker
         deadline = time.monotonic() + 10
         while not await queue.dead_letters() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-    assert result["episode_id"] == "fine"
+    assert result.episode_id == "fine"
     [letter] = await queue.dead_letters()
     assert (letter.episode_id, letter.attempts) == ("poison", 3)
     assert letter.error.startswith("RuntimeError: env exploded [worker w1]")
@@ -95,29 +99,32 @@ async def test_poison_job_is_dead_lettered_with_its_error(make_queue: QueueMaker
 async def test_a_failed_trajectory_is_delivered_not_retried(make_queue: QueueMaker) -> None:
     queue = make_queue()
 
-    async def gives_up(episode: EpisodeJob) -> dict[str, Any]:
-        return {**trajectory_for(episode, status="FAILED"), "error": "env said no"}
+    async def gives_up(episode: EpisodeJob) -> Trajectory:
+        return trajectory_for(episode, status=Status.FAILED, error="env said no")
 
     await queue.enqueue([job("a")])
     async with running(worker_on(queue, gives_up)):
         [result] = await ResultConsumer(queue).collect(1, timeout_s=10)
-    assert (result["status"], result["error"], result["attempt"]) == ("FAILED", "env said no", 1)
+    assert (result.status, result.error, result.attempt) == (Status.FAILED, "env said no", 1)
     assert (await queue.stats()).dead == 0
 
 
 async def test_an_invalid_trajectory_fails_the_attempt_with_a_clear_error(make_queue: QueueMaker) -> None:
     queue = make_queue(max_attempts=1)
 
-    async def sloppy(episode: EpisodeJob) -> dict[str, Any]:
-        return {"episode_id": episode.episode_id}
+    async def sloppy(episode: EpisodeJob) -> Any:
+        if episode.episode_id == "a":
+            return {"episode_id": episode.episode_id}
+        return trajectory_for(job("someone-else"))
 
-    await queue.enqueue([job("a")])
+    await queue.enqueue([job("a"), job("b")])
     async with running(worker_on(queue, sloppy)):
         deadline = time.monotonic() + 10
-        while not await queue.dead_letters() and time.monotonic() < deadline:
+        while len(await queue.dead_letters()) < 2 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-    [letter] = await queue.dead_letters()
-    assert "lacks required keys" in letter.error
+    letters = {letter.episode_id: letter.error for letter in await queue.dead_letters()}
+    assert "must return a Trajectory, got dict" in letters["a"]
+    assert "episode_id 'someone-else' != job's 'b'" in letters["b"]
 
 
 async def test_heartbeats_keep_a_long_episode_while_another_worker_polls(make_queue: QueueMaker) -> None:
@@ -129,7 +136,7 @@ async def test_heartbeats_keep_a_long_episode_while_another_worker_polls(make_qu
             await asyncio.sleep(0.02)
         async with running(worker_on(make_queue(lease_s=lease_s), consumer="poller")) as poller:
             [result] = await ResultConsumer(queue).collect(1, timeout_s=15)
-    assert result["attempt"] == 1
+    assert result.attempt == 1
     assert metric(poller, "vistarl_worker_episodes_reclaimed_total") == 0
     assert metric(owner, "vistarl_worker_episodes_lost_total") == 0
 
@@ -140,7 +147,7 @@ async def test_jobs_of_a_vanished_worker_are_rerun_as_attempt_two(make_queue: Qu
     assert len(await queue.take("vanished", 2, 0.5)) == 2
     async with running(worker_on(queue)) as worker:
         results = await ResultConsumer(queue).collect(2, timeout_s=10)
-    assert sorted((r["episode_id"], r["attempt"]) for r in results) == [("a", 2), ("b", 2)]
+    assert sorted((r.episode_id, r.attempt) for r in results) == [("a", 2), ("b", 2)]
     assert metric(worker, "vistarl_worker_episodes_reclaimed_total") == 2
 
 
@@ -148,7 +155,7 @@ async def test_a_lost_lease_cancels_the_episode_and_the_job_runs_again(make_queu
     queue = make_queue(lease_s=0.6)
     starts = 0
 
-    async def slow_first_time(episode: EpisodeJob) -> dict[str, Any]:
+    async def slow_first_time(episode: EpisodeJob) -> Trajectory:
         nonlocal starts
         starts += 1
         await asyncio.sleep(30 if starts == 1 else 0)
@@ -163,7 +170,7 @@ async def test_a_lost_lease_cancels_the_episode_and_the_job_runs_again(make_queu
         while metric(worker, "vistarl_worker_episodes_lost_total") == 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         [result] = await ResultConsumer(queue).collect(1, timeout_s=10)
-    assert (result["attempt"], starts) == (1, 2)
+    assert (result.attempt, starts) == (1, 2)
     assert metric(worker, "vistarl_worker_episodes_lost_total") == 1
 
 
@@ -177,7 +184,7 @@ async def test_stop_finishes_short_episodes_and_hands_back_long_ones(make_queue:
     stats = await queue.stats()
     assert (stats.pending, stats.in_flight, stats.results) == (1, 0, 1)
     [result] = await ResultConsumer(queue).collect(1, timeout_s=1)
-    assert result["episode_id"] == "short"
+    assert result.episode_id == "short"
     [handed_back] = await queue.take("next", 1, 0.5)
     assert (handed_back.job.episode_id, handed_back.job.attempt, handed_back.job.errors) == ("long", 1, [])
     assert metric(worker, "vistarl_worker_episodes_released_total") == 1
@@ -189,8 +196,10 @@ def test_engine_specs_and_runner_paths_are_checked() -> None:
     )
     assert EngineSpec.parse("hf:/models/tiny").target == "/models/tiny"
     for bad in ("vllm:http://x", "sglang:", "no-colon"):
-        with pytest.raises(ValueError, match="sglang:URL or hf:DIR"):
+        with pytest.raises(ValueError, match="hf:DIR, hf:http://host:port or sglang:http://host:port"):
             EngineSpec.parse(bad)
+    with pytest.raises(ValueError, match="SGLang runs as a server"):
+        EngineSpec.parse("sglang:/models/tiny")
     assert load_runner_factory("tests.runners:make_noop_runner").__name__ == "make_noop_runner"
     for bad, message in (
         ("nocolon", "module:function"),

@@ -24,7 +24,10 @@ from typer.testing import CliRunner, Result
 from cli.main import app
 from tests.envs.serving import counter_server
 from tests.servers import free_port, running_process, stop_process, vistarl_cmd, wait_http
-from trainer.queue import EpisodeJob, RedisQueue, ResultConsumer, unpack
+from trainer.queue.base import unpack
+from trainer.queue.consumer import ResultConsumer
+from trainer.queue.redis import RedisQueue
+from trainer.rollout.job import EpisodeJob
 
 NOOP_RUNNER = ("--runner", "tests.runners:make_noop_runner")
 
@@ -169,11 +172,11 @@ async def test_sigkill_mid_episode_reruns_the_lost_jobs_and_delivers_each_once(r
             reclaimed = metric_value(survivor_metrics, "vistarl_worker_episodes_reclaimed_total")
 
     assert killed
-    assert sorted(r["episode_id"] for r in results) == [f"e{i}" for i in range(6)]
-    assert {r["episode_id"]: r["attempt"] for r in results} == {
+    assert sorted(r.episode_id for r in results) == [f"e{i}" for i in range(6)]
+    assert {r.episode_id: r.attempt for r in results} == {
         f"e{i}": 2 if f"e{i}" in killed else 1 for i in range(6)
     }
-    assert {r["reward"] for r in results} == {3.0}
+    assert {r.episode_reward for r in results} == {3.0}
     assert reclaimed == len(killed)
     assert (stats.pending, stats.in_flight, stats.results, stats.dead) == (0, 0, 0, 0)
 
@@ -191,7 +194,7 @@ async def test_workers_ride_out_a_redis_restart_and_deliver_every_job_once() -> 
                 after = await consumer.collect(40 - len(before), timeout_s=60)
                 stats = await queue.stats()
 
-    episodes = [r["episode_id"] for r in before + after]
+    episodes = [r.episode_id for r in before + after]
     assert sorted(episodes) == sorted(f"e{i}" for i in range(40))
     assert (stats.pending, stats.in_flight, stats.dead) == (0, 0, 0)
 
@@ -215,7 +218,7 @@ async def test_sigterm_finishes_short_episodes_and_hands_back_long_ones(redis_ur
             consumers = [c["name"] for c in await raw.xinfo_consumers(queue.keys.jobs, "workers")]
             await raw.aclose()
 
-    assert (result["episode_id"], result["attempt"]) == ("short", 1)
+    assert (result.episode_id, result.attempt) == ("short", 1)
     assert (stats.pending, stats.in_flight) == (1, 0)
     assert (handed_back.job.episode_id, handed_back.job.attempt, handed_back.job.errors) == ("long", 1, [])
     assert b"leaving" not in consumers
@@ -275,7 +278,7 @@ def test_worker_cli_rejects_bad_flags_clearly() -> None:
     no_engine = worker_cli()
     assert no_engine.exit_code == 2 and "--engine" in no_engine.stderr
     bad_engine = worker_cli("--engine", "vllm:http://x")
-    assert bad_engine.exit_code == 2 and "sglang:URL or hf:DIR" in bad_engine.stderr
+    assert bad_engine.exit_code == 2 and "is not hf:DIR" in bad_engine.stderr
     bad_env = worker_cli(*NOOP_RUNNER, "--env-url", "nourl")
     assert bad_env.exit_code == 2 and "NAME=URL" in bad_env.stderr
     bad_runner = worker_cli("--runner", "no.such.module:make")

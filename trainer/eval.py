@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
 
 from trainer.config import TrainConfig
-from trainer.engines.base import GenerateRequest
-from trainer.engines.scripted import Responder
-from trainer.rollout import group_jobs
+from trainer.rollout.engines.base import GenerateRequest
+from trainer.rollout.engines.scripted import Responder
+from trainer.rollout.job import group_jobs
+from trainer.rollout.trajectory import Trajectory
 from trainer.run_logging import save_trajectory
 from trainer.stack import Stack, episode_sampling
 
@@ -43,24 +43,24 @@ async def evaluate(
     jobs = group_jobs(stack.env, starts, 1, sampling=sampling, policy_version=version, prefix=key)
     await stack.submit(key, jobs)
     gathered = await stack.gather(key, cfg.rollout.collect_timeout_s)
-    trajectories = sorted(gathered.trajectories, key=lambda t: str(t["episode_id"]))
+    trajectories = sorted(gathered.trajectories, key=lambda t: t.episode_id)
     if out_dir is not None:
         for index, trajectory in enumerate(trajectories):
             save_trajectory(trajectory, out_dir / f"episode-{index:03d}")
     return {**summarize(trajectories), "eval/missing": float(gathered.missing)}
 
 
-def summarize(trajectories: list[dict[str, Any]]) -> dict[str, float]:
+def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
     """Success rate (the env's `success` metric), mean reward and mean turns; failed episodes count as 0."""
     count = len(trajectories)
     if not count:
         return {"eval/episodes": 0.0}
-    scored = [t for t in trajectories if t["status"] in ("COMPLETED", "TRUNCATED")]
+    scored = [t for t in trajectories if t.status.played]
     return {
         "eval/episodes": float(count),
-        "eval/success_rate": sum(float(t["metrics"].get("env/success", 0.0)) for t in scored) / count,
-        "eval/reward_mean": sum(float(t["episode_reward"]) for t in scored) / count,
-        "eval/turns_mean": sum(float(t["metrics"].get("turns", 0.0)) for t in trajectories) / count,
+        "eval/success_rate": sum(t.metrics.get("env/success", 0.0) for t in scored) / count,
+        "eval/reward_mean": sum(t.episode_reward for t in scored) / count,
+        "eval/turns_mean": sum(t.metrics.get("turns", 0.0) for t in trajectories) / count,
         "eval/failed": float(count - len(scored)),
     }
 

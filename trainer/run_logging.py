@@ -31,6 +31,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch.utils.tensorboard import SummaryWriter
 
 from clients.images import decode_image
+from trainer.rollout.trajectory import Trajectory
 
 __all__ = ["CURVE_FILE", "METRICS_FILE", "RunLogger", "read_metrics", "save_trajectory"]
 
@@ -50,15 +51,15 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def save_trajectory(trajectory: Mapping[str, Any], out_dir: Path) -> Path:
+def save_trajectory(trajectory: Trajectory, out_dir: Path) -> Path:
     """Write `trajectory.json` plus one PNG per image (named in the JSON); returns the JSON's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     names = []
-    for index, url in enumerate(trajectory.get("images") or []):
+    for index, url in enumerate(trajectory.images):
         name = f"image-{index:02d}.png"
         decode_image(url).save(out_dir / name)
         names.append(name)
-    record = {**trajectory, "images": names}
+    record = {**trajectory.to_dict(), "images": names}
     path = out_dir / "trajectory.json"
     path.write_text(json.dumps(record, indent=1) + "\n")
     return path
@@ -135,11 +136,11 @@ class RunLogger:
         figure.savefig(path, dpi=100)
         return path
 
-    def save_samples(self, step: int, trajectories: Sequence[Mapping[str, Any]], limit: int) -> None:
+    def save_samples(self, step: int, trajectories: Sequence[Trajectory], limit: int) -> None:
         """Keep the first `limit` trajectories of a step, with their images, under `samples/`."""
         root = self.run_dir / "samples" / f"step-{step:06d}"
         for trajectory in trajectories[:limit]:
-            save_trajectory(trajectory, root / str(trajectory["episode_id"]))
+            save_trajectory(trajectory, root / trajectory.episode_id)
 
     def note(self, message: str) -> None:
         """A line on the console above the progress bar."""

@@ -21,7 +21,7 @@ training; trajectories more than `rollout.max_staleness` versions old are droppe
 
 Under torchrun, every rank trains its share of each mini-batch (FSDP2); rank 0 alone drives the
 queue, the engine and the logs, and sends each step's trajectories to the other ranks as msgpack
-bytes in a tensor broadcast. Steps 3-5 are `trainer.update.PolicyTrainer.update`.
+bytes in a tensor broadcast. Steps 3-5 are `trainer.learner.update.PolicyTrainer.update`.
 """
 
 from __future__ import annotations
@@ -46,25 +46,35 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 
-from trainer.checkpoint import (
+from trainer.config import TrainConfig
+from trainer.eval import evaluate
+from trainer.learner.checkpoint import (
     TrainerState,
     latest_checkpoint,
     load_optimizer,
+    load_schedulers,
     load_trainer_state,
     restore_rng,
     save_checkpoint,
 )
-from trainer.config import TrainConfig
-from trainer.engines import Engine, HFEngine, SGLangEngine
-from trainer.eval import evaluate
-from trainer.fsdp import full_state_dict, init_distributed, is_distributed, rank_device
-from trainer.models import Models, load_actor, load_critic, load_reference
-from trainer.processor import VLProcessor
-from trainer.rollout import group_jobs
+from trainer.learner.fsdp import full_state_dict, init_distributed, is_distributed, rank_device
+from trainer.learner.models import Models, load_actor, load_critic, load_reference
+from trainer.learner.update import SEED_STRIDE, PolicyTrainer
+from trainer.learner.weight_sync import (
+    DiskSync,
+    DistributedSync,
+    DistributedTarget,
+    InProcessSync,
+    WeightSync,
+)
+from trainer.rollout.engines.base import Engine
+from trainer.rollout.engines.hf import HFEngine
+from trainer.rollout.engines.sglang import SGLangEngine
+from trainer.rollout.job import group_jobs
+from trainer.rollout.processor import VLProcessor
+from trainer.rollout.trajectory import Status, Trajectory
 from trainer.run_logging import RunLogger
 from trainer.stack import DTYPES, ENV_SERVER_LOG, Gathered, Stack, episode_sampling, open_stack
-from trainer.update import SEED_STRIDE, USABLE, PolicyTrainer, updates_per_step
-from trainer.weight_sync import DiskSync, DistributedSync, DistributedTarget, InProcessSync, WeightSync
 
 __all__ = [
     "PromptSource",
@@ -238,12 +248,12 @@ class _Run:
         )
 
     def _restore(self, path: Path) -> None:
-        """Optimizers, warmup position and RNG states from the checkpoint being resumed."""
+        """Optimizers, learning-rate schedulers and RNG states from the checkpoint being resumed."""
         trainer = self.trainer
         load_optimizer(path, "optimizer", trainer.actor, trainer.actor_optimizer)
         if trainer.critic is not None and trainer.critic_optimizer is not None:
             load_optimizer(path, "critic_optimizer", trainer.critic, trainer.critic_optimizer)
-        trainer.optimizer_steps = self.state.step * updates_per_step(self.cfg)
+        load_schedulers(path, trainer.schedulers)
         restore_rng(path, self.rank, self.state)
 
     async def run(self, engine: Engine | None) -> TrainResult:
@@ -271,7 +281,8 @@ class _Run:
         """Every rank: receive rank 0's message and carry it out; the weights are rank 0's only."""
         message = share(message, self.device)
         op = message["op"]
-        metrics = self.trainer.update(message["step"], message["trajectories"]) if op == "train" else {}
+        trajectories = [Trajectory.from_dict(data) for data in message.get("trajectories", [])]
+        metrics = self.trainer.update(message["step"], trajectories) if op == "train" else {}
         weights = full_state_dict(self.trainer.actor) if op in ("train", "weights") else {}
         if message.get("save"):
             self._save(TrainerState(**message["state"]))
@@ -289,6 +300,7 @@ class _Run:
             source_dir=Path(self.cfg.model.path),
             critic=trainer.critic,
             critic_optimizer=trainer.critic_optimizer,
+            schedulers=trainer.schedulers,
             rank=self.rank,
             barrier=dist.barrier if self.distributed else None,
         )
@@ -331,16 +343,16 @@ class _Run:
             jobs = step_jobs(cfg, stack.env, prompts, step, self.state.policy_version, tag)
             await stack.submit(f"s{step}", jobs)
 
-        if self.checkpoint is not None:
-            _, _, weights = await self._command("weights")
-            await sync.push(weights, self.state.policy_version)
+        _, _, weights = await self._command("weights")
+        await sync.push(weights, self.state.policy_version)  # the engine serves this run's weights
+        stack.policy_version = self.state.policy_version
         if self.state.step < cfg.train.steps:
             await submit(self.state.step + 1)
         for step in range(self.state.step + 1, cfg.train.steps + 1):
             started = time.perf_counter()
-            stack.policy_version = self.state.policy_version
             gathered = await stack.gather(f"s{step}", cfg.rollout.collect_timeout_s)
             timings = {"time/rollout": time.perf_counter() - started}
+            rollout = rollout_metrics(gathered, stack)  # lags against the policy that was serving
             if not gathered.trajectories:
                 raise RuntimeError(
                     f"step {step}: no episode finished within rollout.collect_timeout_s="
@@ -350,14 +362,24 @@ class _Run:
             last = step == cfg.train.steps
             if cfg.rollout.async_mode and not last:
                 await submit(step + 1)
-            state = TrainerState(step, self.state.policy_version + 1, step * cfg.rollout.rollout_batch_size)
+            learnable = any(t.trainable for t in gathered.trajectories)
+            if not learnable:
+                logger.note(f"step {step}: nothing to learn from ({_outcomes(gathered)}); the policy stays")
+            version = self.state.policy_version + int(learnable)
+            state = TrainerState(step, version, step * cfg.rollout.rollout_batch_size)
             save = last or (cfg.train.save_every > 0 and step % cfg.train.save_every == 0)
             with _timed(timings, "time/train"):
                 _, metrics, weights = await self._command(
-                    "train", step=step, trajectories=gathered.trajectories, save=save, state=asdict(state)
+                    "train",
+                    step=step,
+                    trajectories=[t.to_dict() for t in gathered.trajectories],
+                    save=save,
+                    state=asdict(state),
                 )
-            with _timed(timings, "time/sync"):
-                await sync.push(weights, state.policy_version)
+            if learnable:
+                with _timed(timings, "time/sync"):
+                    await sync.push(weights, state.policy_version)
+            stack.policy_version = state.policy_version
             self.state = state
             if not cfg.rollout.async_mode and not last:
                 await submit(step + 1)
@@ -370,8 +392,8 @@ class _Run:
                         )
                     )
             timings["time/step"] = time.perf_counter() - started
-            generated = sum(t["metrics"].get("generated_tokens", 0.0) for t in gathered.trajectories)
-            metrics.update(rollout_metrics(gathered, stack))
+            generated = sum(t.metrics.get("generated_tokens", 0.0) for t in gathered.trajectories)
+            metrics.update(rollout)
             metrics.update(timings)
             metrics["policy_version"] = float(state.policy_version)
             metrics["perf/tokens_per_s"] = generated / timings["time/step"]
@@ -400,6 +422,13 @@ class _Run:
         return DiskSync(engine, root, config, Path(cfg.model.path), dtype=dtype, pause=pause)
 
 
+def _outcomes(gathered: Gathered) -> str:
+    """How a step's episodes ended, e.g. `3 COMPLETED, 5 FAILED, 0 missing`."""
+    counts = Counter(t.status.value for t in gathered.trajectories)
+    ended = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    return f"{ended}, {gathered.missing} missing"
+
+
 @contextlib.contextmanager
 def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
     """Add the block's wall time to `timings[name]`."""
@@ -413,21 +442,22 @@ def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
 def rollout_metrics(gathered: Gathered, stack: Stack) -> dict[str, float]:
     """Reward and env metrics over usable episodes; statuses, lengths and losses over all of them."""
     trajectories = gathered.trajectories
-    usable = [t for t in trajectories if t["status"] in USABLE]
+    usable = [t for t in trajectories if t.status.played]
     metrics: dict[str, float] = {
         "rollout/episodes": float(len(trajectories)),
         "rollout/missing": float(gathered.missing),
         "rollout/stale": float(gathered.stale),
         "rollout/unexpected": float(stack.unexpected),
+        "rollout/rejected": float(stack.rejected),
     }
-    statuses = Counter(t["status"] for t in trajectories)
-    for status in ("COMPLETED", "TRUNCATED", "ABORTED", "FAILED"):
-        metrics[f"rollout/status/{status}"] = float(statuses.get(status, 0))
+    statuses = Counter(t.status for t in trajectories)
+    for status in Status:
+        metrics[f"rollout/status/{status.value}"] = float(statuses.get(status, 0))
     if trajectories:
-        lags = [stack.policy_version - int(t["policy_version"]) for t in trajectories]
+        lags = [stack.lag(t) for t in trajectories]
         metrics["rollout/policy_lag"] = sum(lags) / len(lags)
     if usable:
-        rewards = torch.tensor([float(t["episode_reward"]) for t in usable])
+        rewards = torch.tensor([t.episode_reward for t in usable])
         metrics.update(
             {
                 "reward/mean": float(rewards.mean()),
@@ -438,8 +468,8 @@ def rollout_metrics(gathered: Gathered, stack: Stack) -> dict[str, float]:
         )
         per_episode: defaultdict[str, list[float]] = defaultdict(list)
         for t in usable:
-            for name, value in t["metrics"].items():
-                per_episode[name].append(float(value))
+            for name, value in t.metrics.items():
+                per_episode[name].append(value)
         renamed = {
             "turns": "rollout/turns",
             "generated_tokens": "rollout/response_tokens",

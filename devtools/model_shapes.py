@@ -1,0 +1,106 @@
+"""Qwen-VL configs by size: one `ModelShape` of widths and depths, everything else as the real
+architectures' `config.json` has it (rope, special tokens, patching, which vision blocks attend fully).
+
+`tiny` is the CPU test model; `qwen2_5_vl_3b` the shape of Qwen/Qwen2.5-VL-3B-Instruct, which the
+training-step benchmark measures. Weights are never part of a shape: they are random.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from transformers import PretrainedConfig, Qwen2_5_VLConfig, Qwen3VLConfig
+
+__all__ = ["ARCHS", "SHAPES", "Arch", "ModelShape", "qwen_vl_config"]
+
+Arch = Literal["qwen2_5_vl", "qwen3_vl"]
+ARCHS: tuple[Arch, ...] = ("qwen2_5_vl", "qwen3_vl")
+
+VOCAB_SIZE = 151936
+SPECIAL_TOKENS = {"image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Widths and depths of the text model and the vision tower."""
+
+    hidden_size: int
+    intermediate_size: int
+    layers: int
+    heads: int
+    kv_heads: int
+    vision_depth: int
+    vision_hidden_size: int
+    vision_intermediate_size: int
+    vision_heads: int
+    max_position_embeddings: int = 32768
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.heads
+
+    @property
+    def mrope_section(self) -> list[int]:
+        """The t/h/w split of the rotary half-dimension, in the real models' 1/4, 3/8, 3/8 ratio."""
+        half = self.head_dim // 2
+        return [half // 4, half * 3 // 8, half * 3 // 8]
+
+
+SHAPES: dict[str, ModelShape] = {
+    "tiny": ModelShape(128, 256, 2, 4, 2, 2, 64, 128, 2),
+    "small": ModelShape(256, 768, 4, 4, 2, 2, 128, 256, 2),
+    "qwen2_5_vl_3b": ModelShape(2048, 11008, 36, 16, 2, 32, 1280, 3420, 16, 128000),
+}
+
+
+def qwen_vl_config(arch: Arch, shape: ModelShape) -> PretrainedConfig:
+    """The config of architecture `arch` at `shape`, with tied word embeddings."""
+    text: dict[str, object] = {
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": shape.hidden_size,
+        "intermediate_size": shape.intermediate_size,
+        "num_hidden_layers": shape.layers,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "head_dim": shape.head_dim,
+        "max_position_embeddings": shape.max_position_embeddings,
+        "rms_norm_eps": 1e-6,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "pad_token_id": 151643,
+    }
+    vision: dict[str, object] = {
+        "depth": shape.vision_depth,
+        "hidden_size": shape.vision_hidden_size,
+        "intermediate_size": shape.vision_intermediate_size,
+        "num_heads": shape.vision_heads,
+        "out_hidden_size": shape.hidden_size,
+    }
+    depth = shape.vision_depth
+    if arch == "qwen2_5_vl":
+        text["rope_parameters"] = {
+            "rope_type": "default",
+            "rope_theta": 1e6,
+            "mrope_section": shape.mrope_section,
+        }
+        full_attention = [i for i in range(depth) if i % 8 == 7 or i == depth - 1]
+        vision |= {"window_size": 112, "fullatt_block_indexes": full_attention, "tokens_per_second": 2}
+        return Qwen2_5_VLConfig(
+            text_config=text, vision_config=vision, tie_word_embeddings=True, **SPECIAL_TOKENS
+        )
+    text["rope_parameters"] = {
+        "rope_type": "default",
+        "rope_theta": 5e6,
+        "mrope_section": shape.mrope_section,
+        "mrope_interleaved": True,
+    }
+    deepstack = sorted({max(0, depth * quarter // 4 - 1) for quarter in (1, 2, 3)})
+    vision |= {"num_position_embeddings": 576, "deepstack_visual_indexes": deepstack}
+    return Qwen3VLConfig(
+        text_config=text,
+        vision_config=vision,
+        tie_word_embeddings=True,
+        vision_end_token_id=151653,
+        **SPECIAL_TOKENS,
+    )

@@ -1,0 +1,424 @@
+"""One PPO-family update on a step's trajectories, each rank on its share: recompute, advantages, epochs.
+
+`PolicyTrainer` holds a rank's actor (and reference, critic) with their AdamW optimizers. `update`
+takes a step's trajectories (the same list on every rank), keeps the trainable ones (`Trajectory.trainable`:
+COMPLETED or TRUNCATED with at least one generated token) in episode-id order, and
+
+1. shuffles them (reproducibly per step) into `samples_per_step / global_batch_size` mini-batches,
+   each split into micro-batches of at most `train.micro_batch_tokens` tokens balanced across
+   ranks, and packs this rank's micro-batches;
+2. recomputes old logprobs (and reference logprobs, critic values) without gradients, and the
+   mean |trainer - rollout| logprob mismatch;
+3. computes advantages (`compute_advantages`; group baselines use every rank's rewards, value-based
+   estimators only this rank's rows, which are the ones it trains on);
+4. runs `algo.ppo_epochs` passes: one optimizer step per mini-batch, accumulating its micro-batches
+   (losses normalised by the mini-batch's token or sequence count, times the world size because
+   FSDP averages gradients over ranks), clipping to `optim.grad_clip`.
+
+The vision tower runs once per `train.vision_pass_micro_batches` micro-batches (`VisionPasses`), in
+the recompute and in the update.
+
+Metrics come back reduced over ranks, token-weighted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.optim.lr_scheduler import LambdaLR
+
+from trainer.config import TrainConfig
+from trainer.learner.advantages import compute_advantages
+from trainer.learner.fsdp import is_distributed, set_last_micro_batch, shard_model
+from trainer.learner.logprobs import token_logprobs, token_values
+from trainer.learner.losses import actor_loss, masked_sum, value_loss
+from trainer.learner.models import ImageFeatures, Models
+from trainer.learner.packing import (
+    PackedBatch,
+    SequenceSample,
+    host_to_device,
+    pack_sequences,
+    plan_micro_batches,
+)
+from trainer.learner.vision_passes import VisionPasses
+from trainer.rollout.processor import VLProcessor
+from trainer.rollout.trajectory import Trajectory
+
+__all__ = ["SEED_STRIDE", "PolicyTrainer", "warmup"]
+
+SEED_STRIDE = 1_000_003
+"""Spacing of per-step seeds derived from `train.seed`, so no two (seed, step) pairs collide."""
+
+
+@dataclass
+class _Micro:
+    """One packed micro-batch of this rank and its per-token tensors (`[T]`, aligned with the row)."""
+
+    rows: list[int]
+    batch: PackedBatch
+    old_logp: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+
+@dataclass
+class _Sums:
+    """Token-weighted sums of a fixed list of metrics, reduced over ranks in one collective.
+
+    The sums stay on the device until `reduced`, so adding a micro-batch's metrics never waits for the
+    GPU. The list is the same on every rank (a rank whose micro-batches are all empty still takes part).
+    """
+
+    names: list[str]
+    totals: dict[str, torch.Tensor] = field(default_factory=dict)
+    weights: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def add(self, metrics: dict[str, torch.Tensor], weight: torch.Tensor) -> None:
+        weight = weight.detach().double()
+        for name, value in metrics.items():
+            value = torch.as_tensor(value, device=weight.device).detach().double()
+            self.totals[name] = self.totals.get(name, 0.0) + value * weight
+            self.weights[name] = self.weights.get(name, 0.0) + weight
+
+    def reduced(self, device: torch.device) -> dict[str, float]:
+        """`train/<name>`: each metric's weighted mean over every rank's micro-batches."""
+        names = self.names
+        zero = torch.zeros((), dtype=torch.float64, device=device)
+        packed = torch.stack(
+            [self.totals.get(n, zero).to(device) for n in names]
+            + [self.weights.get(n, zero).to(device) for n in names]
+        )
+        if is_distributed():
+            dist.all_reduce(packed)
+        values = packed.tolist()
+        return {f"train/{n}": values[i] / max(values[len(names) + i], 1e-12) for i, n in enumerate(names)}
+
+
+def metric_names(cfg: TrainConfig, reference: bool, critic: bool) -> list[str]:
+    """The metrics `actor_loss` (and `value_loss`) report under this config, found by running them once."""
+    one = torch.zeros(1, 1)
+    mask = torch.ones(1, 1)
+    _, metrics = actor_loss(
+        one, one, one, mask, cfg.algo, ref_logp=one if reference else None, entropy=one, rollout_logp=one
+    )
+    names = {"logprob_abs_diff", *metrics} - {"loss"}
+    if critic:
+        _, values = value_loss(one, one, one, mask, clip=cfg.algo.value_clip)
+        names |= {*values, "critic_grad_norm"}
+    return sorted(names)
+
+
+class PolicyTrainer:
+    """The models and optimizers of one rank, and `update`, the PPO-family step on a batch of trajectories."""
+
+    def __init__(
+        self, cfg: TrainConfig, models: Models, processor: VLProcessor, device: torch.device
+    ) -> None:
+        self.cfg = cfg
+        self.processor = processor
+        self.device = device
+        self.rank = dist.get_rank() if is_distributed() else 0
+        self.world = dist.get_world_size() if is_distributed() else 1
+        trained: dict[str, Any] = {
+            "gradient_checkpointing": cfg.model.gradient_checkpointing,
+            "uncheckpointed_layers": cfg.model.uncheckpointed_layers,
+            "checkpoint_scope": cfg.model.checkpoint_scope,
+            "compiled": cfg.model.compile,
+            "keep_gathered": self.world == 1,  # one rank: a shard is the whole model, gathering is pure cost
+        }
+        self.actor = shard_model(models.actor, device, vision_frozen=cfg.model.freeze_vision, **trained)
+        self.reference = (
+            shard_model(models.reference, device, compiled=cfg.model.compile)
+            if models.reference is not None
+            else None
+        )
+        self.critic = shard_model(models.critic, device, **trained) if models.critic is not None else None
+        optim = cfg.optim
+        self.actor_optimizer = torch.optim.AdamW(
+            [p for p in self.actor.parameters() if p.requires_grad],
+            lr=optim.lr,
+            betas=optim.betas,
+            weight_decay=optim.weight_decay,
+        )
+        self.critic_optimizer = (
+            torch.optim.AdamW(
+                self.critic.parameters(),
+                lr=optim.critic_lr,
+                betas=optim.betas,
+                weight_decay=optim.weight_decay,
+            )
+            if self.critic is not None
+            else None
+        )
+        self.schedulers = {"actor": LambdaLR(self.actor_optimizer, warmup(optim.warmup_steps))}
+        if self.critic_optimizer is not None:
+            self.schedulers["critic"] = LambdaLR(self.critic_optimizer, warmup(optim.warmup_steps))
+        self.metric_names = metric_names(cfg, self.reference is not None, self.critic is not None)
+
+    def update(self, step: int, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+        """The update of the module docstring; every rank calls it with the same trajectories.
+
+        They are taken in episode-id order, not arrival order, so that a step is reproducible.
+        """
+        rows = sorted((t for t in trajectories if t.trainable), key=lambda t: t.episode_id)
+        if not rows:
+            return {"train/skipped": 1.0}
+        minis = self._mini_batches(step, len(rows))
+        started = time.perf_counter()
+        micros = [self._pack(rows, mini) for mini in minis]
+        sums = _Sums(self.metric_names)
+        self._recompute([m for mini in micros for m in mini], rows, sums)
+        recompute_s = time.perf_counter() - started
+        started = time.perf_counter()
+        self._advantages(rows, [m for mini in micros for m in mini])
+        grad_norms: list[float] = []
+        generator = torch.Generator().manual_seed(self.cfg.train.seed * SEED_STRIDE + step)
+        for _ in range(self.cfg.algo.ppo_epochs):
+            for index in torch.randperm(len(minis), generator=generator).tolist():
+                grad_norms.append(self._optimize(rows, minis[index], micros[index], sums))
+        metrics = sums.reduced(self.device)
+        metrics.update(
+            {
+                "train/grad_norm": sum(grad_norms) / len(grad_norms),
+                "train/lr": self.actor_optimizer.param_groups[0]["lr"],
+                "train/trajectories": float(len(rows)),
+                "train/tokens": float(sum(len(r.train_ids) for r in rows)),
+                "time/recompute": recompute_s,
+                "time/update": time.perf_counter() - started,
+            }
+        )
+        return metrics
+
+    def _mini_batches(self, step: int, count: int) -> list[list[int]]:
+        """Trajectory indices, shuffled per step, in `samples_per_step / global_batch_size` parts."""
+        parts = self.cfg.rollout.samples_per_step // self.cfg.train.global_batch_size
+        generator = torch.Generator().manual_seed(self.cfg.train.seed * SEED_STRIDE + step)
+        order = torch.randperm(count, generator=generator).tolist()
+        return [chunk for chunk in (order[i::parts] for i in range(parts)) if chunk]
+
+    def _pack(self, rows: list[Trajectory], mini: list[int]) -> list[_Micro]:
+        """This rank's micro-batches of one mini-batch, balanced by token budget across ranks and packed."""
+        plan = plan_micro_batches(
+            [len(rows[i].train_ids) for i in mini], self.world, self.cfg.train.micro_batch_tokens
+        )
+        micros = []
+        for bin_ in plan[self.rank]:
+            members = [mini[j] for j in bin_]
+            if not members and self.world == 1:
+                continue
+            batch = pack_sequences(
+                [_sequence(rows[i]) for i in members],
+                self.processor,
+                self.actor.model.get_rope_index,
+                dummy_image=self.world > 1,
+            )
+            micros.append(_Micro(members, batch.to(self.device)))
+        return micros
+
+    @torch.no_grad()
+    def _recompute(self, micros: list[_Micro], rows: list[Trajectory], sums: _Sums) -> None:
+        """Old (and reference) logprobs and old values of every micro-batch; the rollout mismatch metric."""
+        temperature, compiled = self.cfg.rollout.rollout_temperature, self.cfg.model.compile
+        batches = [micro.batch for micro in micros]
+        group = self.cfg.train.vision_pass_micro_batches
+        actor = VisionPasses(self.actor, batches, group)
+        reference = VisionPasses(self.reference, batches, group) if self.reference is not None else None
+        critic = VisionPasses(self.critic, batches, group) if self.critic is not None else None
+        for i, micro in enumerate(micros):
+            micro.old_logp = token_logprobs(
+                self.actor, micro.batch, temperature, compiled=compiled, image_features=actor.features(i)
+            ).logprobs
+            if reference is not None:
+                micro.ref_logp = token_logprobs(
+                    reference.model,
+                    micro.batch,
+                    temperature,
+                    compiled=compiled,
+                    image_features=reference.features(i),
+                ).logprobs
+            if critic is not None:
+                micro.values = token_values(critic.model, micro.batch, image_features=critic.features(i))
+            mask = micro.batch.loss_mask
+            tokens = mask.sum()
+            diff = masked_sum((micro.old_logp - micro.batch.rollout_logprobs).abs(), mask) / tokens.clamp(
+                min=1
+            )
+            sums.add({"logprob_abs_diff": diff}, tokens)
+            for passes in (actor, reference, critic):
+                if passes is not None:
+                    passes.backward(i)  # frees a finished group's features (nothing to backpropagate)
+
+    def _advantages(self, rows: list[Trajectory], micros: list[_Micro]) -> None:
+        """Advantages over all usable trajectories (values known only for this rank's rows, which are
+        the only ones it uses), into each micro-batch with its value targets, on the device."""
+        lengths = [len(r.train_ids) for r in rows]
+        width = max(lengths)
+        mask = _padded([r.loss_mask for r in rows], width)
+        values = torch.zeros_like(mask)
+        for micro in micros:
+            if micro.values is not None:
+                for b, piece in zip(micro.rows, _split(micro.values.cpu(), micro.batch), strict=True):
+                    values[b, : lengths[b]] = piece
+        turns = max(max(len(r.turn_rewards), max(r.turn_index) + 1) for r in rows)
+        groups = {group: g for g, group in enumerate(dict.fromkeys(r.group_id for r in rows))}
+        algo = self.cfg.algo
+        result = compute_advantages(
+            algo.advantage_estimator,
+            mask,
+            rewards=torch.tensor([r.episode_reward for r in rows]),
+            group_ids=torch.tensor([groups[r.group_id] for r in rows]),
+            values=values if algo.needs_critic else None,
+            turn_rewards=_padded([r.turn_rewards for r in rows], turns),
+            turn_index=_padded([r.turn_index for r in rows], width).long(),
+            gamma=algo.gamma,
+            lam=algo.lam,
+            gamma_turn=algo.gamma_turn,
+        )
+        for micro in micros:
+            micro.advantages = host_to_device(_row_tensor(result.advantages, micro, lengths), self.device)
+            if result.returns is not None:
+                micro.returns = host_to_device(_row_tensor(result.returns, micro, lengths), self.device)
+
+    def _optimize(self, rows: list[Trajectory], mini: list[int], micros: list[_Micro], sums: _Sums) -> float:
+        """One optimizer step: accumulate the micro-batches, clip, step; returns the grad norm."""
+        algo = self.cfg.algo
+        if algo.loss_agg_mode == "token-mean":
+            denominator = float(sum(sum(rows[i].loss_mask) for i in mini))
+        else:
+            denominator = float(len(mini))
+        self.actor_optimizer.zero_grad(set_to_none=True)
+        if self.critic_optimizer is not None:
+            self.critic_optimizer.zero_grad(set_to_none=True)
+        batches = [micro.batch for micro in micros]
+        group = self.cfg.train.vision_pass_micro_batches
+        actor_vision = VisionPasses(self.actor, batches, group)
+        critic_vision = VisionPasses(self.critic, batches, group) if self.critic is not None else None
+        for i, micro in enumerate(micros):
+            last = i == len(micros) - 1
+            set_last_micro_batch(self.actor, last)
+            self._actor_backward(micro, actor_vision.features(i), denominator, sums)
+            actor_vision.backward(i)
+            if critic_vision is not None:
+                set_last_micro_batch(critic_vision.model, last)
+                self._critic_backward(micro, critic_vision.features(i), denominator, sums)
+                critic_vision.backward(i)
+        norm = _clip(self.actor.parameters(), self.cfg.optim.grad_clip)
+        self.actor_optimizer.step()
+        if self.critic is not None and self.critic_optimizer is not None:
+            critic_norm = _clip(self.critic.parameters(), self.cfg.optim.grad_clip)
+            sums.add({"critic_grad_norm": torch.tensor(critic_norm)}, torch.ones(()))
+            self.critic_optimizer.step()
+        for scheduler in self.schedulers.values():
+            scheduler.step()
+        return norm
+
+    def _actor_backward(
+        self, micro: _Micro, features: ImageFeatures | None, denominator: float, sums: _Sums
+    ) -> None:
+        """The actor's loss on one micro-batch, backpropagated (a zero loss on a rank's empty bin, whose
+        forward and backward still have to join the other ranks' collectives)."""
+        batch, algo = micro.batch, self.cfg.algo
+        scores = token_logprobs(
+            self.actor,
+            batch,
+            self.cfg.rollout.rollout_temperature,
+            with_entropy=True,
+            compiled=self.cfg.model.compile,
+            image_features=features,
+        )
+        if not micro.rows:
+            (scores.logprobs.sum() * 0.0).backward()
+            return
+        pad = batch.to_padded
+        mask = pad(batch.loss_mask)
+        assert micro.old_logp is not None and micro.advantages is not None and scores.entropy is not None
+        loss, metrics = actor_loss(
+            pad(scores.logprobs),
+            pad(micro.old_logp),
+            pad(micro.advantages),
+            mask,
+            algo,
+            ref_logp=pad(micro.ref_logp) if micro.ref_logp is not None else None,
+            entropy=pad(scores.entropy),
+            rollout_logp=pad(batch.rollout_logprobs),
+            denominator=denominator,
+        )
+        (loss * self.world).backward()
+        sums.add({k: v for k, v in metrics.items() if k != "loss"}, mask.sum())
+
+    def _critic_backward(
+        self, micro: _Micro, features: ImageFeatures | None, denominator: float, sums: _Sums
+    ) -> None:
+        """The critic's value loss on one micro-batch, backpropagated (zero on an empty bin, as above)."""
+        assert self.critic is not None
+        batch = micro.batch
+        values = token_values(self.critic, batch, image_features=features)
+        if not micro.rows:
+            (values.sum() * 0.0).backward()
+            return
+        assert micro.values is not None and micro.returns is not None
+        pad = batch.to_padded
+        mask = pad(batch.loss_mask)
+        critic_loss, critic_metrics = value_loss(
+            pad(values),
+            pad(micro.values),
+            pad(micro.returns),
+            mask,
+            clip=self.cfg.algo.value_clip,
+            loss_agg_mode=self.cfg.algo.loss_agg_mode,
+            denominator=denominator,
+        )
+        (critic_loss * self.world).backward()
+        sums.add(critic_metrics, mask.sum())
+
+
+def _sequence(trajectory: Trajectory) -> SequenceSample:
+    """What packing needs of a trajectory: its trainer track, loss mask, rollout logprobs and images."""
+    return SequenceSample(
+        train_ids=trajectory.train_ids,
+        loss_mask=trajectory.loss_mask,
+        images=trajectory.images,
+        rollout_logprobs=trajectory.rollout_logprobs,
+    )
+
+
+def _padded(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
+    """Right-padded float32 `[B, width]`."""
+    out = torch.zeros(len(rows), width)
+    for b, values in enumerate(rows):
+        out[b, : len(values)] = torch.tensor(values, dtype=torch.float32)
+    return out
+
+
+def _split(values: torch.Tensor, batch: PackedBatch) -> list[torch.Tensor]:
+    """A packed row's `[T]` values split per sequence (the dummy tail dropped)."""
+    return list(values[: int(batch.cu_seqlens[-1])].split(batch.cu_seqlens.diff().tolist()))
+
+
+def _row_tensor(padded: torch.Tensor, micro: _Micro, lengths: list[int]) -> torch.Tensor:
+    """A micro-batch's `[T]` row assembled from `[B, width]` per-trajectory values (0 on the dummy tail)."""
+    pieces = [padded[b, : lengths[b]] for b in micro.rows]
+    tail = micro.batch.num_tokens - sum(lengths[b] for b in micro.rows)
+    return torch.cat([*pieces, padded.new_zeros(tail)])
+
+
+def _clip(parameters: Iterator[torch.nn.Parameter], max_norm: float) -> float:
+    """Clip the gradient norm (FSDP-aware); returns the norm before clipping."""
+    grads = [p for p in parameters if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(grads, max_norm)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+def warmup(steps: int) -> Callable[[int], float]:
+    """`LambdaLR`'s factor for linear warmup over `steps` optimizer steps, then a constant rate."""
+    return lambda done: min(1.0, (done + 1) / steps) if steps else 1.0

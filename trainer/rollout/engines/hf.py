@@ -1,0 +1,525 @@
+"""`HFEngine`: in-process transformers generation with dynamic batching, for one machine and for tests.
+
+Requests queue up; one background task takes up to `max_batch_size` of them at once and decodes them
+together: a left-padded prefill with explicit mRoPE positions, then one token per step for every live
+row from a shared KV cache, each row with its own sampling params and seeded `torch.Generator`. Rows
+leave the batch as they finish. The model runs on one dedicated thread, so the event loop (HTTP, env
+I/O) keeps going; a batch's weights never change under it, because weight updates wait for the
+running batch and run on the same thread.
+
+Semantics follow SGLang: single-pad `engine_ids` are expanded here; logprobs are
+`log_softmax(logits / temperature)` before top-p / top-k / min-p (plain `log_softmax` when greedy);
+output ids and logprobs include the matched stop token; `length` wins when the last allowed token is
+also a stop token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import random
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForImageTextToText, PreTrainedModel
+
+from clients.errors import ImageError
+from trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
+from trainer.rollout.engines.sglang_api import TOP_K_ALL, FinishReason, PauseMode, SamplingParams
+from trainer.rollout.processor import PixelInputs, VLProcessor
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BATCH_SIZE = 8
+HEALTH_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    """A request made ready for the model: expanded ids, pixel inputs, the ids that stop it."""
+
+    input_ids: list[int]
+    pixels: PixelInputs | None
+    stop_ids: frozenset[int]
+
+
+@dataclass(eq=False)
+class _Job:
+    """One queued or running request and the future its caller awaits (compared by identity)."""
+
+    request: GenerateRequest
+    prompt: _Prompt
+    future: asyncio.Future[GenerateResult]
+    generator: torch.Generator | None = None
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    abort_message: str | None = None
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.sampling
+
+
+@dataclass
+class _Batch:
+    """Decoding state of the running batch, touched only on the model thread."""
+
+    cache: Any
+    attention_mask: torch.Tensor
+    next_positions: torch.Tensor  # (rows,) mRoPE position of each row's next token
+
+
+@dataclass
+class EngineStats:
+    """Counters of the batching loop: how many batches ran and how full they were."""
+
+    batches: int = 0
+    rows: int = 0
+    largest_batch: int = 0
+
+
+class HFEngine:
+    """Generation with a transformers Qwen-VL model in this process (CPU fp32 or GPU)."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        processor: VLProcessor,
+        *,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        batch_wait_s: float = 0.005,
+        model_path: str | None = None,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.model = model.eval()
+        self.processor = processor
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self.model_path = model_path or str(getattr(model, "name_or_path", "") or "in-memory")
+        self.device = next(model.parameters()).device
+        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
+        text_config = model.config.get_text_config()
+        self.max_context_len = int(text_config.max_position_embeddings)
+        self.eos_ids = _eos_ids(model, processor)
+        self.stats = EngineStats()
+        self._weight_version = "0"
+        self._updates = 0
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._jobs: dict[str, _Job] = {}
+        self._work = asyncio.Event()
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self._batch_lock = asyncio.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vistarl-hf-engine")
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        device: str = "cpu",
+        dtype: torch.dtype | None = None,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    ) -> HFEngine:
+        """Load model and processor from a checkpoint directory; fp32 on CPU, bf16 on GPU by default."""
+        model = _load_model(path, device, dtype or (torch.float32 if device == "cpu" else torch.bfloat16))
+        processor = VLProcessor.from_pretrained(path)
+        return cls(model, processor, max_batch_size=max_batch_size, model_path=str(path))
+
+    @property
+    def weight_version(self) -> str:
+        return self._weight_version
+
+    # --- requests ---------------------------------------------------------------------------------
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Queue `request` for the next batch and wait for its result (see `base` for the contract)."""
+        prompt = await asyncio.to_thread(self._prepare, request)
+        if self._closed:
+            return GenerateResult.abort(request.rid, "engine is closed", self._weight_version)
+        job = _Job(request, prompt, asyncio.get_running_loop().create_future())
+        if request.rid in self._jobs:
+            raise EngineRequestError(f"request id {request.rid!r} is already in flight")
+        self._jobs[request.rid] = job
+        self._queue.append(job)
+        self._ensure_loop()
+        self._work.set()
+        try:
+            return await job.future
+        finally:
+            self._jobs.pop(request.rid, None)
+            with contextlib.suppress(ValueError):
+                self._queue.remove(job)
+
+    async def abort(self, rid: str) -> None:
+        """End request `rid`: a queued one at once, a running one after the current step."""
+        job = self._jobs.get(rid)
+        if job is not None:
+            self._abort_job(job, "aborted by request")
+
+    async def abort_all(self) -> None:
+        """Abort every queued and running request."""
+        for job in list(self._jobs.values()):
+            self._abort_job(job, "aborted by request")
+
+    async def pause_generation(self, mode: PauseMode = "abort") -> None:
+        """Start no new batch until `continue_generation`; `abort` also ends every request.
+
+        The running batch, if any, finishes first (this engine does not retract requests); weight
+        updates wait for it in any case.
+        """
+        self._resumed.clear()
+        if mode == "abort":
+            await self.abort_all()
+
+    async def continue_generation(self) -> None:
+        """Resume batching after `pause_generation`."""
+        self._resumed.set()
+
+    def _abort_job(self, job: _Job, message: str) -> None:
+        """Resolve a queued job now; mark a running one, which the batch loop resolves after its step."""
+        if job in self._queue:
+            self._queue.remove(job)
+            self._resolve(job, FinishReason(type="abort", message=message), self._weight_version)
+        else:
+            job.abort_message = message
+
+    # --- weights ----------------------------------------------------------------------------------
+
+    async def update_weights(
+        self, state_dict: dict[str, torch.Tensor], weight_version: str | None = None
+    ) -> str:
+        """Copy `state_dict` (all or some parameters, by live module names) into the model.
+
+        Waits for the running batch, so no result mixes two weight versions; checks every name and
+        shape before copying anything. Returns the new weight version.
+        """
+        async with self._batch_lock:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._executor, self._copy_weights, state_dict)
+            self._updates += 1
+            self._weight_version = weight_version or str(self._updates)
+            return self._weight_version
+
+    async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> str:
+        """Load an HF checkpoint directory of the same architecture and swap its weights in."""
+        dtype = next(self.model.parameters()).dtype
+        try:
+            loaded = await asyncio.to_thread(_load_model, model_path, "cpu", dtype)
+        except (OSError, ValueError) as exc:
+            raise EngineRequestError(f"cannot load a checkpoint from {model_path}: {exc}") from exc
+        version = await self.update_weights(loaded.state_dict(), weight_version)
+        self.model_path = model_path
+        return version
+
+    def _copy_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Validate all names and shapes, then copy in place (on the model thread)."""
+        live = self.model.state_dict()
+        unknown = sorted(set(state_dict) - set(live))
+        if unknown:
+            raise EngineRequestError(f"unknown parameter names: {', '.join(unknown[:5])}")
+        wrong = [name for name, t in state_dict.items() if tuple(t.shape) != tuple(live[name].shape)]
+        if wrong:
+            name = wrong[0]
+            raise EngineRequestError(
+                f"shape mismatch for {name}: got {tuple(state_dict[name].shape)}, "
+                f"model has {tuple(live[name].shape)}"
+            )
+        with torch.no_grad():
+            for name, tensor in state_dict.items():
+                live[name].copy_(tensor)
+
+    # --- lifecycle --------------------------------------------------------------------------------
+
+    async def health(self) -> bool:
+        """Whether a one-token generation succeeds within `HEALTH_TIMEOUT_S` (never while paused)."""
+        if not self._resumed.is_set():
+            return False
+        request = GenerateRequest(
+            engine_ids=[self.processor.ids.im_start],
+            sampling=SamplingParams(max_new_tokens=1, temperature=0.0),
+        )
+        try:
+            result = await asyncio.wait_for(self.generate(request), HEALTH_TIMEOUT_S)
+        except (asyncio.TimeoutError, EngineRequestError):
+            return False
+        return not result.aborted
+
+    async def close(self) -> None:
+        """Stop the batch loop, abort what is pending, and release the model thread."""
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for job in list(self._jobs.values()):
+            self._resolve(job, FinishReason(type="abort", message="engine is closed"), self._weight_version)
+        self._queue.clear()
+        await asyncio.to_thread(self._executor.shutdown, True)
+
+    def _ensure_loop(self) -> None:
+        """Start the batch loop on the running event loop (again, if a previous loop ended)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="vistarl-hf-engine")
+
+    # --- the batch loop ---------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        """Take up to `max_batch_size` queued jobs, decode them together, repeat.
+
+        Should the loop itself fail, every waiting caller gets an abort result and the next
+        `generate` starts a fresh loop.
+        """
+        try:
+            while True:
+                await self._work.wait()
+                await self._resumed.wait()
+                if self.batch_wait_s > 0 and len(self._queue) < self.max_batch_size:
+                    await asyncio.sleep(self.batch_wait_s)
+                jobs = [self._queue.popleft() for _ in range(min(self.max_batch_size, len(self._queue)))]
+                if not self._queue:
+                    self._work.clear()
+                if jobs:
+                    async with self._batch_lock:
+                        await self._decode(jobs)
+        except Exception as exc:
+            log.exception("HFEngine batch loop failed")
+            failed = FinishReason(type="abort", message=f"engine failed: {exc!r}")
+            for job in list(self._jobs.values()):
+                self._resolve(job, failed, self._weight_version)
+
+    async def _decode(self, jobs: list[_Job]) -> None:
+        """Run one batch to completion, resolving each job as soon as it finishes."""
+        self.stats.batches += 1
+        self.stats.rows += len(jobs)
+        self.stats.largest_batch = max(self.stats.largest_batch, len(jobs))
+        version = self._weight_version
+        loop = asyncio.get_running_loop()
+        for job in jobs:
+            job.generator = _generator(job.params, self.device)
+        live = jobs
+        try:
+            batch, tokens, logprobs = await loop.run_in_executor(self._executor, self._prefill, live)
+            while True:
+                keep = self._advance(live, tokens, logprobs, version)
+                if not keep:
+                    return
+                live = [live[i] for i in keep]
+                tokens = [tokens[i] for i in keep]
+                tokens, logprobs = await loop.run_in_executor(
+                    self._executor, self._step, batch, live, keep, tokens
+                )
+        except Exception as exc:  # a failed forward pass ends its batch, never the engine
+            for job in live:
+                self._resolve(job, FinishReason(type="abort", message=f"generation failed: {exc!r}"), version)
+
+    def _advance(self, jobs: list[_Job], tokens: list[int], logprobs: list[float], version: str) -> list[int]:
+        """Append each row's new token, resolve finished or aborted rows; the indices of rows that go on."""
+        keep = []
+        for i, (job, token, logprob) in enumerate(zip(jobs, tokens, logprobs, strict=True)):
+            if job.future.done():
+                continue
+            job.output_ids.append(token)
+            job.logprobs.append(logprob)
+            finish = self._finish_reason(job)
+            if finish is None and job.abort_message is not None:
+                finish = FinishReason(type="abort", message=job.abort_message)
+            if finish is None:
+                keep.append(i)
+            else:
+                self._resolve(job, finish, version)
+        return keep
+
+    def _finish_reason(self, job: _Job) -> FinishReason | None:
+        """SGLang's order of checks: the length budget, then stop ids, then stop strings."""
+        params = job.params
+        if len(job.output_ids) >= params.max_new_tokens:
+            return FinishReason(type="length", length=params.max_new_tokens)
+        if job.output_ids[-1] in job.prompt.stop_ids:
+            return FinishReason(type="stop", matched=job.output_ids[-1])
+        if params.stop_strings:
+            text = self.processor.tokenizer.decode(job.output_ids)
+            for stop in params.stop_strings:
+                if stop in text:
+                    return FinishReason(type="stop", matched=stop)
+        return None
+
+    def _resolve(self, job: _Job, finish: FinishReason, version: str) -> None:
+        """Hand the caller its result (unless it stopped waiting)."""
+        if job.future.done():
+            return
+        result = GenerateResult(
+            rid=job.request.rid,
+            output_ids=job.output_ids,
+            logprobs=job.logprobs,
+            finish_reason=finish,
+            prompt_tokens=len(job.prompt.input_ids),
+            weight_version=version,
+            text=self._text(job, finish),
+        )
+        job.future.set_result(result)
+
+    def _text(self, job: _Job, finish: FinishReason) -> str:
+        """The decoded output, with a matched stop token or string trimmed unless `no_stop_trim`."""
+        params = job.params
+        ids = job.output_ids
+        trim = finish.type == "stop" and not params.no_stop_trim
+        if trim and isinstance(finish.matched, int):
+            ids = ids[:-1]
+        text: str = self.processor.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
+        if trim and isinstance(finish.matched, str):
+            text = text[: text.find(finish.matched)] if finish.matched in text else text
+        return text
+
+    # --- request preparation (worker threads) ------------------------------------------------------
+
+    def _prepare(self, request: GenerateRequest) -> _Prompt:
+        """Check the ids, decode the images and expand each single pad to the image's token count."""
+        ids = request.engine_ids
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise EngineRequestError(f"token ids out of range [0, {self.vocab_size}): {bad[:5]}")
+        pads = ids.count(self.processor.ids.image_pad)
+        if pads != len(request.images):
+            raise EngineRequestError(
+                f"engine_ids hold {pads} <|image_pad|> tokens for {len(request.images)} images; "
+                "send exactly one pad per image (single-pad engine_ids)"
+            )
+        pixels = None
+        input_ids = list(ids)
+        if request.images:
+            try:
+                pixels = self.processor.pixel_inputs(request.images)
+            except (ImageError, OSError, ValueError) as exc:
+                raise EngineRequestError(f"bad image: {exc}") from exc
+            input_ids = self.processor.expand_image_pads(ids, pixels.image_grid_thw.tolist())
+        if len(input_ids) >= self.max_context_len:
+            raise EngineRequestError(
+                f"prompt of {len(input_ids)} tokens does not fit the context of {self.max_context_len}"
+            )
+        params = request.sampling
+        stop_ids = frozenset() if params.ignore_eos else self.eos_ids | frozenset(params.stop_token_ids or ())
+        return _Prompt(input_ids=input_ids, pixels=pixels, stop_ids=stop_ids)
+
+    # --- the model thread ---------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def _prefill(self, jobs: list[_Job]) -> tuple[_Batch, list[int], list[float]]:
+        """Left-pad the prompts, compute mRoPE positions, run the prompt pass and sample each first token."""
+        prompts = [job.prompt for job in jobs]
+        width = max(len(p.input_ids) for p in prompts)
+        pad_id = self.processor.tokenizer.pad_token_id or 0
+        input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt.input_ids) :] = torch.tensor(prompt.input_ids)
+            attention_mask[row, width - len(prompt.input_ids) :] = 1
+        input_ids = input_ids.to(self.device)
+        attention_mask = attention_mask.to(self.device)
+        pixels = [p.pixels for p in prompts if p.pixels is not None]
+        pixel_values = torch.cat([p.pixel_values for p in pixels]) if pixels else None
+        grid_thw = torch.cat([p.image_grid_thw for p in pixels]).to(self.device) if pixels else None
+        image_tokens = (input_ids == self.processor.ids.image_pad) & attention_mask.bool()
+        positions, deltas = self.model.model.get_rope_index(
+            input_ids,
+            mm_token_type_ids=image_tokens.int(),
+            image_grid_thw=grid_thw,
+            attention_mask=attention_mask,
+        )
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=positions,
+            pixel_values=None if pixel_values is None else pixel_values.to(self.device, self.model.dtype),
+            image_grid_thw=grid_thw,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        next_positions = attention_mask.sum(dim=1) + deltas.view(-1).to(self.device)
+        batch = _Batch(out.past_key_values, attention_mask, next_positions)
+        tokens, logprobs = _sample(out.logits[:, -1], jobs)
+        return batch, tokens, logprobs
+
+    @torch.inference_mode()
+    def _step(
+        self, batch: _Batch, jobs: list[_Job], keep: list[int], tokens: list[int]
+    ) -> tuple[list[int], list[float]]:
+        """Drop finished rows, feed each live row its last token, and sample the next one."""
+        if len(keep) < batch.attention_mask.shape[0]:
+            index = torch.tensor(keep, device=self.device)
+            batch.cache.batch_select_indices(index)
+            batch.attention_mask = batch.attention_mask[index]
+            batch.next_positions = batch.next_positions[index]
+        rows = len(jobs)
+        ones = torch.ones((rows, 1), dtype=batch.attention_mask.dtype, device=self.device)
+        batch.attention_mask = torch.cat([batch.attention_mask, ones], dim=1)
+        out = self.model(
+            input_ids=torch.tensor(tokens, device=self.device).view(rows, 1),
+            attention_mask=batch.attention_mask,
+            position_ids=batch.next_positions.view(1, rows, 1).expand(3, rows, 1),
+            past_key_values=batch.cache,
+            use_cache=True,
+        )
+        batch.next_positions = batch.next_positions + 1
+        return _sample(out.logits[:, -1], jobs)
+
+
+def _sample(logits: torch.Tensor, jobs: list[_Job]) -> tuple[list[int], list[float]]:
+    """Pick each row's next token with its own params; its logprob is SGLang's (see the module doc)."""
+    temperatures = torch.tensor(
+        [1.0 if job.params.greedy else job.params.temperature for job in jobs], device=logits.device
+    )
+    logp = torch.log_softmax(logits.float() / temperatures[:, None], dim=-1)
+    tokens = logp.argmax(dim=-1)
+    for row, job in enumerate(jobs):
+        if not job.params.greedy:
+            tokens[row] = _sample_filtered(logp[row], job.params, job.generator)
+    logprobs = logp.gather(-1, tokens[:, None]).squeeze(-1)
+    return tokens.tolist(), logprobs.tolist()
+
+
+def _sample_filtered(
+    logp: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> torch.Tensor:
+    """Sample one id from `exp(logp)` restricted by top-k, then top-p, then min-p (as SGLang does)."""
+    probs = logp.exp()
+    if params.top_k == TOP_K_ALL and params.top_p >= 1.0 and params.min_p <= 0.0:
+        return torch.multinomial(probs, 1, generator=generator)[0]
+    top_k = probs.numel() if params.top_k == TOP_K_ALL else min(params.top_k, probs.numel())
+    probs, order = torch.topk(probs, top_k)
+    keep = (probs.cumsum(0) - probs) < params.top_p
+    if params.min_p > 0.0:
+        keep &= probs >= params.min_p * probs[0]
+    return order[torch.multinomial(probs * keep, 1, generator=generator)[0]]
+
+
+def _generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
+    """The row's sampler: seeded from `sampling_seed` (reproducible) or at random; none when greedy."""
+    if params.greedy:
+        return None
+    seed = params.sampling_seed if params.sampling_seed is not None else random.getrandbits(63)
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _eos_ids(model: PreTrainedModel, processor: VLProcessor) -> frozenset[int]:
+    """`<|im_end|>` plus the model's generation-config EOS ids."""
+    configured = getattr(model.generation_config, "eos_token_id", None) if model.generation_config else None
+    if configured is None:
+        configured = []
+    elif isinstance(configured, int):
+        configured = [configured]
+    return frozenset({processor.ids.im_end, *configured})
+
+
+def _load_model(path: str | Path, device: str, dtype: torch.dtype) -> PreTrainedModel:
+    """A Qwen-VL checkpoint through the same `from_pretrained` path a downloaded one uses."""
+    model: PreTrainedModel = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype)
+    return model.to(device).eval()

@@ -1,0 +1,49 @@
+"""Build the engine a spec names: `make_engine` alone, or `load_engine` with the policy's processor."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from trainer.rollout.alignment import check_engine_alignment
+from trainer.rollout.engines.base import Engine
+from trainer.rollout.engines.hf import HFEngine
+from trainer.rollout.engines.sglang import SGLangEngine
+from trainer.rollout.engines.spec import EngineSpec
+from trainer.rollout.processor import VLProcessor
+
+__all__ = ["load_engine", "make_engine"]
+
+
+def make_engine(spec: str | EngineSpec, processor: VLProcessor | None = None, **options: Any) -> Engine:
+    """The engine of `spec`; `options` go to its constructor.
+
+    A server (`hf:URL`, `sglang:URL`) is reached through `SGLangEngine`, which needs the policy's
+    `processor` for its prompt-length check; `hf:DIR` is an `HFEngine` loaded in this process.
+    """
+    spec = EngineSpec.parse(spec) if isinstance(spec, str) else spec
+    if spec.is_server:
+        return SGLangEngine(spec.target, processor, **options)
+    return HFEngine.from_pretrained(spec.target, **options)
+
+
+async def load_engine(spec: EngineSpec) -> tuple[Engine, VLProcessor]:
+    """The engine of `spec` and the policy's processor: the checkpoint's for `hf:DIR`; for a server,
+    the one at the model path its `/model_info` reports (checked against its tokenizer path, if other)."""
+    if not spec.is_server:
+        if not Path(spec.target).is_dir():
+            raise ValueError(f"engine checkpoint directory {spec.target} does not exist")
+        engine = await asyncio.to_thread(HFEngine.from_pretrained, spec.target)
+        return engine, engine.processor
+    server = SGLangEngine(spec.target)
+    try:
+        info = await server.model_info()
+        processor = await asyncio.to_thread(VLProcessor.from_pretrained, info.model_path)
+        if info.tokenizer_path not in (None, info.model_path):
+            await asyncio.to_thread(check_engine_alignment, info.tokenizer_path, processor.tokenizer)
+    except BaseException:
+        await server.close()
+        raise
+    server.processor = processor
+    return server, processor

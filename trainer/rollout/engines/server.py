@@ -1,0 +1,194 @@
+"""`create_app(engine)`: serve an `HFEngine` behind the subset of SGLang's native HTTP API vistarl uses.
+
+With it the one-machine stack runs over the same HTTP path as production: rollout workers drive it
+through `SGLangEngine` exactly as they drive SGLang. Endpoints: `POST /generate`, `GET /health`,
+`GET /health_generate`, `GET /model_info`, `POST /update_weights_from_disk`, `POST /flush_cache`,
+`POST /abort_request`, `POST /pause_generation`, `POST /continue_generation`. Bodies and answers
+are the shared models of `trainer.rollout.engines.sglang_api`; like SGLang 0.5.23, an invalid body (an
+unknown `sampling_params` key, say) gets 400. The body-size limit and the optional bearer token
+(`VISTARL_API_TOKEN`) are the env servers' own guards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from typing import Literal
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from clients.protocol import ErrorCode
+from services.server.errors import (
+    ServiceError,
+    describe_validation_errors,
+    error_response,
+    install_error_handlers,
+)
+from services.server.metrics import ServerMetrics
+from services.server.security import RequestGuard
+from trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
+from trainer.rollout.engines.hf import DEFAULT_MAX_BATCH_SIZE, HFEngine
+from trainer.rollout.engines.sglang_api import (
+    AbortBody,
+    GenerateBody,
+    GenerateResponse,
+    MetaInfo,
+    ModelInfo,
+    PauseGenerationBody,
+    UpdateWeightsFromDiskBody,
+    UpdateWeightsResponse,
+)
+
+OPEN_PATHS = frozenset({"/health", "/health_generate"})
+
+
+class EngineServerSettings(BaseSettings):
+    """How `vistarl engine serve` listens and what it loads; CLI flags over `VISTARL_*` variables."""
+
+    model_config = SettingsConfigDict(env_prefix="VISTARL_", env_ignore_empty=True, extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=30000, ge=0, le=65535)
+    log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
+    device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
+    max_batch_size: int = Field(default=DEFAULT_MAX_BATCH_SIZE, ge=1)
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="Request body limit (413).")
+    api_token: SecretStr | None = Field(default=None, description="Bearer token required on all but health.")
+
+
+def create_app(engine: HFEngine, settings: EngineServerSettings | None = None) -> FastAPI:
+    """A FastAPI app serving `engine`; the engine is closed when the app shuts down."""
+    settings = settings or EngineServerSettings()
+    metrics = ServerMetrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await engine.close()
+
+    app = FastAPI(title=f"vistarl engine: {engine.model_path}", lifespan=lifespan)
+    install_error_handlers(app, metrics)
+    app.add_exception_handler(RequestValidationError, _bad_request)
+    token = None if settings.api_token is None else settings.api_token.get_secret_value()
+    app.add_middleware(
+        RequestGuard, max_bytes=settings.max_body_bytes, metrics=metrics, token=token, open_paths=OPEN_PATHS
+    )
+
+    @app.post("/generate")
+    async def generate(body: GenerateBody) -> JSONResponse:
+        """Generate from single-pad `input_ids` (or `text`) plus `image_data`; SGLang's answer shape."""
+        request = _engine_request(engine, body)
+        try:
+            result = await engine.generate(request)
+        except EngineRequestError as exc:
+            raise ServiceError(ErrorCode.BAD_REQUEST, str(exc)) from exc
+        answer = _sglang_answer(result, body.return_logprob)
+        return JSONResponse(answer.model_dump(mode="json", exclude_none=True))
+
+    @app.get("/health")
+    async def health() -> Response:
+        """Liveness: the process answers."""
+        return Response(status_code=200)
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        """Readiness: 200 when a one-token generation succeeds, else 503."""
+        return Response(status_code=200 if await engine.health() else 503)
+
+    @app.get("/model_info")
+    async def model_info() -> ModelInfo:
+        """The served checkpoint and the current weight version."""
+        return ModelInfo(
+            model_path=engine.model_path,
+            tokenizer_path=engine.model_path,
+            is_generation=True,
+            weight_version=engine.weight_version,
+        )
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(body: UpdateWeightsFromDiskBody) -> JSONResponse:
+        """Load a checkpoint directory; waits for the running batch. 400 with `success: false` on failure."""
+        if body.abort_all_requests:
+            await engine.abort_all()
+        try:
+            version = await engine.update_weights_from_disk(body.model_path, body.weight_version)
+        except EngineRequestError as exc:
+            failed = UpdateWeightsResponse(success=False, message=str(exc))
+            return JSONResponse(failed.model_dump(exclude_none=True), status_code=400)
+        message = f"loaded {body.model_path} as weight_version {version}"
+        done = UpdateWeightsResponse(success=True, message=message, num_paused_requests=0)
+        return JSONResponse(done.model_dump(exclude_none=True))
+
+    @app.post("/flush_cache")
+    async def flush_cache() -> PlainTextResponse:
+        """The HF engine keeps no prefix cache across requests, so there is nothing to drop."""
+        return PlainTextResponse("Cache flushed.\n")
+
+    @app.post("/pause_generation")
+    async def pause_generation(body: PauseGenerationBody) -> dict[str, str]:
+        """Start no new batch until /continue_generation; mode `abort` also aborts every request."""
+        await engine.pause_generation(body.mode)
+        return {"message": "Generation paused."}
+
+    @app.post("/continue_generation")
+    async def continue_generation() -> dict[str, str]:
+        """Resume after /pause_generation."""
+        await engine.continue_generation()
+        return {"message": "Generation continued."}
+
+    @app.post("/abort_request")
+    async def abort_request(body: AbortBody) -> Response:
+        """Abort one request (its /generate answers with finish_reason abort) or all of them."""
+        if body.abort_all:
+            await engine.abort_all()
+        elif body.rid:
+            await engine.abort(body.rid)
+        return Response(status_code=200)
+
+    return app
+
+
+def _engine_request(engine: HFEngine, body: GenerateBody) -> GenerateRequest:
+    """The engine request of a `/generate` body; `text` is tokenized without special-token additions."""
+    ids = body.input_ids
+    if ids is None:
+        ids = engine.processor.tokenizer.encode(body.text or "", add_special_tokens=False)
+    try:
+        return GenerateRequest(
+            engine_ids=ids,
+            images=body.images,
+            sampling=body.sampling_params,
+            rid=body.rid or uuid.uuid4().hex,
+        )
+    except ValidationError as exc:
+        raise ServiceError(ErrorCode.BAD_REQUEST, describe_validation_errors(exc.errors())) from exc
+
+
+def _sglang_answer(result: GenerateResult, return_logprob: bool) -> GenerateResponse:
+    """A result in SGLang's `/generate` answer shape."""
+    logprobs: list[tuple[float, int, str | None]] | None = None
+    if return_logprob:
+        logprobs = [(lp, token, None) for lp, token in zip(result.logprobs, result.output_ids, strict=True)]
+    meta = MetaInfo(
+        id=result.rid,
+        prompt_tokens=result.prompt_tokens,
+        completion_tokens=len(result.output_ids),
+        cached_tokens=0,
+        finish_reason=result.finish_reason,
+        output_token_logprobs=logprobs,
+        weight_version=result.weight_version,
+    )
+    return GenerateResponse(text=result.text, output_ids=result.output_ids, meta_info=meta)
+
+
+async def _bad_request(request: Request, exc: Exception) -> JSONResponse:
+    """SGLang answers an invalid body with 400 (the env servers use 422)."""
+    assert isinstance(exc, RequestValidationError)
+    return error_response(ErrorCode.BAD_REQUEST, describe_validation_errors(exc.errors()))

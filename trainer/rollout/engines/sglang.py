@@ -1,0 +1,310 @@
+"""`SGLangEngine`: a client of SGLang's native HTTP API (or of `vistarl engine serve`, which speaks it).
+
+Bodies are built from the shared models in `trainer.rollout.engines.sglang_api`, so only SGLang's own
+`sampling_params` names are ever sent. Each `/generate` sends single-pad `input_ids` plus the images
+and checks the answer's `meta_info.prompt_tokens` against the locally expanded prompt length.
+
+Every wait is bounded: connection failures and 429 / 503 answers are retried with jittered backoff
+until `retry_deadline_s`; a `/generate` answer may take up to `generate_timeout_s`. An unreachable or
+failing engine gives an abort result (see `trainer.rollout.engines.base`), never a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from typing import TypeVar
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from clients.http import TOKEN_ENV_VAR, Reply, RetryPolicy, retry_delay
+from trainer.rollout.engines.base import (
+    EngineRequestError,
+    EngineUnavailableError,
+    GenerateRequest,
+    GenerateResult,
+)
+from trainer.rollout.engines.sglang_api import (
+    AbortBody,
+    GenerateBody,
+    GenerateResponse,
+    InitWeightsUpdateGroupBody,
+    ModelInfo,
+    PauseGenerationBody,
+    PauseMode,
+    UpdateWeightsFromDiskBody,
+    UpdateWeightsFromDistributedBody,
+    UpdateWeightsResponse,
+)
+from trainer.rollout.processor import VLProcessor
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+
+DEFAULT_MAX_CONNECTIONS = 1024
+UNKNOWN_VERSION = "unknown"
+
+
+class SGLangEngine:
+    """Generation and control calls against one SGLang server (or router) at `url`.
+
+    `processor` (the policy's `VLProcessor`) enables the prompt-length check; without it the check
+    is skipped. `api_key` defaults to $VISTARL_API_TOKEN and is sent as a bearer token.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        processor: VLProcessor | None = None,
+        *,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        connect_timeout_s: float = 5.0,
+        generate_timeout_s: float = 900.0,
+        control_timeout_s: float = 30.0,
+        weights_timeout_s: float = 600.0,
+        retry_deadline_s: float = 60.0,
+        api_key: str | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.processor = processor
+        self.connect_timeout_s = connect_timeout_s
+        self.generate_timeout_s = generate_timeout_s
+        self.control_timeout_s = control_timeout_s
+        self.weights_timeout_s = weights_timeout_s
+        self.retry = RetryPolicy(
+            max_attempts=1_000_000, base_delay=0.1, max_delay=2.0, deadline_s=retry_deadline_s
+        )
+        api_key = os.environ.get(TOKEN_ENV_VAR) if api_key is None else api_key
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(
+            base_url=self.url,
+            headers=headers,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            timeout=httpx.Timeout(control_timeout_s, connect=connect_timeout_s),
+        )
+        self._weight_version = UNKNOWN_VERSION
+
+    @property
+    def weight_version(self) -> str:
+        """The last weight version the server reported (in a result, `/model_info` or an update)."""
+        return self._weight_version
+
+    # --- generation -------------------------------------------------------------------------------
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """`POST /generate` with single-pad `input_ids`; see `engines.base` for the contract."""
+        expected = self.expected_prompt_tokens(request)
+        body = GenerateBody(
+            input_ids=request.engine_ids,
+            image_data=request.images or None,
+            sampling_params=request.sampling,
+            return_logprob=True,
+            rid=request.rid,
+        )
+        try:
+            response = await self._send("POST", "/generate", body, self.generate_timeout_s, idempotent=False)
+        except EngineUnavailableError as exc:
+            return GenerateResult.abort(request.rid, str(exc), self._weight_version)
+        if response.is_server_error or response.status_code in self.retry.retry_statuses:
+            message = f"{self.url}/generate answered {response.status_code}: {_error_message(response)}"
+            return GenerateResult.abort(request.rid, message, self._weight_version)
+        _raise_for_refusal(response, "/generate")
+        try:
+            answer = GenerateResponse.model_validate_json(response.content)
+            return self._result(request.rid, answer, expected)
+        except ValidationError as exc:
+            message = f"{self.url}/generate answered a malformed body: {exc}"
+            return GenerateResult.abort(request.rid, message, self._weight_version)
+
+    def expected_prompt_tokens(self, request: GenerateRequest) -> int | None:
+        """The prompt length after expanding each image pad (None without a processor)."""
+        if self.processor is None:
+            return None
+        try:
+            grids = [self.processor.image_grid(image) for image in request.images]
+            return len(self.processor.expand_image_pads(request.engine_ids, grids))
+        except ValueError as exc:
+            raise EngineRequestError(f"cannot expand the prompt's image pads: {exc}") from exc
+
+    def _result(self, rid: str, answer: GenerateResponse, expected: int | None) -> GenerateResult:
+        """Turn an SGLang answer into a result, checking the prompt length and the logprobs."""
+        meta = answer.meta_info
+        version = meta.weight_version or self._weight_version
+        self._weight_version = version
+        if expected is not None and meta.prompt_tokens != expected:
+            message = (
+                f"prompt_tokens mismatch: the engine counted {meta.prompt_tokens} prompt tokens, the local "
+                f"image-pad expansion gives {expected} (are the ids pre-expanded, or the images different?)"
+            )
+            return GenerateResult.abort(rid, message, version, meta.prompt_tokens)
+        entries = meta.output_token_logprobs or []
+        if [token for _, token, _ in entries] != answer.output_ids:
+            message = (
+                f"output_token_logprobs ({len(entries)}) do not match output_ids ({len(answer.output_ids)})"
+            )
+            return GenerateResult.abort(rid, message, version, meta.prompt_tokens)
+        return GenerateResult(
+            rid=rid,
+            output_ids=answer.output_ids,
+            logprobs=[logprob for logprob, _, _ in entries],
+            finish_reason=meta.finish_reason,
+            prompt_tokens=meta.prompt_tokens,
+            weight_version=version,
+            text=answer.text,
+        )
+
+    # --- control ----------------------------------------------------------------------------------
+
+    async def health(self) -> bool:
+        """`GET /health_generate`, tried once: True when the server can generate."""
+        try:
+            timeout = httpx.Timeout(self.control_timeout_s, connect=self.connect_timeout_s)
+            response = await self._client.get("/health_generate", timeout=timeout)
+        except httpx.HTTPError:
+            return False
+        return response.is_success
+
+    async def model_info(self) -> ModelInfo:
+        """`GET /model_info`; also refreshes `weight_version`."""
+        response = await self._send("GET", "/model_info", None, self.control_timeout_s)
+        info = _decode(response, ModelInfo, "/model_info")
+        self._weight_version = info.weight_version or self._weight_version
+        return info
+
+    async def flush_cache(self) -> None:
+        """`POST /flush_cache`: drop the prefix cache (SGLang refuses while requests run)."""
+        await self._control("/flush_cache")
+
+    async def abort(self, rid: str) -> None:
+        """`POST /abort_request {rid}`; an unknown rid is not an error."""
+        await self._control("/abort_request", AbortBody(rid=rid))
+
+    async def abort_all(self) -> None:
+        """`POST /abort_request {abort_all: true}`."""
+        await self._control("/abort_request", AbortBody(abort_all=True))
+
+    async def pause_generation(self, mode: PauseMode = "abort") -> None:
+        """`POST /pause_generation {mode}` before a weight sync (`abort`, `retract` or `in_place`)."""
+        await self._control("/pause_generation", PauseGenerationBody(mode=mode))
+
+    async def continue_generation(self) -> None:
+        """`POST /continue_generation` after a weight sync."""
+        await self._control("/continue_generation")
+
+    async def _control(self, path: str, body: BaseModel | None = None) -> None:
+        """POST a control call; an error status raises `EngineRequestError`."""
+        _raise_for_refusal(await self._send("POST", path, body, self.control_timeout_s), path)
+
+    async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> str:
+        """`POST /update_weights_from_disk`; returns the server's weight version afterwards."""
+        body = UpdateWeightsFromDiskBody(model_path=model_path, weight_version=weight_version)
+        await self._update_weights("/update_weights_from_disk", body, weight_version)
+        if weight_version is None:
+            await self.model_info()
+        return self._weight_version
+
+    async def init_weights_update_group(self, body: InitWeightsUpdateGroupBody) -> UpdateWeightsResponse:
+        """`POST /init_weights_update_group`. Blocks until the trainer joins the group: run concurrently."""
+        return await self._update_weights("/init_weights_update_group", body, None)
+
+    async def update_weights_from_distributed(
+        self, body: UpdateWeightsFromDistributedBody
+    ) -> UpdateWeightsResponse:
+        """`POST /update_weights_from_distributed` for one bucket, while trainer rank 0 broadcasts it."""
+        return await self._update_weights("/update_weights_from_distributed", body, body.weight_version)
+
+    async def _update_weights(self, path: str, body: BaseModel, version: str | None) -> UpdateWeightsResponse:
+        """Send a weight-update body; a refusal or `success: false` raises `EngineRequestError`."""
+        response = await self._send("POST", path, body, self.weights_timeout_s, idempotent=False)
+        answer = _decode(response, UpdateWeightsResponse, path)
+        if not answer.success:
+            raise EngineRequestError(f"{self.url}{path} failed: {answer.message}")
+        self._weight_version = version or self._weight_version
+        return answer
+
+    async def close(self) -> None:
+        """Close the connection pool."""
+        await self._client.aclose()
+
+    # --- transport --------------------------------------------------------------------------------
+
+    async def _send(
+        self, method: str, path: str, body: BaseModel | None, timeout: float, *, idempotent: bool = True
+    ) -> httpx.Response:
+        """One call with bounded retries: unsent requests and 429 / 503 answers are resent until the
+        retry deadline; a lost answer is resent only when `idempotent`. Raises `EngineUnavailableError`."""
+        content = None if body is None else body.model_dump_json(exclude_none=True)
+        headers = {"content-type": "application/json"} if content is not None else None
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            outcome: httpx.Response | httpx.TransportError
+            try:
+                outcome = await self._client.request(
+                    method,
+                    path,
+                    content=content,
+                    headers=headers,
+                    timeout=httpx.Timeout(timeout, connect=self.connect_timeout_s),
+                )
+            except httpx.TransportError as exc:
+                outcome = exc
+            seen = _reply(outcome) if isinstance(outcome, httpx.Response) else outcome
+            remaining = self.retry.deadline_s - (time.monotonic() - started)
+            delay = retry_delay(self.retry, seen, attempt=attempt, idempotent=idempotent, remaining=remaining)
+            if delay is None:
+                if isinstance(outcome, httpx.Response):
+                    return outcome
+                elapsed = time.monotonic() - started
+                raise EngineUnavailableError(
+                    f"{method} {self.url}{path} failed after {attempt} attempt(s) in {elapsed:.1f}s: "
+                    f"{type(outcome).__name__}: {outcome}"
+                ) from outcome
+            log.info("%s %s: %s, retry %d in %.2fs", method, path, _describe(outcome), attempt, delay)
+            await asyncio.sleep(delay)
+
+
+def _reply(response: httpx.Response) -> Reply:
+    """The status line of an answer, as the shared retry rule of `clients.http` reads it."""
+    return Reply(response.status_code, b"", str(response.url), response.headers.get("retry-after"))
+
+
+def _describe(outcome: httpx.Response | httpx.TransportError) -> str:
+    return str(outcome.status_code) if isinstance(outcome, httpx.Response) else type(outcome).__name__
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The message of an error answer: SGLang's `{"error": {"message"}}`, FastAPI's `detail`, or the text."""
+    try:
+        body = response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return response.text.strip()[:500] or response.reason_phrase
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and "message" in error:
+            return str(error["message"])
+        for key in ("message", "detail"):
+            if key in body:
+                return str(body[key])
+    return response.text.strip()[:500]
+
+
+def _raise_for_refusal(response: httpx.Response, path: str) -> None:
+    """Raise `EngineRequestError` for any error status, with the server's message."""
+    if response.is_error:
+        raise EngineRequestError(f"{path} answered {response.status_code}: {_error_message(response)}")
+
+
+def _decode(response: httpx.Response, model: type[M], path: str) -> M:
+    """Validate a body into `model`; an error status without such a body raises `EngineRequestError`."""
+    try:
+        return model.model_validate_json(response.content)
+    except ValidationError:
+        _raise_for_refusal(response, path)
+        raise EngineRequestError(f"{path} answered a body that is not a {model.__name__}") from None

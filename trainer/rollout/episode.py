@@ -1,0 +1,291 @@
+"""The episode loop: drive a generation engine against an environment and return a token-exact trajectory.
+
+`run_episode(env, engine, processor, config, job)` resets the env, builds the prompt (system prompt,
+first observation), then repeats: generate from `engine_ids` with every image so far, append the
+generated ids verbatim, step the env with the decoded text, append the next observation as a masked
+delta. It ends on `done`, `max_turns`, a finish reason other than `stop`, or a spent budget, and
+never raises except on cancellation: every failure becomes a status with its error. The status
+table, budgets and reward functions are described in docs/rollout.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Iterator, Mapping
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+
+from trainer.config import RolloutConfig
+from trainer.rollout.engines.base import Engine, GenerateRequest, GenerateResult
+from trainer.rollout.engines.sglang_api import SamplingParams
+from trainer.rollout.env_handle import EnvError, EnvHandle
+from trainer.rollout.job import EpisodeJob
+from trainer.rollout.processor import VLProcessor
+from trainer.rollout.rewards import RewardFn, env_reward
+from trainer.rollout.tokenization import TokenTrackError, TokenTracks, TurnEncoder
+from trainer.rollout.trajectory import Status, Trajectory
+
+__all__ = ["EPISODE_KEYS", "episode_settings", "failed_trajectory", "run_episode"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Keys of `EpisodeJob.sampling` that set the episode's budgets (RolloutConfig names); the others
+# are SGLang sampling params.
+EPISODE_KEYS = frozenset(
+    {"max_turns", "max_new_tokens", "rollout_max_response_len", "rollout_max_context_len"}
+)
+ENGINE_ABORT_TIMEOUT_S = 5.0
+
+
+class _Ended(Exception):
+    """Ends an episode early with a status and the reason for it."""
+
+    def __init__(self, status: Status, error: str) -> None:
+        super().__init__(error)
+        self.status = status
+        self.error = error
+
+
+def episode_settings(
+    config: RolloutConfig, sampling: Mapping[str, Any]
+) -> tuple[RolloutConfig, SamplingParams]:
+    """The budgets and sampling params of one episode: `config`, overridden by a job's `sampling`.
+
+    Raises `ValueError` naming the bad key when an override is invalid.
+    """
+    budgets = {key: value for key, value in sampling.items() if key in EPISODE_KEYS}
+    engine_params = {key: value for key, value in sampling.items() if key not in EPISODE_KEYS}
+    episode = RolloutConfig.model_validate({**config.model_dump(), **budgets}) if budgets else config
+    defaults = {
+        "temperature": config.rollout_temperature,
+        "top_p": config.rollout_top_p,
+        "top_k": config.top_k,
+        "max_new_tokens": episode.max_new_tokens,
+    }
+    return episode, SamplingParams.model_validate({**defaults, **engine_params})
+
+
+class _Episode:
+    """One running episode: its token tracks, env rewards and info, finish reasons and timings."""
+
+    def __init__(
+        self,
+        env: EnvHandle,
+        engine: Engine,
+        encoder: TurnEncoder,
+        config: RolloutConfig,
+        sampling: SamplingParams,
+    ) -> None:
+        self.env = env
+        self.engine = engine
+        self.encoder = encoder
+        self.config = config
+        self.sampling = sampling
+        self.tracks = TokenTracks(encoder)
+        self.turn_rewards: list[float] = []
+        self.info: dict[str, Any] = {}
+        self.finishes: Counter[str] = Counter()
+        self.versions: list[str] = []
+        self.timings: defaultdict[str, float] = defaultdict(float)
+
+    async def play(self, job: EpisodeJob) -> Status:
+        """Reset, then take turns until an ending; an early ending raises `_Ended`."""
+        message, self.info = await self._timed_env(self.env.reset(job))
+        system = [{"role": "system", "content": self.env.system_prompt}] if self.env.system_prompt else []
+        with self._timer("tokenize"):
+            self.tracks.add_prompt([*system, message])
+        while True:
+            text = await self._generate()
+            message, reward, done, self.info = await self._timed_env(self.env.step(text))
+            if not math.isfinite(reward):
+                raise EnvError(f"env step returned a non-finite reward: {reward}")
+            self.turn_rewards.append(reward)
+            if done or len(self.turn_rewards) == self.config.max_turns:
+                return Status.COMPLETED
+            if self.tracks.num_generated >= self.config.rollout_max_response_len:
+                raise self._spent("generated-token", self.config.rollout_max_response_len)
+            with self._timer("tokenize"):
+                self.tracks.add_observation(message)
+
+    async def _generate(self) -> str:
+        """One generation within the budgets, appended verbatim; returns the reply text for the env."""
+        limit = self._token_limit()
+        request = GenerateRequest(
+            engine_ids=list(self.tracks.engine_ids),
+            images=list(self.tracks.images),
+            sampling=self.sampling.model_copy(update={"max_new_tokens": limit}),
+        )
+        with self._timer("generate"):
+            result = await _generate(self.engine, request)
+        self.finishes[result.finish_reason.type] += 1
+        if result.aborted:
+            reason = result.finish_reason.message or "no reason given"
+            raise _Ended(Status.ABORTED, f"engine aborted: {reason}")
+        self.versions.append(result.weight_version)
+        with self._timer("tokenize"):
+            self.tracks.add_generation(result.output_ids, result.logprobs)
+            text = self.encoder.processor.tokenizer.decode(result.output_ids, skip_special_tokens=True)
+        if result.finish_reason.type == "length":
+            raise _Ended(Status.TRUNCATED, f"the reply hit its limit of {limit} tokens")
+        return str(text)
+
+    def _token_limit(self) -> int:
+        """This turn's `max_new_tokens`: the per-turn cap, clamped to what is left of both budgets."""
+        config, tracks = self.config, self.tracks
+        left_episode = config.rollout_max_response_len - tracks.num_generated
+        left_context = config.rollout_max_context_len - tracks.context_length
+        if left_context < 1:
+            raise self._spent("context", config.rollout_max_context_len)
+        if left_episode < 1:
+            raise self._spent("generated-token", config.rollout_max_response_len)
+        return min(config.max_new_tokens, left_episode, left_context)
+
+    @staticmethod
+    def _spent(budget: str, limit: int) -> _Ended:
+        """The TRUNCATED ending for a spent budget."""
+        return _Ended(Status.TRUNCATED, f"the {budget} budget of {limit} tokens is spent")
+
+    async def _timed_env(self, call: Awaitable[T]) -> T:
+        """Await an env call, counting its time."""
+        with self._timer("env"):
+            return await call
+
+    @contextlib.contextmanager
+    def _timer(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[name] += time.perf_counter() - started
+
+    def policy_version(self, default: int) -> int:
+        """The oldest integer weight version that generated a turn, else `default` (the job's)."""
+        numeric = [int(v) for v in self.versions if v.isdigit()]
+        return min(numeric) if numeric else default
+
+    def metrics(self) -> dict[str, float]:
+        """Rollout counts, finish reasons, and the env's own numeric metrics as `env/<name>`."""
+        tracks = self.tracks
+        metrics = {
+            "turns": float(tracks.num_turns),
+            "generated_tokens": float(tracks.num_generated),
+            "context_tokens": float(tracks.context_length),
+            "images": float(len(tracks.images)),
+            **{f"finish_{reason}": float(self.finishes[reason]) for reason in ("stop", "length", "abort")},
+        }
+        env_metrics = self.info.get("metrics")
+        if isinstance(env_metrics, Mapping):
+            for name, value in env_metrics.items():
+                if isinstance(value, (bool, int, float)) and math.isfinite(value):
+                    metrics[f"env/{name}"] = float(value)
+        return metrics
+
+
+async def _generate(engine: Engine, request: GenerateRequest) -> GenerateResult:
+    """`engine.generate`, with any exception turned into an abort result and cancellation passed on
+    (after asking the engine to abort the request)."""
+    try:
+        return await engine.generate(request)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(engine.abort(request.rid), ENGINE_ABORT_TIMEOUT_S)
+        raise
+    except Exception as exc:
+        return GenerateResult.abort(request.rid, f"{type(exc).__name__}: {exc}", engine.weight_version)
+
+
+async def run_episode(
+    env: EnvHandle,
+    engine: Engine,
+    processor: VLProcessor | TurnEncoder,
+    config: RolloutConfig,
+    job: EpisodeJob,
+    *,
+    reward_fn: RewardFn = env_reward,
+    deadline_s: float | None = None,
+) -> Trajectory:
+    """Play `job` on `env` (which it resets and always closes) with `engine`; never raises but cancellation.
+
+    `processor` may be a `TurnEncoder` built once and shared across episodes. `deadline_s` bounds
+    the whole episode (ABORTED when exceeded).
+    """
+    encoder = processor if isinstance(processor, TurnEncoder) else TurnEncoder(processor)
+    started = time.perf_counter()
+    try:
+        episode_config, sampling = episode_settings(config, job.sampling)
+    except (ValidationError, ValueError) as exc:
+        await env.close()
+        return failed_trajectory(job, f"invalid sampling or budget in the job: {exc}", started)
+    episode = _Episode(env, engine, encoder, episode_config, sampling)
+    status, error = await _play(episode, job, deadline_s)
+    reward = 0.0
+    if status in (Status.COMPLETED, Status.TRUNCATED) and episode.turn_rewards:
+        try:
+            tracks = episode.tracks
+            generated = [t for t, m in zip(tracks.train_ids, tracks.loss_mask, strict=True) if m]
+            reward = float(reward_fn(episode.turn_rewards, {**episode.info, "generated_ids": generated}))
+            if not math.isfinite(reward):
+                raise ValueError(f"it returned {reward}")
+        except Exception as exc:
+            status, error = Status.FAILED, f"reward function failed: {type(exc).__name__}: {exc}"
+    timings = dict(episode.timings)
+    timings["total"] = time.perf_counter() - started
+    return Trajectory.from_tracks(
+        episode.tracks,
+        episode_id=job.episode_id,
+        group_id=job.group_id,
+        policy_version=episode.policy_version(job.policy_version),
+        status=status,
+        error=error,
+        attempt=job.attempt,
+        env=job.env,
+        turn_rewards=episode.turn_rewards,
+        episode_reward=reward,
+        metrics=episode.metrics(),
+        timings=timings,
+    )
+
+
+async def _play(episode: _Episode, job: EpisodeJob, deadline_s: float | None) -> tuple[Status, str | None]:
+    """Run the episode under its deadline and map every way it can end to (status, error)."""
+    deadline = asyncio.timeout(deadline_s)
+    try:
+        async with deadline:
+            return await episode.play(job), None
+    except _Ended as ended:
+        return ended.status, ended.error
+    except EnvError as exc:
+        return Status.FAILED, str(exc)
+    except TokenTrackError as exc:
+        return Status.FAILED, f"cannot tokenize the env's message: {exc}"
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        return Status.ABORTED, f"the episode deadline of {deadline_s:g} s passed"
+    except Exception as exc:
+        log.exception("episode %s failed", job.episode_id)
+        return Status.FAILED, f"{type(exc).__name__}: {exc}"
+    finally:
+        await episode.env.close()
+
+
+def failed_trajectory(job: EpisodeJob, error: str, started: float) -> Trajectory:
+    """A FAILED trajectory with no tokens."""
+    return Trajectory(
+        episode_id=job.episode_id,
+        group_id=job.group_id,
+        policy_version=job.policy_version,
+        status=Status.FAILED,
+        error=error,
+        attempt=job.attempt,
+        env=job.env,
+        timings={"total": time.perf_counter() - started},
+    )

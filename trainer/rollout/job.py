@@ -1,0 +1,73 @@
+"""What one episode is asked to be: `EpisodeJob`, the record the queue carries from the trainer to a worker.
+
+`group_jobs` expands episode starts into groups of jobs that share a `group_id` (GRPO's groups).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["START_KEYS", "EpisodeJob", "group_jobs"]
+
+START_KEYS = frozenset({"seed", "task_id", "sample", "options"})
+"""The keys of an episode start: how the env is reset."""
+
+
+class EpisodeJob(BaseModel):
+    """One episode to run: which environment, how to start it, how to sample, and which attempt this is."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    episode_id: str = Field(min_length=1)
+    group_id: str = Field(min_length=1)
+    env: str = Field(min_length=1, description="registered env name, import path, or http(s) URL")
+    seed: int | None = None
+    task_id: str | None = Field(default=None, description="a row of a split the env holds: SPLIT/INDEX")
+    options: dict[str, Any] = Field(default_factory=dict)
+    sample: dict[str, Any] | None = None
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    policy_version: int = Field(default=0, ge=0)
+    attempt: int = Field(default=1, ge=1)
+    errors: list[str] = Field(default_factory=list, description="one line per failed attempt, oldest first")
+
+
+def group_jobs(
+    env: str,
+    starts: Sequence[Mapping[str, Any]],
+    group_size: int,
+    *,
+    sampling: Mapping[str, Any] | None = None,
+    policy_version: int = 0,
+    seed: int = 0,
+    prefix: str = "ep",
+) -> list[EpisodeJob]:
+    """`group_size` jobs per start (a mapping of `START_KEYS`), one group each.
+
+    Samples of a group share the start and a `group_id` but get distinct `sampling_seed`s, drawn
+    reproducibly from `seed`.
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    unknown = {key for start in starts for key in start} - START_KEYS
+    if unknown:
+        raise ValueError(f"an episode start takes {', '.join(sorted(START_KEYS))}; got {sorted(unknown)}")
+    seeds = iter(random.Random(seed).sample(range(2**31), len(starts) * group_size))
+    return [
+        EpisodeJob(
+            episode_id=f"{prefix}-g{g}-s{s}",
+            group_id=f"{prefix}-g{g}",
+            env=env,
+            seed=start.get("seed"),
+            task_id=start.get("task_id"),
+            options=dict(start.get("options") or {}),
+            sample=start.get("sample"),
+            sampling={**(sampling or {}), "sampling_seed": next(seeds)},
+            policy_version=policy_version,
+        )
+        for g, start in enumerate(starts)
+        for s in range(group_size)
+    ]

@@ -1,0 +1,90 @@
+"""Episode runners: `RolloutRunner` plays one job at a time on a shared engine; `run_jobs` runs many at once.
+
+A runner is what a worker calls for each job it takes: `async (EpisodeJob) -> Trajectory`. It never
+raises for an episode that went wrong; that is a trajectory with its status and error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+
+from trainer.config import RolloutConfig
+from trainer.rollout.engines.base import Engine
+from trainer.rollout.env_handle import EnvError, RemoteEnvs, open_env
+from trainer.rollout.episode import failed_trajectory, run_episode
+from trainer.rollout.job import EpisodeJob
+from trainer.rollout.processor import VLProcessor
+from trainer.rollout.rewards import RewardFn, env_reward
+from trainer.rollout.tokenization import TurnEncoder
+from trainer.rollout.trajectory import Trajectory
+
+__all__ = ["RolloutRunner", "run_jobs"]
+
+
+class RolloutRunner:
+    """Maps `job.env` through `env_urls` (else takes it as given) to an env handle, then runs the episode."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        processor: VLProcessor,
+        config: RolloutConfig | None = None,
+        *,
+        env_urls: Mapping[str, str] | None = None,
+        reward_fn: RewardFn = env_reward,
+        deadline_s: float | None = None,
+        remotes: RemoteEnvs | None = None,
+    ) -> None:
+        self.engine = engine
+        self.encoder = TurnEncoder(processor)
+        self.config = config or RolloutConfig()
+        self.env_urls = dict(env_urls or {})
+        self.reward_fn = reward_fn
+        self.deadline_s = deadline_s
+        self.remotes = remotes or RemoteEnvs()
+
+    async def __call__(self, job: EpisodeJob) -> Trajectory:
+        """Run one job; the trajectory has any status, FAILED when the env cannot even be opened."""
+        started = time.perf_counter()
+        try:
+            env = open_env(self.env_urls.get(job.env, job.env), self.remotes)
+        except (EnvError, ValueError) as exc:
+            return failed_trajectory(job, str(exc), started)
+        return await run_episode(
+            env,
+            self.engine,
+            self.encoder,
+            self.config,
+            job,
+            reward_fn=self.reward_fn,
+            deadline_s=self.deadline_s,
+        )
+
+    async def aclose(self) -> None:
+        """Close the env clients and the engine."""
+        await self.remotes.aclose()
+        await self.engine.close()
+
+
+async def run_jobs(
+    runner: Callable[[EpisodeJob], Awaitable[Trajectory]], jobs: Sequence[EpisodeJob], concurrency: int
+) -> AsyncIterator[Trajectory]:
+    """Run `jobs` with at most `concurrency` in flight; yield each trajectory as it finishes."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    slots = asyncio.Semaphore(concurrency)
+
+    async def run(job: EpisodeJob) -> Trajectory:
+        async with slots:
+            return await runner(job)
+
+    tasks = [asyncio.create_task(run(job)) for job in jobs]
+    try:
+        for finished in asyncio.as_completed(tasks):
+            yield await finished
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
