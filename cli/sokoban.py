@@ -1,10 +1,12 @@
-"""`vistarl sokoban solve`: how many vendored Boxoban levels the solver finishes within a time budget."""
+"""`vistarl sokoban solve`: how many vendored Boxoban levels the solver finishes within a time budget;
+`vistarl sokoban demos`: the solver's solutions as expert conversations for `vistarl sft`."""
 
 from __future__ import annotations
 
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -13,7 +15,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 sokoban_app = typer.Typer(
-    help="Sokoban tools: the solver over the vendored Boxoban levels.", no_args_is_help=True
+    help="Sokoban tools: the solver over the vendored Boxoban levels, expert demonstrations.",
+    no_args_is_help=True,
 )
 
 
@@ -108,6 +111,45 @@ def _summary(reports: list[FileReport], budget: float, per_level: float) -> Tabl
             f"{r.elapsed:.1f}",
         )
     return table
+
+
+@sokoban_app.command("demos")
+def demos_command(
+    n: Annotated[int, typer.Option("--n", min=1, help="Demonstrations (levels) to write.")],
+    out: Annotated[Path, typer.Option("--out", help="JSONL file: one conversation per line.")],
+    first_seed: Annotated[
+        int,
+        typer.Option(
+            "--first-seed", min=0, help="Play levels first_seed .. first_seed+n-1 (keep off eval seeds)."
+        ),
+    ] = 0,
+    options: Annotated[
+        str | None, typer.Option("--options", help="Env options as JSON, e.g. '{\"cell_size\": 28}'.")
+    ] = None,
+) -> None:
+    """Write solved levels as chat conversations, rendered as the env renders them, for `vistarl sft`."""
+    import json
+
+    from pydantic import ValidationError
+
+    from services.server.encoding import message_to_wire
+    from services.sokoban.demos import demonstration
+    from services.sokoban.options import SokobanOptions
+
+    try:
+        env_options = SokobanOptions.model_validate(json.loads(options) if options else {})
+    except (ValueError, ValidationError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--options") from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    columns = (TextColumn("demonstrations"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    moves = []
+    with out.open("w", encoding="utf-8") as sink, Progress(*columns, transient=True) as progress:
+        for seed in progress.track(range(first_seed, first_seed + n)):
+            record = demonstration(env_options, seed)
+            record["messages"] = [message_to_wire(m).model_dump(mode="json") for m in record["messages"]]
+            sink.write(json.dumps(record) + "\n")
+            moves.append(sum(m["role"] == "assistant" for m in record["messages"]))
+    typer.echo(f"wrote {n} demonstrations ({statistics.fmean(moves):.1f} turns each) to {out}")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,4 +1,5 @@
-"""`vistarl train` (the training loop) and `vistarl eval` (greedy evaluation of a checkpoint)."""
+"""`vistarl train` (the RL loop), `vistarl sft` (supervised fine-tuning) and `vistarl eval` (greedy
+evaluation of a checkpoint)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,23 @@ def train(
         console.print(f"checkpoint: {result.checkpoint}")
 
 
+def sft(config: ConfigOption, set_: SetOption = None) -> None:
+    """Supervised fine-tuning on `sft.data` (demonstrations or trajectories), through the RL learner."""
+    from trainer.sft import run_sft
+
+    cfg = _load(config, set_)
+    _quiet_logs()
+    console = Console()
+    try:
+        result = run_sft(cfg, name=f"{config.stem}-sft", console=console)
+    except (FileExistsError, RuntimeError, OSError, ValueError) as exc:
+        console.print(f"[red]SFT failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+    if result.history:
+        console.print(f"finished {result.steps} SFT steps; metrics and loss curve in {result.run_dir}")
+        console.print(f"policy checkpoint (use as model.path): {result.model_dir}")
+
+
 def eval_command(
     config: OptionalConfig = None,
     set_: SetOption = None,
@@ -116,6 +134,7 @@ def eval_command(
 
 
 def register(app: typer.Typer) -> None:
-    """Add `train` and `eval` to the `vistarl` command line."""
+    """Add `train`, `sft` and `eval` to the `vistarl` command line."""
     app.command("train")(train)
+    app.command("sft")(sft)
     app.command("eval")(eval_command)

@@ -246,6 +246,21 @@ class SyncConfig(_Section):
     bucket_mb: int = Field(default=512, ge=1)
 
 
+class SFTConfig(_Section):
+    """Supervised fine-tuning (`vistarl sft`): what to imitate and for how long."""
+
+    data: Path | None = Field(
+        default=None,
+        description="JSONL of demonstrations ({messages}, as `vistarl sokoban demos` writes) or of "
+        "trajectories (as `vistarl rollout` writes)",
+    )
+    epochs: int = Field(default=1, ge=1)
+    batch_size: int = Field(default=16, ge=1, description="trajectories per optimizer step")
+    min_reward: float | None = Field(
+        default=None, description="keep only trajectories whose episode reward is at least this"
+    )
+
+
 class LogConfig(_Section):
     """Where metrics go: TensorBoard under the run directory and, optionally, Weights & Biases."""
 
@@ -263,6 +278,7 @@ class TrainConfig(_Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     train: TrainLoopConfig = Field(default_factory=TrainLoopConfig)
     sync: SyncConfig = Field(default_factory=SyncConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
     log: LogConfig = Field(default_factory=LogConfig)
 
     @model_validator(mode="after")

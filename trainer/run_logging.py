@@ -4,8 +4,8 @@ Everything lives under the run directory:
 
 - `config.yaml`: the resolved configuration;
 - `metrics.jsonl`: one JSON object per step (`step` plus every metric);
-- `reward_curve.png`: mean reward and success rate per step, redrawn after every step (matplotlib's
-  object API renders it with Agg, no display needed);
+- `reward_curve.png`: mean reward and success rate (or the SFT loss) per step, redrawn after every
+  step (matplotlib's object API renders it with Agg, no display needed);
 - `tensorboard/`: the same scalars for TensorBoard;
 - `samples/step-NNNNNN/<episode>/`: a few trajectories per step as `trajectory.json` plus their images;
 - Weights & Biases, when `WANDB_API_KEY` is set and the `wandb` package is installed.
@@ -41,6 +41,8 @@ METRICS_FILE = "metrics.jsonl"
 CURVE_FILE = "reward_curve.png"
 REWARD_KEY = "reward/mean"
 SUCCESS_KEY = "env/success"
+CURVES = [(REWARD_KEY, "mean reward"), (SUCCESS_KEY, "success rate"), ("train/nll", "SFT loss (nats/token)")]
+"""The panels of the curve: RL runs report reward and success, SFT runs their loss."""
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -116,11 +118,10 @@ class RunLogger:
         self._show(step, metrics)
 
     def draw_curve(self) -> Path:
-        """Redraw `reward_curve.png`: mean reward, and success rate when the env reports it, per step."""
-        steps = [r["step"] for r in self.history if REWARD_KEY in r]
-        panels = [(REWARD_KEY, "mean reward")]
-        if any(SUCCESS_KEY in r for r in self.history):
-            panels.append((SUCCESS_KEY, "success rate"))
+        """Redraw `reward_curve.png`: each of `CURVES` that the run reports, per step."""
+        panels = [(key, title) for key, title in CURVES if any(key in r for r in self.history)]
+        panels = panels or CURVES[:1]
+        steps = [r["step"] for r in self.history]
         figure = Figure(figsize=(5 * len(panels), 3.5))
         axes = figure.subplots(1, len(panels), squeeze=False)
         for axis, (key, title) in zip(axes[0], panels, strict=True):
@@ -164,6 +165,7 @@ class RunLogger:
             metrics,
             ("reward/mean", "env/success", "rollout/turns", "rollout/response_tokens"),
             (
+                "train/nll",
                 "train/logprob_abs_diff",
                 "train/pg_clip_frac",
                 "train/ppo_kl",

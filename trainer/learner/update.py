@@ -69,6 +69,10 @@ class _Micro:
     returns: torch.Tensor | None = None
 
 
+Backward = Callable[["_Micro", "ImageFeatures | None", float, "_Sums"], None]
+"""A loss over one micro-batch, backpropagated: (micro-batch, image features, denominator, metric sums)."""
+
+
 @dataclass
 class _Sums:
     """Token-weighted sums of a fixed list of metrics, reduced over ranks in one collective.
@@ -183,19 +187,40 @@ class PolicyTrainer:
         generator = torch.Generator().manual_seed(self.cfg.train.seed * SEED_STRIDE + step)
         for _ in range(self.cfg.algo.ppo_epochs):
             for index in torch.randperm(len(minis), generator=generator).tolist():
-                grad_norms.append(self._optimize(rows, minis[index], micros[index], sums))
-        metrics = sums.reduced(self.device)
-        metrics.update(
-            {
-                "train/grad_norm": sum(grad_norms) / len(grad_norms),
-                "train/lr": self.actor_optimizer.param_groups[0]["lr"],
-                "train/trajectories": float(len(rows)),
-                "train/tokens": float(sum(len(r.train_ids) for r in rows)),
-                "time/recompute": recompute_s,
-                "time/update": time.perf_counter() - started,
-            }
-        )
-        return metrics
+                denominator = self._denominator(rows, minis[index])
+                grad_norms.append(self._optimize(micros[index], denominator, sums, self._actor_backward))
+        return {
+            **self._step_metrics(rows, sums, grad_norms, started),
+            "time/recompute": recompute_s,
+        }
+
+    def imitate(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+        """One supervised (SFT) optimizer step on the generated tokens of `trajectories`: their NLL,
+        token-mean over the batch, through the same packing, micro-batches, vision passes, clipping and
+        schedule as `update`. A critic, if loaded, is left alone. Every rank calls it with the same list.
+        """
+        rows = sorted((t for t in trajectories if any(t.loss_mask)), key=lambda t: t.episode_id)
+        if not rows:
+            return {"train/skipped": 1.0}
+        started = time.perf_counter()
+        mini = list(range(len(rows)))
+        sums = _Sums(["nll"])
+        denominator = float(sum(sum(r.loss_mask) for r in rows))
+        norm = self._optimize(self._pack(rows, mini), denominator, sums, self._nll_backward, critic=False)
+        return self._step_metrics(rows, sums, [norm], started)
+
+    def _step_metrics(
+        self, rows: list[Trajectory], sums: _Sums, grad_norms: list[float], started: float
+    ) -> dict[str, float]:
+        """The loss metrics reduced over ranks, and the step's gradient norm, learning rate and sizes."""
+        return {
+            **sums.reduced(self.device),
+            "train/grad_norm": sum(grad_norms) / len(grad_norms),
+            "train/lr": self.actor_optimizer.param_groups[0]["lr"],
+            "train/trajectories": float(len(rows)),
+            "train/tokens": float(sum(len(r.train_ids) for r in rows)),
+            "time/update": time.perf_counter() - started,
+        }
 
     def _mini_batches(self, step: int, count: int) -> list[list[int]]:
         """Trajectory indices, shuffled per step, in `samples_per_step / global_batch_size` parts."""
@@ -287,24 +312,34 @@ class PolicyTrainer:
             if result.returns is not None:
                 micro.returns = host_to_device(_row_tensor(result.returns, micro, lengths), self.device)
 
-    def _optimize(self, rows: list[Trajectory], mini: list[int], micros: list[_Micro], sums: _Sums) -> float:
-        """One optimizer step: accumulate the micro-batches, clip, step; returns the grad norm."""
-        algo = self.cfg.algo
-        if algo.loss_agg_mode == "token-mean":
-            denominator = float(sum(sum(rows[i].loss_mask) for i in mini))
-        else:
-            denominator = float(len(mini))
+    def _denominator(self, rows: list[Trajectory], mini: list[int]) -> float:
+        """What a mini-batch's summed losses are divided by: its generated tokens, or its sequences."""
+        if self.cfg.algo.loss_agg_mode == "token-mean":
+            return float(sum(sum(rows[i].loss_mask) for i in mini))
+        return float(len(mini))
+
+    def _optimize(
+        self,
+        micros: list[_Micro],
+        denominator: float,
+        sums: _Sums,
+        actor_backward: Backward,
+        critic: bool = True,
+    ) -> float:
+        """One optimizer step: accumulate the micro-batches' actor (and critic) losses, clip, step, advance
+        the learning-rate schedule; returns the actor's gradient norm."""
+        critic_model = self.critic if critic else None
         self.actor_optimizer.zero_grad(set_to_none=True)
-        if self.critic_optimizer is not None:
+        if critic_model is not None and self.critic_optimizer is not None:
             self.critic_optimizer.zero_grad(set_to_none=True)
         batches = [micro.batch for micro in micros]
         group = self.cfg.train.vision_pass_micro_batches
         actor_vision = VisionPasses(self.actor, batches, group)
-        critic_vision = VisionPasses(self.critic, batches, group) if self.critic is not None else None
+        critic_vision = VisionPasses(critic_model, batches, group) if critic_model is not None else None
         for i, micro in enumerate(micros):
             last = i == len(micros) - 1
             set_last_micro_batch(self.actor, last)
-            self._actor_backward(micro, actor_vision.features(i), denominator, sums)
+            actor_backward(micro, actor_vision.features(i), denominator, sums)
             actor_vision.backward(i)
             if critic_vision is not None:
                 set_last_micro_batch(critic_vision.model, last)
@@ -312,13 +347,27 @@ class PolicyTrainer:
                 critic_vision.backward(i)
         norm = _clip(self.actor.parameters(), self.cfg.optim.grad_clip)
         self.actor_optimizer.step()
-        if self.critic is not None and self.critic_optimizer is not None:
-            critic_norm = _clip(self.critic.parameters(), self.cfg.optim.grad_clip)
+        self.schedulers["actor"].step()
+        if critic_model is not None and self.critic_optimizer is not None:
+            critic_norm = _clip(critic_model.parameters(), self.cfg.optim.grad_clip)
             sums.add({"critic_grad_norm": torch.tensor(critic_norm)}, torch.ones(()))
             self.critic_optimizer.step()
-        for scheduler in self.schedulers.values():
-            scheduler.step()
+            self.schedulers["critic"].step()
         return norm
+
+    def _nll_backward(
+        self, micro: _Micro, features: ImageFeatures | None, denominator: float, sums: _Sums
+    ) -> None:
+        """The negative log-likelihood of one micro-batch's generated tokens, backpropagated (a zero loss
+        on a rank's empty bin, which still joins the collectives)."""
+        scores = token_logprobs(
+            self.actor, micro.batch, 1.0, compiled=self.cfg.model.compile, image_features=features
+        )
+        mask = micro.batch.loss_mask
+        nll = -(scores.logprobs * mask).sum()
+        (nll / denominator * self.world).backward()
+        if micro.rows:
+            sums.add({"nll": nll.detach() / mask.sum()}, mask.sum())
 
     def _actor_backward(
         self, micro: _Micro, features: ImageFeatures | None, denominator: float, sums: _Sums

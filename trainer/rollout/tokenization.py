@@ -159,6 +159,28 @@ class TokenTracks:
         self._turn = 0
         self._next: _Step = "prompt"
 
+    @classmethod
+    def from_conversation(cls, encoder: TurnEncoder, messages: Sequence[MessageLike]) -> TokenTracks:
+        """The tracks a rollout would have built for a finished conversation (a demonstration): the
+        messages before the first assistant reply are the prompt, each reply is tokenized as the model
+        would generate it (its text, then `<|im_end|>`; mask 1, logprob 0.0), each later user message
+        is an observation."""
+        plain = [as_message(m) for m in messages]
+        replies = [i for i, m in enumerate(plain) if m["role"] == "assistant"]
+        if not replies:
+            raise TokenTrackError("a conversation to learn from needs at least one assistant reply")
+        tracks = cls(encoder)
+        tracks.add_prompt(plain[: replies[0]])
+        for message in plain[replies[0] :]:
+            if message["role"] == "assistant":
+                if not isinstance(message["content"], str):
+                    raise TokenTrackError("an assistant reply must be plain text")
+                ids = [*encoder.encode(message["content"]), encoder.ids.im_end]
+                tracks.add_generation(ids, [0.0] * len(ids), message["content"])
+            else:
+                tracks.add_observation(message)
+        return tracks
+
     def add_prompt(self, messages: Sequence[MessageLike]) -> None:
         """Start the episode: system prompt + first observation, rendered with the generation prompt."""
         self._expect("prompt")

@@ -1,0 +1,151 @@
+"""Supervised fine-tuning on multi-turn conversations, through the same path as RL.
+
+`run_sft(cfg)`:
+
+1. reads `sft.data`: a JSONL of demonstrations (`{"messages": [...]}` with images as data URLs, as
+   `vistarl sokoban demos` writes) or of trajectories (as `vistarl rollout` writes);
+2. turns each demonstration into a `Trajectory` with the policy's own token tracks
+   (`TokenTracks.from_conversation`), so the loss mask covers the assistant's tokens and nothing else;
+3. for `sft.epochs` epochs, shuffles them (reproducibly per epoch) and takes `sft.batch_size` per
+   optimizer step: `PolicyTrainer.imitate`, the NLL of the assistant tokens over the same packing,
+   micro-batches, FSDP sharding, clipping and learning-rate schedule as the RL update;
+4. logs every step (metrics.jsonl, the loss curve, TensorBoard) and saves a checkpoint at the end,
+   whose `actor/` directory is an HF checkpoint that `model.path` takes as the RL policy.
+
+Under torchrun every rank reads the same file and takes the same batches; each trains its share.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from rich.console import Console
+
+from trainer.config import TrainConfig
+from trainer.learner.checkpoint import TrainerState, save_checkpoint
+from trainer.learner.fsdp import init_distributed, is_distributed, rank_device
+from trainer.learner.models import Models, load_actor
+from trainer.learner.update import SEED_STRIDE, PolicyTrainer
+from trainer.rollout.processor import VLProcessor
+from trainer.rollout.tokenization import TokenTrackError, TokenTracks, TurnEncoder
+from trainer.rollout.trajectory import Status, Trajectory
+from trainer.run_logging import RunLogger
+from trainer.train import resolve_run_dir, share
+
+__all__ = ["SFTResult", "load_sft_data", "run_sft"]
+
+
+@dataclass
+class SFTResult:
+    """What a finished SFT run reports; `model_dir` is the HF checkpoint to train or serve next."""
+
+    run_dir: Path
+    steps: int
+    history: list[dict[str, float]]
+    model_dir: Path
+
+
+def load_sft_data(path: Path, encoder: TurnEncoder, min_reward: float | None = None) -> list[Trajectory]:
+    """The trajectories of a JSONL file, demonstrations tokenized with `encoder`; a bad line is a
+    `ValueError` naming it. Trajectories without a generated token, or below `min_reward`, are left out."""
+    kept = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                trajectory = _trajectory(json.loads(line), encoder, number)
+            except (ValueError, TokenTrackError) as exc:
+                raise ValueError(f"{path} line {number}: {exc}") from None
+            if trajectory.trainable and (min_reward is None or trajectory.episode_reward >= min_reward):
+                kept.append(trajectory)
+    if not kept:
+        raise ValueError(f"{path} holds no trajectory to learn from")
+    return kept
+
+
+def _trajectory(record: Any, encoder: TurnEncoder, number: int) -> Trajectory:
+    """A trajectory record as it is, or a demonstration's conversation tokenized into one."""
+    if not isinstance(record, dict):
+        raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+    if "train_ids" in record:
+        return Trajectory.from_dict(record)
+    messages = record.get("messages")
+    if not isinstance(messages, list):
+        raise ValueError("expected a trajectory (with train_ids) or a demonstration (with messages)")
+    episode_id = str(record.get("episode_id", f"demo-{number}"))
+    return Trajectory.from_tracks(
+        TokenTracks.from_conversation(encoder, messages),
+        episode_id=episode_id,
+        group_id=episode_id,
+        policy_version=0,
+        status=Status.COMPLETED,
+        env=str(record.get("env", "")),
+        episode_reward=float(record.get("episode_reward", 0.0)),
+    )
+
+
+def batches(count: int, cfg: TrainConfig) -> Iterator[tuple[int, list[int]]]:
+    """(epoch, indices) of every optimizer step: each epoch a fresh reproducible shuffle, cut into
+    `sft.batch_size` pieces (the last one may be smaller)."""
+    size = cfg.sft.batch_size
+    for epoch in range(cfg.sft.epochs):
+        generator = torch.Generator().manual_seed(cfg.train.seed * SEED_STRIDE + epoch)
+        order = torch.randperm(count, generator=generator).tolist()
+        for start in range(0, count, size):
+            yield epoch, order[start : start + size]
+
+
+def run_sft(cfg: TrainConfig, *, name: str = "sft", console: Console | None = None) -> SFTResult:
+    """Fine-tune `model.path` on `sft.data` as the module docstring says; returns on every rank."""
+    if cfg.sft.data is None:
+        raise ValueError("sft.data is not set: give the JSONL of demonstrations or trajectories to imitate")
+    init_distributed()
+    rank = dist.get_rank() if is_distributed() else 0
+    device = rank_device()
+    chosen = {"run_dir": str(resolve_run_dir(cfg, name, resume=False))} if rank == 0 else None
+    run_dir = Path(share(chosen, device)["run_dir"])
+    torch.manual_seed(cfg.train.seed)
+    processor = VLProcessor.from_pretrained(cfg.model.path)
+    data = load_sft_data(cfg.sft.data, TurnEncoder(processor), cfg.sft.min_reward)
+    trainer = PolicyTrainer(cfg, Models(load_actor(cfg.model.path), None, None), processor, device)
+    total = cfg.sft.epochs * math.ceil(len(data) / cfg.sft.batch_size)
+    logger = None
+    if rank == 0:
+        logger = RunLogger(
+            run_dir,
+            cfg.model_dump(mode="json"),
+            total_steps=total,
+            tensorboard=cfg.log.tensorboard,
+            wandb_project=cfg.log.wandb_project,
+            console=console or Console(),
+        )
+        logger.note(f"SFT on {len(data)} trajectories from {cfg.sft.data}; run directory: {run_dir}")
+    try:
+        for step, (epoch, indices) in enumerate(batches(len(data), cfg), 1):
+            metrics = trainer.imitate([data[i] for i in indices])
+            if logger is not None:
+                logger.log_step(step, {**metrics, "sft/epoch": float(epoch)})
+        checkpoint = save_checkpoint(
+            run_dir,
+            TrainerState(step=total, policy_version=0, prompt_cursor=0),
+            actor=trainer.actor,
+            actor_optimizer=trainer.actor_optimizer,
+            hf_config=trainer.actor.config,
+            source_dir=Path(cfg.model.path),
+            schedulers=trainer.schedulers,
+            rank=rank,
+            barrier=dist.barrier if is_distributed() else None,
+        )
+    finally:
+        if logger is not None:
+            logger.close()
+    history = logger.history if logger is not None else []
+    return SFTResult(run_dir, total, history, checkpoint / "actor")
