@@ -108,6 +108,7 @@ class EnvFactory:
 
 ENV_MODULES: dict[str, str] = {
     "sokoban": "services.sokoban",
+    "vsi": "services.vsi",
 }
 
 

@@ -28,7 +28,7 @@ from numpy.typing import NDArray
 from PIL import Image, ImageDraw, ImageFont
 
 from services.vsi.camera import Pose, view_projection
-from services.vsi.geometry import Array, Box
+from services.vsi.geometry import Array, Box, cross
 from services.vsi.scenes import Scene, load_vsibench
 
 FLOOR_ID, WALL_ID, CEILING_ID = -1, -2, -3
@@ -165,56 +165,63 @@ def scene_vertices(scene: Scene) -> NDArray[Any]:
     """Every triangle of a room as vertices (`_VERTEX`): floor, walls, ceiling, then each object's box."""
     x0, y0, x1, y1 = scene.extent
     z0, z1 = scene.floor_z, scene.floor_z + scene.wall_height
-    corners = [np.array(c) for c in ((x0, y0), (x1, y0), (x1, y1), (x0, y1))]
-    quads = [_floor(scene, x0, y0, x1, y1)]
-    for (ax, ay), (bx, by) in zip(corners, corners[1:] + corners[:1], strict=True):
-        quads.append(_quad([(bx, by, z0), (ax, ay, z0), (ax, ay, z1), (bx, by, z1)], WALL_COLOR, WALL_ID))
-    quads.append(_quad([(x0, y0, z1), (x0, y1, z1), (x1, y1, z1), (x1, y0, z1)], CEILING_COLOR, CEILING_ID))
-    for index, obj in enumerate(scene.objects):
-        quads.extend(_box_faces(obj.box, category_color(obj.category), index + 1))
-    return np.concatenate(quads)
+    corners = [(x0, y0), (x1, y0), (x1, y1), (x0, y1)]
+    walls = [
+        [(bx, by, z0), (ax, ay, z0), (ax, ay, z1), (bx, by, z1)]
+        for (ax, ay), (bx, by) in zip(corners, corners[1:] + corners[:1], strict=True)
+    ]
+    room = np.array([[(x, y, z0) for x, y in corners], *walls, [(x, y, z1) for x, y in corners[::-1]]])
+    room_vertices = _quads(room, np.array([FLOOR_COLOR] + [WALL_COLOR] * 4 + [CEILING_COLOR]))
+    room_vertices["id"] = np.repeat([FLOOR_ID] + [WALL_ID] * 4 + [CEILING_ID], 6)
+    floor = room_vertices[:6]
+    floor["uv"], floor["size"] = floor["pos"][:, :2], 0.0
+    faces = np.concatenate([_box_faces(obj.box) for obj in scene.objects])
+    colors = np.repeat([category_color(obj.category) for obj in scene.objects], 6, axis=0)
+    object_vertices = _quads(faces, colors)
+    object_vertices["id"] = np.repeat(np.arange(1, len(scene.objects) + 1), 36)
+    return np.concatenate([room_vertices, object_vertices])
 
 
-def _floor(scene: Scene, x0: float, y0: float, x1: float, y1: float) -> NDArray[Any]:
-    """The floor quad, its uv the world x, y (so the shader's grid lies on whole metres)."""
-    z = scene.floor_z
-    quad = _quad([(x0, y0, z), (x1, y0, z), (x1, y1, z), (x0, y1, z)], FLOOR_COLOR, FLOOR_ID)
-    quad["uv"] = quad["pos"][:, :2]
-    quad["size"] = 0.0
-    return quad
-
-
-def _box_faces(box: Box, color: tuple[float, float, float], object_id: int) -> list[NDArray[Any]]:
-    """The six outward-facing quads of a box."""
+def _box_faces(box: Box) -> Array:
+    """The six faces of a box as (6, 4, 3) corner quads, counter-clockwise seen from outside."""
     faces = []
+    handed = np.sign(np.linalg.det(box.axes))
     for i in range(3):
         j, k = (i + 1) % 3, (i + 2) % 3
         for sign in (-1.0, 1.0):
             base = box.center + sign * box.half[i] * box.axes[i]
             u, v = box.half[j] * box.axes[j], box.half[k] * box.axes[k]
-            if np.dot(np.cross(u, v), sign * box.axes[i]) < 0:
+            if sign * handed < 0:
                 u, v = v, u
-            faces.append(_quad([base - u - v, base + u - v, base + u + v, base - u + v], color, object_id))
-    return faces
+            faces.append([base - u - v, base + u - v, base + u + v, base - u + v])
+    return np.array(faces)
 
 
-def _quad(points: Sequence[Any], color: tuple[float, float, float], object_id: int) -> NDArray[Any]:
-    """Two triangles over p0 p1 p2 p3 (counter-clockwise seen from the front), shaded by their normal,
-    with uv in metres from p0 along p0→p1 and p0→p3."""
-    p = np.asarray(points, dtype=np.float64)
-    width, height = np.linalg.norm(p[1] - p[0]), np.linalg.norm(p[3] - p[0])
-    normal = np.cross(p[1] - p[0], p[3] - p[0])
-    normal /= max(np.linalg.norm(normal), 1e-12)
-    shade = 0.62 + 0.38 * abs(float(normal @ LIGHT))
-    uv = np.array([(0, 0), (width, 0), (width, height), (0, height)])
+def _quads(points: Array, colors: Array) -> NDArray[Any]:
+    """Two triangles per quad p0 p1 p2 p3 ((Q, 4, 3), counter-clockwise seen from the front), shaded by
+    its normal, with uv in metres from p0 along p0→p1 and p0→p3; ids are left 0."""
+    across, up = points[:, 1] - points[:, 0], points[:, 3] - points[:, 0]
+    width, height = np.linalg.norm(across, axis=1), np.linalg.norm(up, axis=1)
+    normal = cross(across, up)
+    normal /= np.maximum(np.linalg.norm(normal, axis=1, keepdims=True), 1e-12)
+    shade = 0.62 + 0.38 * np.abs(normal @ LIGHT)
+    zeros = np.zeros_like(width)
+    uv = np.stack(
+        [
+            np.stack([zeros, zeros], 1),
+            np.stack([width, zeros], 1),
+            np.stack([width, height], 1),
+            np.stack([zeros, height], 1),
+        ],
+        1,
+    )
     order = [0, 1, 2, 0, 2, 3]
-    quad = np.zeros(6, dtype=_VERTEX)
-    quad["pos"] = p[order]
-    quad["color"] = np.asarray(color) * shade
-    quad["uv"] = uv[order]
-    quad["size"] = (width, height)
-    quad["id"] = object_id
-    return quad
+    vertices = np.zeros((len(points), 6), dtype=_VERTEX)
+    vertices["pos"] = points[:, order]
+    vertices["color"] = (colors * shade[:, None])[:, None, :]
+    vertices["uv"] = uv[:, order]
+    vertices["size"] = np.stack([width, height], 1)[:, None, :]
+    return vertices.reshape(-1)
 
 
 class _Gl:

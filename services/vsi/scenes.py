@@ -87,9 +87,17 @@ class Scene:
         """Boxes per category (the layout's `object_counts` may differ where it was corrected by hand)."""
         return Counter(obj.category for obj in self.objects)
 
+    @functools.cached_property
+    def indices(self) -> Mapping[str, tuple[int, ...]]:
+        """The positions in `objects` of each category's instances."""
+        found: dict[str, list[int]] = {}
+        for i, obj in enumerate(self.objects):
+            found.setdefault(obj.category, []).append(i)
+        return {category: tuple(positions) for category, positions in found.items()}
+
     def instances(self, category: str) -> list[SceneObject]:
         """The objects of one category."""
-        return [obj for obj in self.objects if obj.category == category]
+        return [self.objects[i] for i in self.indices.get(category, ())]
 
     def is_unique(self, category: str) -> bool:
         """Exactly one instance, by the layout's counts and by its boxes."""

@@ -63,9 +63,9 @@ DIRECTION = {
         "An object is to my back if I would have to turn at least 135 degrees in order to face it."
     ),
     QuestionType.OBJECT_REL_DIRECTION_HARD: (
-        "If I am standing by the {a} and facing the {b}, is the {c} to my front-left, front-right, back-left, "
-        "or back-right?\nThe directions refer to the quadrants of a Cartesian plane (if I am standing at the "
-        "origin and facing along the positive y-axis)."
+        "If I am standing by the {a} and facing the {b}, is the {c} to my front-left, front-right, "
+        "back-left, or back-right?\nThe directions refer to the quadrants of a Cartesian plane (if I am "
+        "standing at the origin and facing along the positive y-axis)."
     ),
 }
 ROUTE = (
@@ -298,18 +298,14 @@ def _centroid(scene: Scene, category: str) -> np.ndarray:
     return scene.instances(category)[0].box.center
 
 
+@functools.lru_cache(maxsize=1 << 18)
 def _distance(scene: Scene, a: str, b: str) -> float:
     """The closest-point distance between two categories: the minimum over their instances."""
-    return min(_box_distance(scene, i, j) for i in _indices(scene, a) for j in _indices(scene, b))
-
-
-@functools.lru_cache(maxsize=1 << 18)
-def _box_distance(scene: Scene, i: int, j: int) -> float:
-    return box_distance(scene.objects[i].box, scene.objects[j].box)
-
-
-def _indices(scene: Scene, category: str) -> list[int]:
-    return [i for i, obj in enumerate(scene.objects) if obj.category == category]
+    return min(
+        box_distance(scene.objects[i].box, scene.objects[j].box)
+        for i in scene.indices[a]
+        for j in scene.indices[b]
+    )
 
 
 _BUILDERS: dict[QuestionType, Callable[[Scene, QuestionType, random.Random], list[Draft]]] = {
