@@ -112,27 +112,30 @@ def apply_action(scene: Scene, pose: Pose, action: Action) -> MoveResult:
 def inside_walls(scene: Scene, x: float, y: float) -> bool:
     """Whether (x, y) keeps `WALL_CLEARANCE` from every wall."""
     x0, y0, x1, y1 = scene.extent
-    return x0 + WALL_CLEARANCE <= x <= x1 - WALL_CLEARANCE and y0 + WALL_CLEARANCE <= y <= y1 - WALL_CLEARANCE
+    rx, ry = scene.to_room(np.array([[x, y]]))[0]
+    return (
+        x0 + WALL_CLEARANCE <= rx <= x1 - WALL_CLEARANCE and y0 + WALL_CLEARANCE <= ry <= y1 - WALL_CLEARANCE
+    )
 
 
 def start_pose(scene: Scene) -> Pose:
-    """Where the agent starts: the middle of the room, facing +x."""
+    """Where the agent starts: the middle of the room, facing along the walls' x axis."""
     cx, cy = scene.center_xy
-    return Pose(round(float(cx), 6), round(float(cy), 6))
+    return Pose(round(float(cx), 6), round(float(cy), 6), round(scene.wall_yaw, 6))
 
 
 def tour_poses(scene: Scene) -> list[Pose]:
     """The scripted tour standing in for VSI-Bench's video: `TOUR_FRAMES` stops on a loop halfway out to the
-    walls, walked counter-clockwise from the -y side, each looking ahead along the loop."""
+    walls, walked counter-clockwise from the middle of the first wall, each looking ahead along the loop."""
     x0, y0, x1, y1 = scene.extent
-    cx, cy = scene.center_xy
+    cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
     rx, ry = (x1 - x0) / 2 * TOUR_INSET, (y1 - y0) / 2 * TOUR_INSET
+    angles = [-math.pi / 2 + 2 * math.pi * k / TOUR_FRAMES for k in range(TOUR_FRAMES)]
+    stops = scene.from_room(np.array([(cx + rx * math.cos(a), cy + ry * math.sin(a)) for a in angles]))
     poses = []
-    for k in range(TOUR_FRAMES):
-        angle = -math.pi / 2 + 2 * math.pi * k / TOUR_FRAMES
-        x, y = cx + rx * math.cos(angle), cy + ry * math.sin(angle)
-        yaw = math.degrees(math.atan2(ry * math.cos(angle), -rx * math.sin(angle))) % 360.0
-        poses.append(Pose(round(x, 6), round(y, 6), round(yaw, 6), 0.0))
+    for (x, y), angle in zip(stops, angles, strict=True):
+        yaw = math.degrees(math.atan2(ry * math.cos(angle), -rx * math.sin(angle))) + scene.wall_yaw
+        poses.append(Pose(round(float(x), 6), round(float(y), 6), round(yaw % 360.0, 6), 0.0))
     return poses
 
 

@@ -7,8 +7,8 @@ and each visible object gets its category label drawn at the middle of its visib
 
 The room is closed (floor, four walls, ceiling), so every pixel shows something. Faces carry their
 size in metres, so the fragment shader draws one-pixel outlines on box and wall edges and a 1 m grid
-on the floor. One GL context serves a process (recreated after a fork), under a lock: envs in a
-server's threads take turns.
+on the floor, square with the walls. One GL context serves a process (recreated after a fork), under
+a lock: envs in a server's threads take turns.
 """
 
 from __future__ import annotations
@@ -136,12 +136,12 @@ def draw_labels(image: Image.Image, ids: NDArray[np.int32], scene: Scene) -> Non
     shown = np.flatnonzero(counts >= LABEL_MIN_PIXELS * coarse.size)
     if not len(shown):
         return
-    rows, cols = np.indices(coarse.shape)
+    grid = np.indices(coarse.shape, dtype=np.float64)
     mask = coarse > 0
     keys = coarse[mask] - 1
-    mean_row = np.bincount(keys, weights=rows[mask], minlength=len(scene.objects))
-    mean_col = np.bincount(keys, weights=cols[mask], minlength=len(scene.objects))
-    font = _font(max(9, side // 30))
+    mean_row = np.bincount(keys, weights=grid[0][mask], minlength=len(scene.objects))
+    mean_col = np.bincount(keys, weights=grid[1][mask], minlength=len(scene.objects))
+    font = label_font(max(9, side // 30))
     draw = ImageDraw.Draw(image)
     for index in shown:
         text = scene.objects[index].category
@@ -156,16 +156,15 @@ def draw_labels(image: Image.Image, ids: NDArray[np.int32], scene: Scene) -> Non
 
 
 @functools.cache
-def _font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
+def label_font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
     """Pillow's bundled font at `size` pixels."""
     return ImageFont.load_default(size=size)
 
 
 def scene_vertices(scene: Scene) -> NDArray[Any]:
     """Every triangle of a room as vertices (`_VERTEX`): floor, walls, ceiling, then each object's box."""
-    x0, y0, x1, y1 = scene.extent
     z0, z1 = scene.floor_z, scene.floor_z + scene.wall_height
-    corners = [(x0, y0), (x1, y0), (x1, y1), (x0, y1)]
+    corners = [(float(x), float(y)) for x, y in scene.wall_corners()]
     walls = [
         [(bx, by, z0), (ax, ay, z0), (ax, ay, z1), (bx, by, z1)]
         for (ax, ay), (bx, by) in zip(corners, corners[1:] + corners[:1], strict=True)
@@ -174,7 +173,7 @@ def scene_vertices(scene: Scene) -> NDArray[Any]:
     room_vertices = _quads(room, np.array([FLOOR_COLOR] + [WALL_COLOR] * 4 + [CEILING_COLOR]))
     room_vertices["id"] = np.repeat([FLOOR_ID] + [WALL_ID] * 4 + [CEILING_ID], 6)
     floor = room_vertices[:6]
-    floor["uv"], floor["size"] = floor["pos"][:, :2], 0.0
+    floor["uv"], floor["size"] = scene.to_room(floor["pos"][:, :2].astype(np.float64)), 0.0
     faces = np.concatenate([_box_faces(obj.box) for obj in scene.objects])
     colors = np.repeat([category_color(obj.category) for obj in scene.objects], 6, axis=0)
     object_vertices = _quads(faces, colors)
@@ -231,7 +230,7 @@ class _Gl:
         import moderngl
 
         try:
-            self.ctx = moderngl.create_standalone_context(backend="egl")
+            self.ctx = moderngl.create_standalone_context(backend="egl")  # type: ignore[arg-type]
         except Exception as exc:
             raise RenderError(
                 f"no OpenGL context through EGL ({exc}); on Debian install libegl1 and libgl1-mesa-dri"
@@ -239,6 +238,9 @@ class _Gl:
         self.pid = os.getpid()
         self.lock = threading.Lock()
         self.program = self.ctx.program(vertex_shader=_VERTEX_SHADER, fragment_shader=_FRAGMENT_SHADER)
+        mvp = self.program["mvp"]
+        assert isinstance(mvp, moderngl.Uniform)
+        self.mvp = mvp
         self.framebuffers: dict[int, Any] = {}
         self.scenes: OrderedDict[Scene, tuple[Any, Any]] = OrderedDict()
         self.flags = moderngl.DEPTH_TEST | moderngl.CULL_FACE
@@ -251,7 +253,7 @@ class _Gl:
             framebuffer.use()
             framebuffer.clear(0.0, 0.0, 0.0, 0.0)
             self.ctx.enable_only(self.flags)
-            self.program["mvp"].write(mvp.tobytes())
+            self.mvp.write(mvp.tobytes())
             self._vertex_array(scene).render()
             ids = np.frombuffer(framebuffer.read(attachment=1, components=1, dtype="i4"), dtype=np.int32)
             rgb = framebuffer.read(attachment=0, components=3) if with_color else None

@@ -1,8 +1,9 @@
 """Rooms as the env sees them: objects as oriented boxes with categories, a floor, and four walls.
 
 `load_vsibench()` reads the vendored VSI-Bench layouts (`data/README.md`). The walls enclose the room's
-extent: the rectangle that holds every object's footprint and the room centre, grown evenly on all
-sides to the layout's `room_size` when the objects span less floor than that (`docs/vsi.md`).
+extent: the rectangle, turned to the objects' dominant heading, that holds every object's footprint and
+the room centre, grown evenly on all sides to the layout's `room_size` when the objects span less floor
+than that (`docs/vsi.md`).
 """
 
 from __future__ import annotations
@@ -64,11 +65,35 @@ class Scene:
         return max(MIN_WALL_HEIGHT, max(obj.box.top for obj in self.objects) - self.floor_z)
 
     @functools.cached_property
+    def wall_yaw(self) -> float:
+        """The walls' heading in degrees, in [0, 90): the objects' dominant heading modulo 90°, each object
+        weighted by its footprint's perimeter (a mean on the circle of 4× the angle)."""
+        total = np.zeros(2)
+        for obj in self.objects:
+            axes, lengths = obj.box.axes, obj.box.lengths
+            horizontal = [i for i in np.argsort(np.abs(axes[:, 2]))[:2]]
+            angle = 4 * math.atan2(axes[horizontal[0], 1], axes[horizontal[0], 0])
+            total += float(lengths[horizontal].sum()) * np.array([math.cos(angle), math.sin(angle)])
+        return math.degrees(math.atan2(total[1], total[0]) / 4) % 90.0
+
+    def to_room(self, points: Array) -> Array:
+        """World (x, y) points (N, 2) in the walls' frame (its x along `wall_yaw`)."""
+        c, s = math.cos(math.radians(self.wall_yaw)), math.sin(math.radians(self.wall_yaw))
+        return points @ np.array([[c, -s], [s, c]])
+
+    def from_room(self, points: Array) -> Array:
+        """Points (N, 2) in the walls' frame back in world (x, y)."""
+        c, s = math.cos(math.radians(self.wall_yaw)), math.sin(math.radians(self.wall_yaw))
+        return points @ np.array([[c, s], [-s, c]])
+
+    @functools.cached_property
     def extent(self) -> tuple[float, float, float, float]:
-        """The walls' rectangle (x0, y0, x1, y1): objects and centre, grown to `room_size` if smaller."""
-        corners = np.concatenate(
+        """The walls' rectangle (x0, y0, x1, y1) in the walls' frame (`to_room`): objects and centre, grown
+        to `room_size` if smaller."""
+        points = np.concatenate(
             [obj.box.corners[:, :2] for obj in self.objects] + [self.room_center[None, :2]]
         )
+        corners = self.to_room(points)
         (x0, y0), (x1, y1) = corners.min(axis=0) - WALL_MARGIN, corners.max(axis=0) + WALL_MARGIN
         width, depth = x1 - x0, y1 - y0
         if width * depth < self.room_size:
@@ -78,9 +103,14 @@ class Scene:
 
     @property
     def center_xy(self) -> Array:
-        """The middle of the walls' rectangle."""
+        """The middle of the walls' rectangle, in world (x, y)."""
         x0, y0, x1, y1 = self.extent
-        return np.array([(x0 + x1) / 2, (y0 + y1) / 2])
+        return self.from_room(np.array([[(x0 + x1) / 2, (y0 + y1) / 2]]))[0]
+
+    def wall_corners(self) -> Array:
+        """The walls' four corners in world (x, y), counter-clockwise, (4, 2)."""
+        x0, y0, x1, y1 = self.extent
+        return self.from_room(np.array([(x0, y0), (x1, y0), (x1, y1), (x0, y1)]))
 
     @functools.cached_property
     def box_counts(self) -> Counter[str]:

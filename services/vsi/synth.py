@@ -97,7 +97,7 @@ def _place(
     half_w, half_d = width / 2, depth / 2
     for _ in range(PLACEMENT_TRIES):
         if template.category in WALL_CATEGORIES:
-            heading = rng.choice((0, 90, 180, 270))
+            heading = float(rng.choice((0, 90, 180, 270)))
             along, off = (half_d, half_w) if heading % 180 == 0 else (half_w, half_d)
             offset = off - template.footprint[0] / 2 - 0.01
             slide = rng.uniform(-along + template.footprint[1] / 2, along - template.footprint[1] / 2)
