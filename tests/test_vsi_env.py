@@ -31,7 +31,9 @@ def test_reset_shows_the_question_the_tour_and_the_first_view() -> None:
     assert env.question.question in obs["text"] and "Options:\nA. " in obs["text"]
     assert info["scene_name"] == SCENE and info["question_type"] == "object_rel_direction_medium"
     assert info["tour_frames"] == 8 and "ground_truth" not in json.dumps(info)
-    no_tour = build_env(seed=3, scene_name=SCENE, question_type="room_size_estimation", show_tour=False, **SMALL)
+    no_tour = build_env(
+        seed=3, scene_name=SCENE, question_type="room_size_estimation", show_tour=False, **SMALL
+    )
     obs, _ = no_tour.reset()
     assert len(obs["images"]) == 1 and "single word or phrase" in obs["text"]
 
@@ -39,7 +41,10 @@ def test_reset_shows_the_question_the_tour_and_the_first_view() -> None:
 def test_walls_stop_a_move_and_the_feedback_says_so() -> None:
     # Walls at x, y = ±5 (two flat markers in the corners, grown to 100 m²): from x = 3.5, a 1 m step
     # forward is fine, the next would end past x = 5 - clearance.
-    scene = make_scene([("rug", box((-4.9, -4.9, 0), (0.1, 0.1, 0.01))), ("rug", box((4.9, 4.9, 0), (0.1, 0.1, 0.01)))], 100.0)
+    scene = make_scene(
+        [("rug", box((-4.9, -4.9, 0), (0.1, 0.1, 0.01))), ("rug", box((4.9, 4.9, 0), (0.1, 0.1, 0.01)))],
+        100.0,
+    )
     assert scene.extent == pytest.approx((-5.0, -5.0, 5.0, 5.0))
     step = apply_action(scene, Pose(3.5, 0.0), Action.MOVE_FORWARD)
     assert not step.blocked and step.pose.x == pytest.approx(3.5 + FORWARD_M)
@@ -72,14 +77,18 @@ def test_a_correct_answer_scores_1_and_a_numeric_one_its_mra() -> None:
     truth = float(env.question.ground_truth)
     guess = f"{truth * 1.17:.3f}"  # 17% off: thresholds 0.50 … 0.80 hold
     _, done, info = env.step(f"<answer>{guess} m2</answer>")
-    assert done and info["episode_reward"] == mean_relative_accuracy(float(guess), truth) == pytest.approx(0.7)
+    assert done and info["episode_reward"] == mean_relative_accuracy(float(guess), truth) == pytest.approx(
+        0.7
+    )
     assert info["metrics"]["turns"] == 2
 
 
 def test_the_turn_budget_ends_the_episode_with_reward_0() -> None:
     env = build_env(seed=2, scene_set="test", max_turns=3, **SMALL)
     env.reset()
-    results = [env.step(text) for text in ("<action>look_up</action>", "hello", "<action>rotate_right</action>")]
+    results = [
+        env.step(text) for text in ("<action>look_up</action>", "hello", "<action>rotate_right</action>")
+    ]
     assert [done for _, done, _ in results] == [False, False, True]
     info = results[-1][2]
     assert info["truncated"] and info["episode_reward"] == 0.0 and info["metrics"]["answered"] is False
@@ -124,13 +133,21 @@ def test_restoring_the_state_after_any_step_continues_identically(seed: int) -> 
         action = random_response(env.question, rng, answer_probability=0.15)
         obs, done, info = env.step(action)
         again = restored.step(action)
-        assert (again[0]["text"], png_bytes(again[0]), again[1], again[2]) == (obs["text"], png_bytes(obs), done, info)
+        assert (again[0]["text"], png_bytes(again[0]), again[1], again[2]) == (
+            obs["text"],
+            png_bytes(obs),
+            done,
+            info,
+        )
     assert ENV_FACTORY.restore(env.state()).state() == env.state()
 
 
 def test_options_pick_the_scene_and_type_and_bad_ones_name_the_field() -> None:
     env = build_env(seed=0, scene_name="42898527", question_type="obj_appearance_order", **SMALL)
-    assert (env.question.scene_name, env.question.question_type) == ("42898527", QuestionType.OBJ_APPEARANCE_ORDER)
+    assert (env.question.scene_name, env.question.question_type) == (
+        "42898527",
+        QuestionType.OBJ_APPEARANCE_ORDER,
+    )
     assert env.question.dataset == "arkitscenes" and len(env.question.options or []) == 4
     with pytest.raises(ValidationError, match="scene_name"):
         VsiOptions(scene_name="no-such-room")

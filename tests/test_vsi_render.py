@@ -13,7 +13,10 @@ from tests.vsi_scenes import box, make_scene
 # The camera at the origin looks along +x; a small box 3 m ahead, a larger one 1.5 m ahead in between.
 FAR = ("vase", box((3.0, 0.0, EYE_HEIGHT), (0.5, 0.5, 0.5)))
 NEAR = ("cabinet", box((1.5, 0.0, EYE_HEIGHT), (0.2, 0.8, 0.8)))
-CORNERS = [("rug", box((-4.9, -4.9, 0.005), (0.1, 0.1, 0.01))), ("rug", box((4.9, 4.9, 0.005), (0.1, 0.1, 0.01)))]
+CORNERS = [
+    ("rug", box((-4.9, -4.9, 0.005), (0.1, 0.1, 0.01))),
+    ("rug", box((4.9, 4.9, 0.005), (0.1, 0.1, 0.01))),
+]
 CAMERA = Pose(0.0, 0.0, 0.0, 0.0)
 
 
@@ -45,7 +48,9 @@ def test_every_pixel_shows_floor_wall_ceiling_or_an_object() -> None:
 def test_labels_are_drawn_on_visible_objects_only() -> None:
     scene = make_scene([*CORNERS, FAR, NEAR], room_size=100.0)
     plain, labelled = (render_frames(scene, [CAMERA], 192, labels=flag)[0] for flag in (False, True))
-    difference = np.abs(np.asarray(plain.image, dtype=int) - np.asarray(labelled.image, dtype=int)).sum(axis=2)
+    difference = np.abs(np.asarray(plain.image, dtype=int) - np.asarray(labelled.image, dtype=int)).sum(
+        axis=2
+    )
     rows, cols = np.nonzero(difference)
     assert len(rows) > 0
     # The label sits on the cabinet's visible pixels (its box on the id buffer), not on the hidden vase.

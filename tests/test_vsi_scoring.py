@@ -11,7 +11,7 @@ QT = QuestionType
 
 
 def test_the_ten_thresholds() -> None:
-    assert MRA_THRESHOLDS == pytest.approx([0.5 + 0.05 * k for k in range(10)])
+    assert list(MRA_THRESHOLDS) == pytest.approx([0.5 + 0.05 * k for k in range(10)])
 
 
 @pytest.mark.parametrize(
@@ -90,7 +90,9 @@ def test_aggregate_averages_direction_levels_then_the_eight_tasks() -> None:
 
 
 def test_aggregate_of_a_partial_run_averages_what_it_has() -> None:
-    result = aggregate([("object_counting", 1.0), ("object_rel_direction_hard", 0.0), ("route_planning", 0.5)])
+    result = aggregate(
+        [("object_counting", 1.0), ("object_rel_direction_hard", 0.0), ("route_planning", 0.5)]
+    )
     assert result["object_rel_direction"] == 0.0
     assert result["overall"] == pytest.approx(100 * (1.0 + 0.0 + 0.5) / 3)
     assert "room_size_estimation" not in result

@@ -94,12 +94,18 @@ def test_relative_distance_picks_the_nearest_category(room: Scene) -> None:
         ("sofa", "tv", "bed", {"easy": None, "medium": None, "hard": "back-right"}),
         # The lamp at 315°: right, front-right.
         ("sofa", "tv", "lamp", {"easy": "right", "medium": "right", "hard": "front-right"}),
-        # Standing by the tv facing the sofa (-x): the table, at (-4, 3) from the tv, is 36.9° clockwise (323°).
+        # By the tv facing the sofa (-x): the table, at (-4, 3) from the tv, is 36.9° clockwise (323°).
         ("tv", "sofa", "table", {"easy": "right", "medium": "right", "hard": "front-right"}),
     ],
 )
-def test_relative_direction_levels(room: Scene, a: str, b: str, c: str, expected: dict[str, str | None]) -> None:
-    levels = {"easy": QT.OBJECT_REL_DIRECTION_EASY, "medium": QT.OBJECT_REL_DIRECTION_MEDIUM, "hard": QT.OBJECT_REL_DIRECTION_HARD}
+def test_relative_direction_levels(
+    room: Scene, a: str, b: str, c: str, expected: dict[str, str | None]
+) -> None:
+    levels = {
+        "easy": QT.OBJECT_REL_DIRECTION_EASY,
+        "medium": QT.OBJECT_REL_DIRECTION_MEDIUM,
+        "hard": QT.OBJECT_REL_DIRECTION_HARD,
+    }
     assert {name: direction_of(room, qt, a, b, c) for name, qt in levels.items()} == expected
 
 
@@ -126,13 +132,18 @@ def _objects(text: str) -> list[str]:
 def test_appearance_order_is_the_order_of_first_visibility() -> None:
     # An 8 m x 8 m room (two flat markers in opposite corners fix the walls); a 10 cm box 0.4 m ahead of
     # the camera at four tour stops is first seen there: far stops see it at under 0.5% of the frame.
-    markers = [("rug", box((-3.9, -3.9, 0.005), (0.1, 0.1, 0.01))), ("rug", box((3.9, 3.9, 0.005), (0.1, 0.1, 0.01)))]
+    markers = [
+        ("rug", box((-3.9, -3.9, 0.005), (0.1, 0.1, 0.01))),
+        ("rug", box((3.9, 3.9, 0.005), (0.1, 0.1, 0.01))),
+    ]
     stops = tour_poses(make_scene(markers, room_size=64.0))
     placed = {"vase": 3, "clock": 1, "plant": 7, "fan": 5}
     objects = list(markers)
     for category, stop in placed.items():
         pose = stops[stop]
-        ahead = np.array([pose.x, pose.y]) + 0.4 * np.array([math.cos(math.radians(pose.yaw)), math.sin(math.radians(pose.yaw))])
+        ahead = np.array([pose.x, pose.y]) + 0.4 * np.array(
+            [math.cos(math.radians(pose.yaw)), math.sin(math.radians(pose.yaw))]
+        )
         objects.append((category, box((*ahead, EYE_HEIGHT), (0.1, 0.1, 0.1))))
     scene = make_scene(objects, room_size=64.0)
     assert tour_poses(scene) == stops and len(stops) == TOUR_FRAMES

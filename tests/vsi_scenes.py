@@ -16,10 +16,14 @@ _names = itertools.count()
 
 def box(center: Sequence[float], lengths: Sequence[float]) -> Box:
     """An axis-aligned box."""
-    return Box(center=np.asarray(center, dtype=float), axes=np.eye(3), lengths=np.asarray(lengths, dtype=float))
+    return Box(
+        center=np.asarray(center, dtype=float), axes=np.eye(3), lengths=np.asarray(lengths, dtype=float)
+    )
 
 
-def make_scene(objects: Sequence[tuple[str, Box]], room_size: float, center: Sequence[float] = (0, 0, 1)) -> Scene:
+def make_scene(
+    objects: Sequence[tuple[str, Box]], room_size: float, center: Sequence[float] = (0, 0, 1)
+) -> Scene:
     """A room of the given objects; counts are the boxes' counts, the name unique to this process."""
     return Scene(
         name=f"test-room-{next(_names)}",
