@@ -11,7 +11,7 @@ from clients.errors import BadRequestError
 from clients.http import EnvClient
 from clients.images import decode_image
 from services.vsi import build_env
-from tests.servers import free_port, running_process, vistarl_cmd
+from tests.servers import env_server
 
 OPTIONS = {"scene_set": "test", "image_size": 96, "max_turns": 5}
 ACTIONS = [
@@ -24,13 +24,7 @@ ACTIONS = [
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[EnvClient]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = vistarl_cmd("serve", "vsi", "--port", str(port), "--log-level", "warning")
-    with (
-        running_process(command, ready_url=f"{url}/health", env={"VISTARL_API_TOKEN": ""}),
-        EnvClient(url, timeout=60.0) as c,
-    ):
+    with env_server("vsi") as url, EnvClient(url, timeout=60.0) as c:
         yield c
 
 

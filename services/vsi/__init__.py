@@ -33,12 +33,12 @@ ENV_FACTORY = EnvFactory(
         "synthetic rooms (train). Reset shows a tour of the room and the first view; each turn is one move "
         "(<action>NAME</action>) or the answer (<answer>X</answer>), scored by MRA or exact letter."
     ),
-    system_prompt=system_prompt(),
-    action_format=ACTION_FORMAT,
     options_model=VsiOptions,
+    sample_model=VsiQuestion,
     create=_create,
     restore=VsiEnv.from_state,
-    sample_model=VsiQuestion,
+    system_prompt=system_prompt(),
+    action_format=ACTION_FORMAT,
     splits=splits,
     tools=TOOLS,
     import_path=__name__,

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from enum import Enum
+from enum import Enum, auto
+from typing import Any
 
 import numpy as np
 
@@ -32,16 +33,20 @@ TOUR_INSET = 0.5
 
 
 class Action(str, Enum):
-    """The agent's moves, by their action names."""
+    """The agent's moves; each value, the action's name, is its member name in lower case."""
 
-    ROTATE_LEFT = "rotate_left"
-    ROTATE_RIGHT = "rotate_right"
-    MOVE_FORWARD = "move_forward"
-    MOVE_BACKWARD = "move_backward"
-    MOVE_LEFT = "move_left"
-    MOVE_RIGHT = "move_right"
-    LOOK_UP = "look_up"
-    LOOK_DOWN = "look_down"
+    @staticmethod
+    def _generate_next_value_(name: str, start: int, count: int, last_values: list[Any]) -> str:
+        return name.lower()
+
+    ROTATE_LEFT = auto()
+    ROTATE_RIGHT = auto()
+    MOVE_FORWARD = auto()
+    MOVE_BACKWARD = auto()
+    MOVE_LEFT = auto()
+    MOVE_RIGHT = auto()
+    LOOK_UP = auto()
+    LOOK_DOWN = auto()
 
 
 ACTION_DESCRIPTIONS: dict[Action, str] = {

@@ -13,7 +13,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from services.env_api import EnvObservation
+from services.env_api import EnvObservation, user_message
 from services.vsi.appearance import VISIBLE_FRACTION
 from services.vsi.camera import Pose, apply_action, start_pose, tour_poses
 from services.vsi.catalog import get_scene
@@ -65,11 +65,6 @@ class VsiEnv:
     def system_prompt(self) -> str:
         """The system prompt for this env's turn budget."""
         return system_prompt(self.options.max_turns)
-
-    @property
-    def done(self) -> bool:
-        """True once the episode has ended (answered or out of turns)."""
-        return self._done
 
     def reset(self) -> tuple[EnvObservation, dict[str, Any]]:
         """Back to the start pose; the observation has the question, the tour frames and the first view."""
@@ -152,12 +147,8 @@ class VsiEnv:
         }
 
     def format_observation(self, obs: EnvObservation) -> dict[str, Any]:
-        """An OpenAI-style user message: one `image_url` part per image (PIL here), then the text."""
-        content: list[dict[str, Any]] = [
-            {"type": "image_url", "image_url": {"url": image}} for image in obs["images"]
-        ]
-        content.append({"type": "text", "text": obs["text"]})
-        return {"role": "user", "content": content}
+        """An OpenAI-style user message: the images (PIL here), then the text."""
+        return user_message(obs)
 
     def close(self) -> None:
         """Nothing to release (the GL context is the process's); present for the Env contract."""
