@@ -13,6 +13,9 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+from numpy.typing import NDArray
+
 from services.env_api import EnvObservation, user_message
 from services.vsi.appearance import VISIBLE_FRACTION
 from services.vsi.camera import Pose, apply_action, start_pose, tour_poses
@@ -202,7 +205,7 @@ class VsiEnv:
         self.score = self.answer = None
         self._done = self._truncated = False
 
-    def _see(self, ids: Any) -> float:
+    def _see(self, ids: NDArray[np.int32]) -> float:
         """Add the objects visible in a view's id buffer to those seen; the gain in coverage."""
         before = len(self.seen)
         counts = visible_pixels(ids, len(self.scene.objects))

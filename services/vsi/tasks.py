@@ -169,7 +169,8 @@ def _rel_distance(scene: Scene, qt: QuestionType, rng: random.Random) -> list[Dr
         spread = np.diff([d for d, _ in distances])
         if distances[0][0] < REL_DISTANCE_MIN or spread.min() < gap:
             continue
-        choices = tuple(c for _, c in distances[:1]) + tuple(c for c in picked if c != distances[0][1])
+        nearest = distances[0][1]
+        choices = (nearest, *(c for c in picked if c != nearest))
         found.setdefault(
             (target, *sorted(picked)),
             Draft(qt, REL_DISTANCE.format(choices="{choices}", category=target), choices=choices),
@@ -256,7 +257,7 @@ def _route(scene: Scene, qt: QuestionType, rng: random.Random) -> list[Draft]:
 
 
 def _route_steps(waypoints: Sequence[str], turns: Sequence[str | None]) -> str:
-    """ "1. [please fill in] 2. Go forward until the X …", turns blanked."""
+    """The numbered steps with the turns blanked: "1. [please fill in] 2. Go forward until the X …"."""
     steps = []
     for waypoint, turn in zip(waypoints, turns, strict=True):
         if turn is not None:
