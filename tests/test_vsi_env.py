@@ -13,7 +13,9 @@ from services.vsi.camera import FORWARD_M, WALL_CLEARANCE, Action, Pose, apply_a
 from services.vsi.catalog import get_scene
 from services.vsi.policy import random_response
 from services.vsi.question import QuestionType
+from services.vsi.responses import parse_turn
 from services.vsi.scoring import mean_relative_accuracy
+from services.vsi.tools import tool_call_text
 from tests.vsi_scenes import box, make_scene
 
 SMALL = {"image_size": 64}
@@ -166,9 +168,27 @@ def test_a_question_row_plays_and_must_agree_with_the_options() -> None:
     env = build_env(sample=row, **SMALL)
     assert env.question == VsiQuestion.model_validate(row) and env.seed is None
     assert env.reset()[1]["question_id"] == row["id"]
+    served = ENV_FACTORY.create(VsiOptions(**SMALL), None, VsiQuestion.model_validate(row))
+    assert served.state()["question"] == row
     with pytest.raises(ValueError, match="scene_name"):
         build_env(sample=row, scene_name="synth-3")
     with pytest.raises(ValidationError, match="ground_truth"):
         VsiQuestion.model_validate({**row, "ground_truth": "Z" if row["options"] else "many"})
     with pytest.raises(ValidationError, match="dataset"):
         VsiQuestion.model_validate({**row, "dataset": "elsewhere"})
+
+
+def test_tools_and_the_random_policy_speak_the_action_format() -> None:
+    names = [tool["function"]["name"] for tool in ENV_FACTORY.tools]
+    assert names == [action.value for action in Action] + ["answer"]
+    for name in names[:-1]:
+        assert parse_turn(tool_call_text(name, {})).action == Action(name)
+    assert parse_turn(tool_call_text("answer", {"answer": "C"})).answer == "C"
+    with pytest.raises(ValueError, match="unknown tool"):
+        tool_call_text("jump", {})
+    question = build_env(seed=13, scene_set="test", question_type="route_planning", **SMALL).question
+    rng = random.Random(0)
+    turns = [parse_turn(random_response(question, rng, answer_probability=0.5)) for _ in range(40)]
+    assert all(turn.problem is None for turn in turns)
+    assert {turn.answer for turn in turns if turn.answer} <= {"A", "B", "C", "D"}
+    assert any(turn.action for turn in turns) and any(turn.answer for turn in turns)
