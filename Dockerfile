@@ -6,6 +6,10 @@ FROM python:3.11-slim
 ARG EXTRAS=server,train
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 
+# EGL and Mesa's software rasteriser: the VSI env renders its rooms with OpenGL (docs/vsi.md).
+RUN apt-get update && apt-get install -y --no-install-recommends libegl1 libgl1-mesa-dri \
+    && rm -rf /var/lib/apt/lists/*
+
 RUN useradd --create-home --uid 1000 vistarl
 WORKDIR /app
 

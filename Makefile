@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml
 	# The CPU build of torch first: a bare `torch` requirement would pull multi-GB CUDA wheels.
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[server,train,dev]'
+	bash scripts/ensure-gl.sh $(PY)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,4 +1,7 @@
-"""`vistarl data ...`: build training data sets; `vistarl data sokoban` writes the Sokoban parquet splits."""
+"""`vistarl data ...`: build data sets.
+
+`vistarl data sokoban` writes the Sokoban parquet splits; `vistarl data vsi` imports VSI-Bench's questions.
+"""
 
 from __future__ import annotations
 
@@ -61,6 +64,26 @@ def sokoban_command(
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(1) from None
     console.print(f"wrote {n_train} rows to {paths['train']} and {n_test} rows to {paths['test']}")
+
+
+@data_app.command("vsi")
+def vsi_command(
+    source: Annotated[
+        Path, typer.Option("--from", exists=True, dir_okay=False, help="VSI-Bench's parquet file.")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Directory for test.parquet.")],
+) -> None:
+    """Import VSI-Bench's questions (id, dataset, scene_name, question_type, question, ground_truth, options)
+    as the VSI test split; each row's scene must be one of the 288 vendored layouts."""
+    from services.vsi.dataset import DatasetError, import_vsibench
+
+    console = Console()
+    try:
+        path, rows = import_vsibench(source, out)
+    except DatasetError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    console.print(f"wrote {rows} questions to {path}")
 
 
 def register(app: typer.Typer) -> None:

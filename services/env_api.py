@@ -67,6 +67,12 @@ class TaskSplit(Protocol):
         ...
 
 
+def user_message(obs: EnvObservation) -> dict[str, Any]:
+    """An OpenAI-style user message: one `image_url` part per image (PIL or data URL), then the text."""
+    images = [{"type": "image_url", "image_url": {"url": image}} for image in obs["images"]]
+    return {"role": "user", "content": [*images, {"type": "text", "text": obs["text"]}]}
+
+
 def no_splits() -> dict[str, TaskSplit]:
     """The `splits` of an env that holds no datasets."""
     return {}
@@ -108,6 +114,7 @@ class EnvFactory:
 
 ENV_MODULES: dict[str, str] = {
     "sokoban": "services.sokoban",
+    "vsi": "services.vsi",
 }
 
 

@@ -16,7 +16,15 @@ import httpx
 
 from services.server.launch import free_port, stop_process
 
-__all__ = ["free_port", "redis_server", "running_process", "stop_process", "vistarl_cmd", "wait_http"]
+__all__ = [
+    "env_server",
+    "free_port",
+    "redis_server",
+    "running_process",
+    "stop_process",
+    "vistarl_cmd",
+    "wait_http",
+]
 
 
 def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen[bytes] | None = None) -> None:
@@ -53,6 +61,16 @@ def running_process(
 def vistarl_cmd(*args: str) -> list[str]:
     """The `vistarl` CLI as a command line, run with this interpreter."""
     return [sys.executable, "-m", "cli.main", *args]
+
+
+@contextlib.contextmanager
+def env_server(env_name: str, *flags: str) -> Iterator[str]:
+    """`vistarl serve ENV_NAME` on a free loopback port, without a bearer token; yields its base URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = vistarl_cmd("serve", env_name, "--port", str(port), "--log-level", "warning", *flags)
+    with running_process(command, ready_url=f"{url}/health", env={"VISTARL_API_TOKEN": ""}):
+        yield url
 
 
 @contextlib.contextmanager

@@ -1,0 +1,45 @@
+"""The VSI environment (seed: vagen_vsi_rl): VSI-Bench's spatial questions, answered by exploring rendered
+rooms. Python API and server factory."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from services.env_api import EnvFactory
+from services.vsi.env import VsiEnv, build_env
+from services.vsi.options import VsiOptions
+from services.vsi.prompt import ACTION_FORMAT, system_prompt
+from services.vsi.question import VsiQuestion
+from services.vsi.splits import splits
+from services.vsi.tools import TOOLS
+
+__all__ = ["ENV_FACTORY", "VsiEnv", "VsiOptions", "VsiQuestion", "build_env"]
+
+
+def _create(options: BaseModel, seed: int | None, sample: BaseModel | None) -> VsiEnv:
+    """The server's constructor: validated options, and the `/reset` seed or a validated question row."""
+    if not isinstance(options, VsiOptions):
+        raise TypeError(f"expected VsiOptions, got {type(options).__name__}")
+    if sample is not None and not isinstance(sample, VsiQuestion):
+        raise TypeError(f"expected a VsiQuestion sample, got {type(sample).__name__}")
+    return VsiEnv(options, seed, sample)
+
+
+ENV_FACTORY = EnvFactory(
+    name="vsi",
+    version="1.0.0",
+    description=(
+        "VSI-Bench spatial questions (8 tasks) in rendered rooms: the 288 VSI-Bench layouts (test) or "
+        "synthetic rooms (train). Reset shows a tour of the room and the first view; each turn is one move "
+        "(<action>NAME</action>) or the answer (<answer>X</answer>), scored by MRA or exact letter."
+    ),
+    options_model=VsiOptions,
+    sample_model=VsiQuestion,
+    create=_create,
+    restore=VsiEnv.from_state,
+    system_prompt=system_prompt(),
+    action_format=ACTION_FORMAT,
+    splits=splits,
+    tools=TOOLS,
+    import_path=__name__,
+)

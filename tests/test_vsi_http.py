@@ -1,0 +1,77 @@
+"""VSI behind a real `vistarl serve vsi` process: the same episode over HTTP as in process."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from clients.errors import BadRequestError
+from clients.http import EnvClient
+from clients.images import decode_image
+from services.vsi import build_env
+from tests.servers import env_server
+
+OPTIONS = {"scene_set": "test", "image_size": 96, "max_turns": 5}
+ACTIONS = [
+    "<action>rotate_left</action>",
+    "<action>move_forward</action>",
+    "hmm",
+    "<action>look_down</action>",
+]
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[EnvClient]:
+    with env_server("vsi") as url, EnvClient(url, timeout=60.0) as c:
+        yield c
+
+
+def pixels(images: list) -> list[np.ndarray]:
+    return [np.asarray(image.convert("RGB")) for image in images]
+
+
+def test_an_episode_over_http_matches_the_one_in_process(client: EnvClient) -> None:
+    local = build_env(seed=21, **OPTIONS)
+    local_obs, local_info = local.reset()
+    with client.episode(seed=21, options=OPTIONS) as remote:
+        assert remote.info == local_info
+        assert remote.observation.text == local_obs["text"]
+        remote_images = [decode_image(url) for url in remote.observation.images]
+        assert all(
+            np.array_equal(a, b)
+            for a, b in zip(pixels(remote_images), pixels(local_obs["images"]), strict=True)
+        )
+        answer = f"<answer>{local.question.ground_truth}</answer>"
+        for action in [*ACTIONS[:3], answer]:
+            obs, done, info = local.step(action)
+            result = remote.step(action)
+            assert (result.observation.text, result.done, result.reward) == (
+                obs["text"],
+                done,
+                info["reward"],
+            )
+            assert result.info["metrics"] == info["metrics"] and result.info["pose"] == info["pose"]
+            remote_view = decode_image(result.observation.images[0])
+            assert np.array_equal(pixels([remote_view])[0], pixels(obs["images"])[0])
+        assert result.done and result.info["episode_reward"] == 1.0
+
+
+def test_out_of_turns_over_http(client: EnvClient) -> None:
+    with client.episode(seed=3, options={**OPTIONS, "max_turns": 2}) as remote:
+        remote.step(ACTIONS[0])
+        result = remote.step(ACTIONS[3])
+        assert result.done and result.info["truncated"] and result.info["episode_reward"] == 0.0
+
+
+def test_bad_options_are_422_naming_the_field(client: EnvClient) -> None:
+    for options, field in (({"scene_name": "nowhere"}, "scene_name"), ({"image_size": 5000}, "image_size")):
+        with pytest.raises(BadRequestError) as caught:
+            client.reset(options=options)
+        assert caught.value.status == 422 and field in caught.value.message
+    info = client.info()
+    assert (
+        info.name == "vsi"
+        and {"scene_name", "question_type", "max_turns"} <= info.config_schema["properties"].keys()
+    )

@@ -1,0 +1,45 @@
+"""The built-in VSI splits: balanced, lettered evenly, deterministic, and disjoint by scene."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from services.vsi import ENV_FACTORY, VsiQuestion
+from services.vsi.catalog import is_vsibench
+from services.vsi.generator import generate_question
+from services.vsi.question import TASKS, QuestionType
+from services.vsi.scenes import vsibench_names
+from services.vsi.splits import TrainSplit, type_and_rank
+
+
+def test_test_split_covers_the_vsibench_rooms_balanced_by_task() -> None:
+    test = ENV_FACTORY.splits()["test"]
+    rows = [VsiQuestion.model_validate(test[i]) for i in range(len(test))]
+    assert all(is_vsibench(row.scene_name) for row in rows)
+    tasks = Counter(row.question_type.task for row in rows)
+    assert set(tasks) == set(TASKS) and len(set(tasks.values())) == 1
+    levels = Counter(row.question_type for row in rows if row.question_type.task == "object_rel_direction")
+    assert len(set(levels.values())) == 1
+    assert len({row.scene_name for row in rows}) > 150
+    for question_type in QuestionType:
+        letters = Counter(
+            row.ground_truth for row in rows if row.question_type is question_type and row.options
+        )
+        assert not letters or max(letters.values()) - min(letters.values()) <= 1, (question_type, letters)
+    assert len({(row.scene_name, row.question) for row in rows}) == len(rows)
+
+
+def test_train_split_uses_synthetic_rooms_only_and_rows_are_deterministic() -> None:
+    train = TrainSplit()
+    rows = [train[i] for i in range(24)]
+    assert rows == [TrainSplit()[i] for i in range(24)]
+    names = {row["scene_name"] for row in rows}
+    assert not names & set(vsibench_names()) and all(name.startswith("synth-") for name in names)
+    assert [row["question_type"] for row in rows] == [type_and_rank(i)[0].value for i in range(24)]
+    assert Counter(QuestionType(row["question_type"]).task for row in rows) == dict.fromkeys(TASKS, 3)
+
+
+def test_generated_questions_keep_to_their_scene_set() -> None:
+    for seed in range(12):
+        assert not is_vsibench(generate_question(seed, "train").scene_name)
+        assert is_vsibench(generate_question(seed, "test").scene_name)
