@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -110,6 +111,8 @@ def metric(url: str, line_start: str) -> float:
 
 
 def test_the_cpu_profile_trains_twice_through_redis_the_worker_and_the_engine(app_dir: Path) -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("the redis service runs redis-server: install it (scripts/ensure-redis.sh)")
     services = load_services(ROOT / "docker-compose.yml", {"VISTARL_API_TOKEN": TOKEN})
     for name in ("model", "engine", "trainer"):
         assert services[name].profiles == [PROFILE], f"{name} belongs to the {PROFILE} profile"

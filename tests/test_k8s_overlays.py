@@ -180,4 +180,14 @@ def test_workers_and_the_trainer_have_what_they_need(rendered: list[Manifest]) -
     trainer = pods["trainer"]["spec"]
     assert trainer["restartPolicy"] == "Never"
     assert trainer["containers"][0]["command"] == ["torchrun"]
-    assert "--set=rollout.local_workers=0" in trainer["containers"][0]["args"]
+    overrides = dict(
+        arg.removeprefix("--set=").split("=", 1)
+        for arg in trainer["containers"][0]["args"]
+        if arg.startswith("--set=")
+    )
+    flags = dict(arg.removeprefix("--").split("=", 1) for arg in worker["args"] if "=" in arg)
+    assert overrides["rollout.local_workers"] == "0", "the workers play the episodes, not the trainer"
+    assert (overrides["rollout.queue"], overrides["rollout.namespace"]) == (
+        flags["redis-url"],
+        flags["namespace"],
+    )
