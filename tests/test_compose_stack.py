@@ -3,7 +3,7 @@
 No container engine runs here, so each service of the cpu profile that one Sokoban step needs (redis,
 sokoban, model, engine, one worker, the trainer) runs its own command from the file, with the file's
 environment (bearer auth on), on loopback ports (`tests/compose_file.py` says what is rewritten). The
-services wait for each other as `depends_on` says, judged by the file's own healthchecks. The trainer
+services start in the order `depends_on` gives, each waited on with its own healthcheck. The trainer
 runs twice, one step each, as two `docker compose up` would, against the same long-lived services.
 """
 
