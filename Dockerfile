@@ -1,9 +1,12 @@
-# One image for every vistarl role; EXTRAS picks what gets installed.
-#   docker build -t vistarl .                       # everything (CPU torch)
-#   docker build -t vistarl-env --build-arg EXTRAS=server .   # env servers only: no torch
+# One image for every vistarl role; EXTRAS picks what gets installed, TORCH_INDEX which torch build.
+#   docker build -t vistarl .                                   # everything, CPU torch
+#   docker build -t vistarl-env --build-arg EXTRAS=server .     # env servers only: no torch
+#   docker build -t vistarl:gpu --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 .
 FROM python:3.11-slim
 
 ARG EXTRAS=server,train
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 
 # EGL and Mesa's software rasteriser: the VSI env renders its rooms with OpenGL (docs/vsi.md).
@@ -20,13 +23,13 @@ COPY trainer ./trainer
 COPY cli ./cli
 COPY configs ./configs
 
-# CPU torch from PyTorch's own index first, so the `train` extra does not pull CUDA wheels.
-RUN if echo "$EXTRAS" | grep -q train; then \
-        pip install torch --index-url https://download.pytorch.org/whl/cpu; \
-    fi \
-    && pip install ".[${EXTRAS}]"
+# torch from PyTorch's own index first, so the `train` extra does not pull the default CUDA wheels.
+RUN case ",${EXTRAS}," in \
+        *,train,*) pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}" ;; \
+    esac \
+    && pip install "./[${EXTRAS}]"
 
-RUN mkdir -p /app/runs && chown vistarl /app/runs
-USER vistarl
+RUN mkdir -p /app/runs && chown 1000:1000 /app/runs
+USER 1000:1000
 EXPOSE 8000
 CMD ["vistarl", "serve", "sokoban", "--host", "0.0.0.0", "--port", "8000"]

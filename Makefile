@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint typecheck pytest bench clean
+.PHONY: install demo test lint typecheck deploy-check pytest bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -30,11 +30,16 @@ lint: install
 typecheck: install
 	$(PY) -m mypy
 
+# docker-compose.yml, the Dockerfile, the scripts and the Kubernetes manifests and overlays, with the
+# pinned tools of the dev extra (see docs/deploy.md, "Checks").
+deploy-check: install
+	bash scripts/check-deploy.sh $(VENV)/bin
+
 pytest: install
 	bash scripts/ensure-redis.sh
 	$(PY) -m pytest -q
 
-test: lint typecheck pytest
+test: lint typecheck deploy-check pytest
 
 clean:
 	rm -rf $(VENV) runs .mypy_cache .ruff_cache .pytest_cache

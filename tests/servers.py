@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import httpx
 
@@ -46,10 +47,11 @@ def running_process(
     ready_url: str | None = None,
     env: dict[str, str] | None = None,
     timeout: float = 60.0,
+    cwd: Path | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Run `args` as a child process (waiting for `ready_url` if given) and stop it afterwards."""
+    """Run `args` as a child process in `cwd` (waiting for `ready_url` if given) and stop it afterwards."""
     full_env = {**os.environ, **(env or {})}
-    proc = subprocess.Popen(list(args), env=full_env, start_new_session=True)
+    proc = subprocess.Popen(list(args), env=full_env, cwd=cwd, start_new_session=True)
     try:
         if ready_url is not None:
             wait_http(ready_url, timeout=timeout, proc=proc)

@@ -137,22 +137,26 @@ def test_idle_sessions_expire_but_active_ones_live(short_ttl: Server) -> None:
     assert http.post("/step", json={"session_id": active, "action": "inc"}).status_code == 404
 
 
-def test_bearer_token_guards_all_but_health() -> None:
+def test_bearer_token_guards_the_env_endpoints_and_leaves_probes_and_metrics_open() -> None:
     token = "s3cret-token"
     with counter_server(env={"VISTARL_API_TOKEN": token}) as url, httpx.Client(base_url=url) as client:
-        assert client.get("/health").status_code == 200
-        for method, path in [("GET", "/info"), ("POST", "/reset"), ("GET", "/metrics"), ("GET", "/ready")]:
+        for method, path in [("GET", "/info"), ("POST", "/reset"), ("POST", "/step"), ("POST", "/format")]:
             for headers in [{}, {"Authorization": "Bearer wrong"}, {"Authorization": token}]:
                 refused = client.request(method, path, headers=headers, json={})
                 assert refused.status_code == 401, (method, path, headers)
                 assert error_code(refused) == "unauthorized"
                 assert refused.headers["www-authenticate"] == "Bearer"
+        assert client.delete("/sessions/any").status_code == 401
+        assert client.get("/health").status_code == 200
+        assert client.get("/ready").json()["active_sessions"] == 0
         auth = {"Authorization": f"Bearer {token}"}
         assert client.get("/info", headers=auth).status_code == 200
         assert client.post("/reset", json={}, headers=auth).status_code == 200
-        assert (
-            'vistarl_env_errors_total{code="unauthorized"} 12.0' in client.get("/metrics", headers=auth).text
-        )
+        assert client.get("/ready").json()["active_sessions"] == 1
+        scraped = client.get("/metrics")
+        assert scraped.status_code == 200
+        assert 'vistarl_env_errors_total{code="unauthorized"} 13.0' in scraped.text
+        assert "vistarl_env_resets_total 1.0" in scraped.text
 
 
 def test_bad_settings_are_refused_by_the_cli() -> None:

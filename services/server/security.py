@@ -3,6 +3,9 @@
 It runs before routing and before the body is parsed, so an unauthenticated or oversized request costs
 the server almost nothing, and it reads the headers of every request once. Its refusals are
 `ErrorResponse` bodies like every other error.
+
+The probe and scrape paths stay open with a token set (docs/server.md, "Authentication"): Kubernetes
+probes and Prometheus send no token, and these paths reveal only counts, never a session or an observation.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from clients.protocol import ErrorCode
 from services.server.errors import error_response
 from services.server.metrics import ServerMetrics
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 
 
 class RequestGuard:

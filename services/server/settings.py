@@ -60,7 +60,9 @@ class ServerSettings(BaseSettings):
         default=10.0, gt=0, description="Grace for in-flight requests and close."
     )
 
-    api_token: SecretStr | None = Field(default=None, description="Bearer token required on all but /health.")
+    api_token: SecretStr | None = Field(
+        default=None, description="Bearer token required on all but /health, /ready and /metrics."
+    )
 
     def limits(self) -> Limits:
         """The bounds published in `GET /info`."""

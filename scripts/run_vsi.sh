@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# VSI (spatial questions answered by exploring VSI-Bench rooms), like the seed's run script: prepare
+# the model and the data, then train.
+#   scripts/run_vsi.sh                                                # tiny checkpoint, CPU
+#   MODEL_PATH=/models/Qwen2.5-VL-3B-Instruct NPROC=4 scripts/run_vsi.sh     # configs/vsi.yaml
+#   VSI_PARQUET=/data/VSI-Bench/test.parquet scripts/run_vsi.sh       # the real VSI-Bench questions
+# Without VSI_PARQUET the questions are generated from the scene layouts the env ships. Arguments go
+# to `vistarl train`. See scripts/run_common.sh and docs/deploy.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=scripts/run_common.sh
+source scripts/run_common.sh
+
+prepare_model vsi
+if [ -n "${VSI_PARQUET:-}" ]; then
+    real_data vsi "$VSI_PARQUET"
+fi
+launch "$@"
