@@ -14,6 +14,7 @@ from clients.errors import (
     ServerError,
     SessionExistsError,
     SessionNotFoundError,
+    TaskNotFoundError,
 )
 from clients.http import AsyncEnvClient, AsyncEpisode, EnvClient, Episode, RetryPolicy
 from clients.images import decode_image, encode_image
@@ -37,6 +38,7 @@ __all__ = [
     "ServerError",
     "SessionExistsError",
     "SessionNotFoundError",
+    "TaskNotFoundError",
     "decode_image",
     "encode_image",
 ]

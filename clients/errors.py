@@ -45,6 +45,10 @@ class SessionNotFoundError(EnvServerError):
     """404: the session is unknown (never created, closed, or expired)."""
 
 
+class TaskNotFoundError(EnvServerError):
+    """404 `task_not_found`: a reset's `task_id` names no split or row the server holds."""
+
+
 class EpisodeDoneError(EnvServerError):
     """409: a step after the episode ended."""
 
@@ -80,6 +84,7 @@ _BY_STATUS: dict[int, type[EnvServerError]] = {
 
 _BY_CODE: dict[str, type[EnvServerError]] = {
     "session_exists": SessionExistsError,
+    "task_not_found": TaskNotFoundError,
 }
 
 

@@ -252,10 +252,22 @@ class Call(Generic[T]):
 
 
 def reset_call(
-    seed: int | None, options: Mapping[str, Any] | None, session_id: str | None, format: bool
+    seed: int | None,
+    task_id: str | None,
+    sample: Mapping[str, Any] | None,
+    options: Mapping[str, Any] | None,
+    session_id: str | None,
+    format: bool,
 ) -> Call[ResetResponse]:
     """POST /reset. Not resent after a lost response, which could have started a second session."""
-    body = ResetRequest(seed=seed, options=dict(options or {}), session_id=session_id, format=format)
+    body = ResetRequest(
+        seed=seed,
+        task_id=task_id,
+        sample=None if sample is None else dict(sample),
+        options=dict(options or {}),
+        session_id=session_id,
+        format=format,
+    )
     return Call("POST", "/reset", lambda r: decode_reply(r, ResetResponse), body, idempotent=False)
 
 
@@ -415,13 +427,16 @@ class EnvClient:
         self,
         *,
         seed: int | None = None,
+        task_id: str | None = None,
+        sample: Mapping[str, Any] | None = None,
         options: Mapping[str, Any] | None = None,
         session_id: str | None = None,
         format: bool = False,
         timeout: float | None = None,
     ) -> ResetResponse:
-        """Start an episode; returns its session id and first observation."""
-        return self._run(reset_call(seed, options, session_id, format), timeout)
+        """Start an episode from at most one of `seed`, `task_id` (`SPLIT/INDEX` of a split the server
+        holds) and `sample` (a dataset row); returns its session id and first observation."""
+        return self._run(reset_call(seed, task_id, sample, options, session_id, format), timeout)
 
     def step(
         self,
@@ -462,12 +477,16 @@ class EnvClient:
         self,
         *,
         seed: int | None = None,
+        task_id: str | None = None,
+        sample: Mapping[str, Any] | None = None,
         options: Mapping[str, Any] | None = None,
         session_id: str | None = None,
         format: bool = False,
     ) -> Iterator[Episode]:
         """Reset, yield an `Episode`, and always close its session on the way out."""
-        first = self.reset(seed=seed, options=options, session_id=session_id, format=format)
+        first = self.reset(
+            seed=seed, task_id=task_id, sample=sample, options=options, session_id=session_id, format=format
+        )
         ep = Episode(self, first, format)
         try:
             yield ep
@@ -555,13 +574,16 @@ class AsyncEnvClient:
         self,
         *,
         seed: int | None = None,
+        task_id: str | None = None,
+        sample: Mapping[str, Any] | None = None,
         options: Mapping[str, Any] | None = None,
         session_id: str | None = None,
         format: bool = False,
         timeout: float | None = None,
     ) -> ResetResponse:
-        """Start an episode; returns its session id and first observation."""
-        return await self._run(reset_call(seed, options, session_id, format), timeout)
+        """Start an episode from at most one of `seed`, `task_id` (`SPLIT/INDEX` of a split the server
+        holds) and `sample` (a dataset row); returns its session id and first observation."""
+        return await self._run(reset_call(seed, task_id, sample, options, session_id, format), timeout)
 
     async def step(
         self,
@@ -602,12 +624,16 @@ class AsyncEnvClient:
         self,
         *,
         seed: int | None = None,
+        task_id: str | None = None,
+        sample: Mapping[str, Any] | None = None,
         options: Mapping[str, Any] | None = None,
         session_id: str | None = None,
         format: bool = False,
     ) -> AsyncIterator[AsyncEpisode]:
         """Reset, yield an `AsyncEpisode`, and always close its session on the way out."""
-        first = await self.reset(seed=seed, options=options, session_id=session_id, format=format)
+        first = await self.reset(
+            seed=seed, task_id=task_id, sample=sample, options=options, session_id=session_id, format=format
+        )
         ep = AsyncEpisode(self, first, format)
         try:
             yield ep

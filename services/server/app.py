@@ -33,14 +33,16 @@ from services.server.metrics import ServerMetrics
 from services.server.security import RequestGuard
 from services.server.sessions import SessionManager
 from services.server.settings import ServerSettings
+from services.server.tasks import TaskCatalog
 
 
 def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) -> FastAPI:
     """A FastAPI app hosting sessions of `env_factory`, bounded and configured by `settings`."""
     settings = settings or ServerSettings()
     metrics = ServerMetrics()
+    tasks = TaskCatalog.build(env_factory, settings)
     pool = create_pool(env_factory, settings, metrics)
-    manager = SessionManager(env_factory, settings, metrics, pool)
+    manager = SessionManager(env_factory, settings, metrics, pool, tasks)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -74,6 +76,8 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
         action_format=env_factory.action_format,
         config_schema=env_factory.config_schema(),
         limits=settings.limits(),
+        datasets=tasks.datasets(),
+        tools=env_factory.tools,
     )
 
     async def reset(request: ResetRequest) -> bytes:

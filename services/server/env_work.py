@@ -38,16 +38,24 @@ class EnvHost:
         self.envs: dict[str, Env] = {}
         self._formatter: Env | None = None
 
-    def start(self, session_id: str, options: BaseModel, seed: int | None, with_message: bool) -> bytes:
-        """Build and reset an env for `session_id`; the `ResetResponse` body.
+    def start(
+        self,
+        session_id: str,
+        options: BaseModel,
+        seed: int | None,
+        sample: BaseModel | None,
+        with_message: bool,
+    ) -> bytes:
+        """Build and reset an env for `session_id` from its options and task; the `ResetResponse` body.
 
-        The env's own ValueError on its options is the caller's fault (422).
+        The env's own ValueError on its options or sample is the caller's fault (422).
         """
         try:
-            env = self.factory.create(options, seed, None)
+            env = self.factory.create(options, seed, sample)
         except ValueError as exc:
-            message = f"options rejected by {self.factory.name}: {exc}"
-            raise ServiceError(ErrorCode.INVALID_OPTIONS, message) from exc
+            code = ErrorCode.INVALID_OPTIONS if sample is None else ErrorCode.INVALID_SAMPLE
+            what = "options" if sample is None else "task"
+            raise ServiceError(code, f"{what} rejected by {self.factory.name}: {exc}") from exc
         try:
             obs, info = env.reset()
             body = to_json(
@@ -124,6 +132,18 @@ def _close_quietly(env: Env) -> None:
         logger.exception("closing an env failed")
 
 
-def options_payload(options: BaseModel) -> dict[str, Any]:
-    """Validated options as plain JSON data, for a worker process to validate into the same model."""
-    return options.model_dump(mode="json", exclude_unset=True)
+def model_payload(model: BaseModel | None) -> dict[str, Any] | None:
+    """Validated options or a sample as plain JSON data, for a worker process to validate into the same
+    model (`parse_payload`): no pickle crosses the process boundary."""
+    return None if model is None else model.model_dump(mode="json", exclude_unset=True)
+
+
+def task_from_payload(
+    factory: EnvFactory, options: dict[str, Any], sample: dict[str, Any] | None
+) -> tuple[BaseModel, BaseModel | None]:
+    """The options and sample that `model_payload` sent, validated again by the env's own models."""
+    if sample is None:
+        return factory.options_model.model_validate(options), None
+    if factory.sample_model is None:
+        raise ValueError(f"env {factory.name!r} takes no samples")
+    return factory.options_model.model_validate(options), factory.sample_model.model_validate(sample)

@@ -25,6 +25,7 @@ from services.server.env_pool import EnvGoneError, EnvPool
 from services.server.errors import ServiceError, describe_validation_errors
 from services.server.metrics import ServerMetrics
 from services.server.settings import ServerSettings
+from services.server.tasks import TaskCatalog
 
 logger = logging.getLogger(__name__)
 
@@ -120,12 +121,14 @@ class SessionManager:
         settings: ServerSettings,
         metrics: ServerMetrics,
         pool: EnvPool,
+        tasks: TaskCatalog,
         store: SessionStore | None = None,
     ) -> None:
         self.factory = factory
         self.settings = settings
         self.metrics = metrics
         self.pool = pool
+        self.tasks = tasks
         self.store: SessionStore = store or InMemorySessionStore()
         self.draining = False
         self._admission = asyncio.Lock()
@@ -134,12 +137,14 @@ class SessionManager:
     # --- endpoints ------------------------------------------------------------------------------
 
     async def reset(self, request: ResetRequest) -> bytes:
-        """Start an episode in a new session; 409 if a chosen `session_id` is taken, 503 when full."""
+        """Start an episode in a new session from its task (see `services.server.tasks`); 409 if a chosen
+        `session_id` is taken, 503 when full."""
         options = self._validate_options(request.options)
+        sample = await self._sample(request)
         session_id = request.session_id or uuid.uuid4().hex
         await self._reserve(session_id)
         try:
-            answer = await self.pool.start(session_id, options, request.seed, request.format)
+            answer = await self.pool.start(session_id, options, request.seed, sample, request.format)
             await self.store.put(Session(id=session_id))
         finally:
             self._reserved.discard(session_id)
@@ -244,6 +249,12 @@ class SessionManager:
         except ValidationError as exc:
             message = describe_validation_errors(exc.errors(), prefix="options")
             raise ServiceError(ErrorCode.INVALID_OPTIONS, message) from None
+
+    async def _sample(self, request: ResetRequest) -> BaseModel | None:
+        """The sample a reset names by `task_id` or sends inline, resolved off the event loop."""
+        if request.task_id is None and request.sample is None:
+            return None
+        return await anyio.to_thread.run_sync(self.tasks.resolve, request)
 
     async def _reserve(self, session_id: str) -> None:
         """Claim a slot and the id for a session being created, or refuse (draining, taken, full)."""

@@ -6,6 +6,7 @@ variables (`VISTARL_MAX_SESSIONS=64`, `VISTARL_API_TOKEN=...`), then the default
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr
@@ -58,6 +59,12 @@ class ServerSettings(BaseSettings):
     env_timeout_s: float = Field(default=60.0, gt=0, description="Bound on one env call (reset/step/format).")
     shutdown_timeout_s: float = Field(
         default=10.0, gt=0, description="Grace for in-flight requests and close."
+    )
+
+    data: list[Path] = Field(
+        default_factory=list,
+        description="Datasets whose splits the server serves besides the env's own: directories of "
+        "<split>.parquet files or single parquet files (docs/server.md, 'Tasks').",
     )
 
     api_token: SecretStr | None = Field(default=None, description="Bearer token required on all but /health.")
