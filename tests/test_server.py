@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import pytest
@@ -17,9 +16,10 @@ from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 from clients.images import decode_image, encode_image
-from clients.protocol import ErrorResponse, InfoResponse, ResetResponse, StepResponse
+from clients.protocol import InfoResponse, StepResponse
 from tests.envs.counter import BAD_ACTION_PENALTY, CounterOptions
 from tests.envs.serving import counter_server
+from tests.wire import assert_error, reset, step
 
 MAX_BODY = 64 * 1024
 MAX_ACTION = 1000
@@ -46,28 +46,6 @@ def url(env_workers: int) -> Iterator[str]:
 def http(url: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=url, timeout=TIMEOUT) as client:
         yield client
-
-
-def reset(http: httpx.Client, **body: Any) -> ResetResponse:
-    response = http.post("/reset", json=body)
-    assert response.status_code == 200, response.text
-    return ResetResponse.model_validate(response.json())
-
-
-def step(http: httpx.Client, session_id: str, action: str = "inc", **body: Any) -> StepResponse:
-    response = http.post("/step", json={"session_id": session_id, "action": action, **body})
-    assert response.status_code == 200, response.text
-    return StepResponse.model_validate(response.json())
-
-
-def assert_error(response: httpx.Response, status: int, code: str, *mentions: str) -> ErrorResponse:
-    """The response is an `ErrorResponse` with this status and code whose message names `mentions`."""
-    assert response.status_code == status, response.text
-    error = ErrorResponse.model_validate(response.json())
-    assert error.error.code == code
-    for word in mentions:
-        assert word in error.error.message
-    return error
 
 
 def metric_values(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

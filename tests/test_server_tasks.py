@@ -20,11 +20,12 @@ from PIL import Image
 
 from clients import AsyncEnvClient, EnvClient, TaskNotFoundError
 from clients.images import decode_image, encode_image
-from clients.protocol import ErrorResponse, InfoResponse, ResetResponse
+from clients.protocol import InfoResponse, ResetResponse
 from services.datasets import load_splits
 from tests.envs.quiz import ANSWER_TOOL, SPLIT_SIZES, QuizSample, quiz_row
 from tests.envs.serving import counter_server, served
 from tests.servers import vistarl_cmd
+from tests.wire import assert_error, reset
 
 QUIZ_ENV = "tests.envs.quiz"
 DATA_ROWS = {"extra": 10, "more": 4, "solo": 3}
@@ -61,20 +62,6 @@ def url(request: pytest.FixtureRequest, data: list[Path]) -> Iterator[str]:
 def http(url: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=url, timeout=TIMEOUT) as client:
         yield client
-
-
-def reset(http: httpx.Client, **body: Any) -> ResetResponse:
-    response = http.post("/reset", json=body)
-    assert response.status_code == 200, response.text
-    return ResetResponse.model_validate(response.json())
-
-
-def assert_error(response: httpx.Response, status: int, code: str, *mentions: str) -> None:
-    assert response.status_code == status, response.text
-    error = ErrorResponse.model_validate(response.json()).error
-    assert error.code == code
-    for word in mentions:
-        assert word in error.message
 
 
 def assert_shows(first: ResetResponse, row: dict[str, Any]) -> None:

@@ -36,8 +36,8 @@ def answer(host: EnvHost, op: str, args: list[Any]) -> Any:
         return list(guarded("step", host.step, session_id, action, with_message))
     if op == "reset":
         session_id, options, seed, sample, with_message = args
-        parsed_options, parsed_sample = task_from_payload(host.factory, options, sample)
-        return guarded("reset", host.start, session_id, parsed_options, seed, parsed_sample, with_message)
+        task = task_from_payload(host.factory, options, seed, sample)
+        return guarded("reset", host.start, session_id, task, with_message)
     if op == "close":
         return guarded("close", host.close, args[0])
     if op == "format":

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 from clients.protocol import ErrorCode, FormatRequest, ReadyResponse, ResetRequest, StepRequest
 from services.env_api import EnvFactory
 from services.server.env_pool import EnvGoneError, EnvPool
+from services.server.env_work import Task
 from services.server.errors import ServiceError, describe_validation_errors
 from services.server.metrics import ServerMetrics
 from services.server.settings import ServerSettings
@@ -144,7 +145,7 @@ class SessionManager:
         session_id = request.session_id or uuid.uuid4().hex
         await self._reserve(session_id)
         try:
-            answer = await self.pool.start(session_id, options, request.seed, sample, request.format)
+            answer = await self.pool.start(session_id, Task(options, request.seed, sample), request.format)
             await self.store.put(Session(id=session_id))
         finally:
             self._reserved.discard(session_id)
