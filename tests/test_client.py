@@ -4,8 +4,8 @@
 counter (each applied step adds one) and first plays a script of canned answers: busy replies with
 Retry-After, connections dropped after the request was applied, stalls, and error bodies.
 
-The two clients run on different HTTP libraries (httpx, aiohttp), so the retry and error tests run
-on both: `BlockingAsyncClient` drives an `AsyncEnvClient` from a plain test body.
+The retry and error tests run on both clients: `EnvClient`, which drives an `AsyncEnvClient` on an
+event-loop thread of its own, and `BlockingAsyncClient`, which drives one on the test's thread.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ from clients import (
     SessionExistsError,
     SessionNotFoundError,
 )
-from clients.http import Delivery, Reply, delivery, env_proxy, retry_after_seconds, retry_delay
+from clients.calls import Reply
+from clients.http import env_proxy
 from clients.protocol import (
     ErrorResponse,
     InfoResponse,
@@ -56,6 +57,7 @@ from clients.protocol import (
     StepRequest,
     StepResponse,
 )
+from clients.retry import Delivery, delivery, retry_after_seconds, retry_delay
 from tests.servers import free_port
 
 FAST = RetryPolicy(max_attempts=5, base_delay=0.05, max_delay=0.2, deadline_s=10.0)
@@ -553,3 +555,24 @@ async def test_async_client_retries_and_plays_an_episode(server: ScriptedEnvServ
         with pytest.raises(SessionNotFoundError):
             await c.step("s-1", "go")
         assert await c.close("s-1") is True
+
+
+# --- the blocking client is a facade over the async one -------------------------------------------
+
+
+def test_threads_share_one_blocking_client_whose_loop_thread_stops_at_shutdown(
+    server: ScriptedEnvServer,
+) -> None:
+    def loop_threads() -> int:
+        return sum(thread.name == "vistarl-env-client" for thread in threading.enumerate())
+
+    before = loop_threads()
+    with EnvClient(server.url, token="", retry=FAST) as client:
+        assert loop_threads() == before + 1
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda i: client.step("s-1", f"move {i}"), range(24)))
+        assert server.applied == 24
+        assert sorted(int(a.observation.text.split("=")[1]) for a in answers) == list(range(1, 25))
+    assert loop_threads() == before
+    with pytest.raises(RuntimeError):
+        client.info()
