@@ -179,6 +179,16 @@ class ClientOptions(TypedDict, total=False):
     headers: Mapping[str, str] | None
 
 
+class EpisodeStart(TypedDict, total=False):
+    """The arguments of `AsyncEnvClient.reset` that `episode()` passes on: the task and the session id."""
+
+    seed: int | None
+    task_id: str | None
+    sample: Mapping[str, Any] | None
+    options: Mapping[str, Any] | None
+    session_id: str | None
+
+
 class AsyncEnvClient:
     """An asyncio client for an environment server; `EnvClient` is its blocking facade.
 
@@ -258,19 +268,11 @@ class AsyncEnvClient:
 
     @contextlib.asynccontextmanager
     async def episode(
-        self,
-        *,
-        seed: int | None = None,
-        task_id: str | None = None,
-        sample: Mapping[str, Any] | None = None,
-        options: Mapping[str, Any] | None = None,
-        session_id: str | None = None,
-        format: bool = False,
+        self, *, format: bool = False, **start: Unpack[EpisodeStart]
     ) -> AsyncIterator[AsyncEpisode]:
-        """Reset, yield an `AsyncEpisode`, and always close its session on the way out."""
-        first = await self.reset(
-            seed=seed, task_id=task_id, sample=sample, options=options, session_id=session_id, format=format
-        )
+        """Reset (with `reset`'s task and session arguments), yield an `AsyncEpisode`, and always close its
+        session on the way out."""
+        first = await self.reset(format=format, **start)
         ep = AsyncEpisode(self, first, format)
         try:
             yield ep
