@@ -103,6 +103,7 @@ class Call(Generic[T]):
     """One API call described without I/O: the request, whether resending it is safe, and its decoder.
 
     A `probe` (health, readiness) reports the current state, so it is tried once and never retried.
+    `session_id` names the session a call acts on, whose replica it goes to first.
     """
 
     method: str
@@ -111,6 +112,7 @@ class Call(Generic[T]):
     body: BaseModel | None = None
     idempotent: bool = True
     probe: bool = False
+    session_id: str | None = None
 
     def content(self) -> bytes | None:
         """The JSON body of the request, if it has one."""
@@ -142,7 +144,7 @@ def step_call(session_id: str, action: str, request_id: str | None, format: bool
     body = StepRequest(
         session_id=session_id, action=action, request_id=request_id or uuid.uuid4().hex, format=format
     )
-    return Call("POST", "/step", lambda r: decode_reply(r, StepResponse), body)
+    return Call("POST", "/step", lambda r: decode_reply(r, StepResponse), body, session_id=session_id)
 
 
 def format_call(observation: Observation | Mapping[str, Any]) -> Call[Message]:
@@ -153,7 +155,8 @@ def format_call(observation: Observation | Mapping[str, Any]) -> Call[Message]:
 
 def close_call(session_id: str) -> Call[bool]:
     """DELETE /sessions/{id}; a session that is already gone is not an error."""
-    return Call("DELETE", f"/sessions/{urllib.parse.quote(session_id, safe='')}", decode_closed)
+    path = f"/sessions/{urllib.parse.quote(session_id, safe='')}"
+    return Call("DELETE", path, decode_closed, session_id=session_id)
 
 
 INFO_CALL = Call("GET", "/info", lambda r: decode_reply(r, InfoResponse))

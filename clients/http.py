@@ -17,7 +17,7 @@ import os
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypedDict, TypeVar
 
 import aiohttp
@@ -48,7 +48,8 @@ from clients.protocol import (
     ResetResponse,
     StepResponse,
 )
-from clients.retry import Delivery, RetryPolicy, delivery, retry_after_seconds, retry_delay
+from clients.replicas import Replicas
+from clients.retry import Delivery, RetryPolicy, delivery, fails_over, retry_after_seconds, retry_delay
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -77,18 +78,26 @@ _JSON_CONTENT = {"content-type": "application/json"}
 
 
 class _Attempts(Generic[T]):
-    """The bookkeeping of one call's attempts: its body, the per-attempt timeout, the deadline, the delay."""
+    """The bookkeeping of one call's attempts: its body, the replica, the per-attempt timeout, the
+    deadline, the delay."""
 
-    def __init__(self, call: Call[T], policy: RetryPolicy, timeout: float, base_url: str) -> None:
+    def __init__(self, call: Call[T], policy: RetryPolicy, timeout: float, replicas: Replicas) -> None:
         self.call = call
         self.policy = policy
         self.timeout = timeout
-        self.url = base_url + call.path
+        self.replicas = replicas
+        self.replica = replicas.first(call.session_id)
+        self.tried = {self.replica}
         self.content = call.content()
         self.headers = None if self.content is None else _JSON_CONTENT
         self.started = time.monotonic()
         self.deadline = self.started + policy.deadline_s
         self.count = 0
+
+    @property
+    def url(self) -> str:
+        """The URL of the next attempt, on its replica."""
+        return self.replicas.urls[self.replica] + self.call.path
 
     def remaining(self) -> float:
         """Seconds left before the call's deadline."""
@@ -100,20 +109,27 @@ class _Attempts(Generic[T]):
         return max(0.001, min(self.timeout, self.remaining()))
 
     def next_delay(self, outcome: Outcome) -> float | None:
-        """Seconds to wait before the next attempt, or None when `outcome` is final."""
+        """Seconds to wait before the next attempt, or None when `outcome` is final. A replica that could
+        not serve the call passes it to the next (docs/client.md, "Several replicas")."""
         if self.call.probe:
             return None
+        leaving = len(self.replicas.urls) > 1 and fails_over(outcome)
+        following = self.replicas.after(self.replica) if leaving else self.replica
         delay = retry_delay(
             self.policy,
             outcome,
             attempt=self.count,
             idempotent=self.call.idempotent,
             remaining=self.remaining(),
+            fresh_replica=following not in self.tried,
         )
         if delay is not None:
+            self.replica = following
+            self.tried.add(following)
             reason = outcome.status if isinstance(outcome, Reply) else type(outcome).__name__
             log.info(
-                "%s %s: %s, retry %d in %.2fs", self.call.method, self.call.path, reason, self.count, delay
+                "%s %s: %s, retry %d in %.2fs at %s",
+                *(self.call.method, self.call.path, reason, self.count, delay, self.replicas.urls[following]),
             )
         return delay
 
@@ -192,6 +208,7 @@ class EpisodeStart(TypedDict, total=False):
 class AsyncEnvClient:
     """An asyncio client for an environment server; `EnvClient` is its blocking facade.
 
+    `base_url` is one URL, or the URLs of several replicas to fail over between (`clients.replicas`).
     `token` defaults to $VISTARL_API_TOKEN (pass "" for none). `timeout` is per attempt; `retry`
     bounds attempts and total time per call. It runs on aiohttp, whose cost per request stays flat
     with hundreds of requests in flight; of `limits` it uses `max_connections` and `keepalive_expiry`.
@@ -200,7 +217,7 @@ class AsyncEnvClient:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         *,
         token: str | None = None,
         timeout: float = DEFAULT_TIMEOUT_S,
@@ -208,7 +225,10 @@ class AsyncEnvClient:
         limits: httpx.Limits | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self._replicas = Replicas([base_url] if isinstance(base_url, str) else base_url)
+        self._proxies = [env_proxy(url) for url in self._replicas.urls]
+        self.base_urls = self._replicas.urls
+        self.base_url = self.base_urls[0]
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self._headers = _default_headers(token, headers)
@@ -230,7 +250,10 @@ class AsyncEnvClient:
     ) -> ResetResponse:
         """Start an episode from at most one of `seed`, `task_id` (`SPLIT/INDEX` of a split the server
         holds) and `sample` (a dataset row); returns its session id and first observation."""
-        return await self._run(reset_call(seed, task_id, sample, options, session_id, format), timeout)
+        attempts = self._attempts(reset_call(seed, task_id, sample, options, session_id, format), timeout)
+        first = await self._send(attempts)
+        self._replicas.settle(first.session_id, attempts.replica)
+        return first
 
     async def step(
         self,
@@ -252,7 +275,9 @@ class AsyncEnvClient:
 
     async def close(self, session_id: str, *, timeout: float | None = None) -> bool:
         """End a session; True if it was deleted, False if it was already gone."""
-        return await self._run(close_call(session_id), timeout)
+        closed = await self._run(close_call(session_id), timeout)
+        self._replicas.forget(session_id)
+        return closed
 
     async def info(self, *, timeout: float | None = None) -> InfoResponse:
         """The environment's name, prompts, options schema and limits."""
@@ -296,8 +321,16 @@ class AsyncEnvClient:
 
     async def _run(self, call: Call[T], timeout: float | None) -> T:
         """Send `call` with bounded retries and decode the final outcome."""
+        return await self._send(self._attempts(call, timeout))
+
+    def _attempts(self, call: Call[T], timeout: float | None) -> _Attempts[T]:
+        return _Attempts(call, self.retry, timeout or self.timeout, self._replicas)
+
+    async def _send(self, attempts: _Attempts[T]) -> T:
+        """Run the attempts of one call until one is final; a session's call that succeeded tells on which
+        replica the session lives."""
         session = self._open_session()
-        attempts = _Attempts(call, self.retry, timeout or self.timeout, self.base_url)
+        call = attempts.call
         while True:
             outcome: Outcome
             try:
@@ -307,6 +340,7 @@ class AsyncEnvClient:
                     data=attempts.content,
                     headers=attempts.headers,
                     timeout=_aiohttp_timeout(attempts),
+                    proxy=self._proxies[attempts.replica],
                     allow_redirects=False,
                 ) as response:
                     body = await response.read()
@@ -315,7 +349,10 @@ class AsyncEnvClient:
                 outcome = exc
             delay = attempts.next_delay(outcome)
             if delay is None:
-                return attempts.finish(outcome)
+                result = attempts.finish(outcome)
+                if call.session_id is not None:
+                    self._replicas.settle(call.session_id, attempts.replica)
+                return result
             await asyncio.sleep(delay)
 
     def _open_session(self) -> aiohttp.ClientSession:
@@ -327,9 +364,7 @@ class AsyncEnvClient:
             connector = aiohttp.TCPConnector(
                 limit=self._limits.max_connections or 0, keepalive_timeout=self._limits.keepalive_expiry
             )
-            self._session = aiohttp.ClientSession(
-                connector=connector, headers=self._headers, proxy=env_proxy(self.base_url)
-            )
+            self._session = aiohttp.ClientSession(connector=connector, headers=self._headers)
             self._loop = loop
         elif loop is not self._loop:
             raise RuntimeError("an AsyncEnvClient serves the event loop of its first call; make one per loop")
@@ -404,10 +439,11 @@ class EnvClient:
     """
 
     base_url = mirrored[str]()
+    base_urls = mirrored[tuple[str, ...]]()
     timeout = mirrored[float]()
     retry = mirrored[RetryPolicy]()
 
-    def __init__(self, base_url: str, **options: Unpack[ClientOptions]) -> None:
+    def __init__(self, base_url: str | Sequence[str], **options: Unpack[ClientOptions]) -> None:
         self._target = AsyncEnvClient(base_url, **options)
         self._loop_thread = contextlib.ExitStack()
         self._portal = self._loop_thread.enter_context(start_blocking_portal(name="vistarl-env-client"))

@@ -20,7 +20,7 @@ import httpx
 
 from clients.calls import Outcome, Reply
 
-__all__ = ["Delivery", "RetryPolicy", "delivery", "retry_after_seconds", "retry_delay"]
+__all__ = ["Delivery", "RetryPolicy", "delivery", "fails_over", "retry_after_seconds", "retry_delay"]
 
 # Failures before the request reached the server (no connection, or none free in time).
 _NOT_SENT: tuple[type[Exception], ...] = (
@@ -105,14 +105,21 @@ def retry_after_seconds(value: str | None) -> float | None:
 
 
 def retry_delay(
-    policy: RetryPolicy, outcome: Outcome, *, attempt: int, idempotent: bool, remaining: float
+    policy: RetryPolicy,
+    outcome: Outcome,
+    *,
+    attempt: int,
+    idempotent: bool,
+    remaining: float,
+    fresh_replica: bool = False,
 ) -> float | None:
     """Seconds to wait before retrying after `outcome` of attempt number `attempt`, or None to stop.
 
     Retries busy statuses (honouring Retry-After) and unsent requests always; lost responses only
-    when the call is idempotent. Never schedules a retry that would start past the deadline.
+    when the call is idempotent. Never schedules a retry that would start past the deadline. A retry
+    on a replica that this call has not tried yet (`fresh_replica`) goes at once.
     """
-    if attempt >= policy.max_attempts:
+    if attempt >= policy.max_attempts or remaining <= 0:
         return None
     if isinstance(outcome, Reply):
         if outcome.status not in policy.retry_statuses:
@@ -123,4 +130,14 @@ def retry_delay(
         if not (sent is Delivery.NOT_SENT or (idempotent and sent is Delivery.MAYBE_APPLIED)):
             return None
         delay = policy.delay(attempt, None)
+    if fresh_replica:
+        return 0.0
     return delay if delay < remaining else None
+
+
+def fails_over(outcome: Outcome) -> bool:
+    """Whether `outcome` says that this replica cannot serve the call now (it could not be reached, or it
+    answered 503), so that another replica should be tried."""
+    if isinstance(outcome, Reply):
+        return outcome.status == 503
+    return delivery(outcome) is Delivery.NOT_SENT

@@ -4,8 +4,8 @@
 counter (each applied step adds one) and first plays a script of canned answers: busy replies with
 Retry-After, connections dropped after the request was applied, stalls, and error bodies.
 
-The retry and error tests run on both clients: `EnvClient`, which drives an `AsyncEnvClient` on an
-event-loop thread of its own, and `BlockingAsyncClient`, which drives one on the test's thread.
+The retry and error tests run on both clients (`tests.client_kinds`): `EnvClient`, which drives an
+`AsyncEnvClient` on an event-loop thread of its own, and the `AsyncEnvClient` itself.
 """
 
 from __future__ import annotations
@@ -19,12 +19,11 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import aiohttp
 import httpx
@@ -58,6 +57,7 @@ from clients.protocol import (
     StepResponse,
 )
 from clients.retry import Delivery, delivery, retry_after_seconds, retry_delay
+from tests.client_kinds import Client
 from tests.servers import free_port
 
 FAST = RetryPolicy(max_attempts=5, base_delay=0.05, max_delay=0.2, deadline_s=10.0)
@@ -197,34 +197,6 @@ def server() -> Iterator[ScriptedEnvServer]:
         srv.httpd.shutdown()
         srv.httpd.server_close()
         thread.join(timeout=5)
-
-
-class BlockingAsyncClient:
-    """An `AsyncEnvClient` whose calls run one at a time on a private event loop, so that one test
-    body checks both clients. Takes `AsyncEnvClient`'s arguments; use it as a context manager."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._runner = asyncio.Runner()
-        self._client = AsyncEnvClient(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        method = getattr(self._client, name)
-        return lambda *args, **kwargs: self._runner.run(method(*args, **kwargs))
-
-    def __enter__(self) -> BlockingAsyncClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._runner.run(self._client.shutdown())
-        self._runner.close()
-
-
-Client = EnvClient | BlockingAsyncClient
-
-
-@pytest.fixture(params=[EnvClient, BlockingAsyncClient], ids=["sync", "async"])
-def client_type(request: pytest.FixtureRequest) -> type[Client]:
-    return request.param  # type: ignore[no-any-return]
 
 
 @pytest.fixture

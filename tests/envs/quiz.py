@@ -138,13 +138,13 @@ def _create(options: BaseModel, seed: int | None, sample: BaseModel | None) -> Q
 ENV_FACTORY = EnvFactory(
     name="quiz",
     version="1.0",
-    description="Answer the question of a dataset row.",
-    system_prompt="Answer the question about the image.",
-    action_format="the answer",
-    options_model=QuizOptions,
     create=_create,
     restore=QuizEnv.from_state,
+    options_model=QuizOptions,
     sample_model=QuizSample,
     splits=quiz_splits,
     tools=[ANSWER_TOOL],
+    description="Answer the question of a dataset row.",
+    system_prompt="Answer the question about the image.",
+    action_format="the answer",
 )
