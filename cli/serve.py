@@ -48,6 +48,12 @@ def serve(
             "<split>.parquet files or one parquet file named for its split. Repeatable.",
         ),
     ] = None,
+    cors_origin: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A browser origin allowed to call (CORS), or '*'. Repeatable. (env VISTARL_CORS_ORIGINS)"
+        ),
+    ] = None,
     timeout_keep_alive: Annotated[
         int | None,
         typer.Option(help="Idle seconds before a keep-alive connection closes. (env VISTARL_KEEP_ALIVE_S)"),
@@ -72,6 +78,7 @@ def serve(
         "keep_alive_s": timeout_keep_alive,
         "env_workers": env_workers,
         "data": data,
+        "cors_origins": cors_origin,
     }
     try:
         settings = ServerSettings(**{name: value for name, value in flags.items() if value is not None})

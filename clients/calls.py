@@ -7,6 +7,7 @@ to the call's decoder; both the request building and the error mapping live here
 
 from __future__ import annotations
 
+import contextlib
 import urllib.parse
 import uuid
 from collections.abc import Callable, Mapping
@@ -98,6 +99,14 @@ def decode_closed(reply: Reply) -> bool:
     return True
 
 
+def decode_ready(reply: Reply) -> ReadyResponse:
+    """The ready object, which a server also sends with 503 while draining or full; other errors raise."""
+    if reply.status == 503:
+        with contextlib.suppress(ValidationError):
+            return ReadyResponse.model_validate_json(reply.body)
+    return decode_reply(reply, ReadyResponse)
+
+
 @dataclass(frozen=True)
 class Call(Generic[T]):
     """One API call described without I/O: the request, whether resending it is safe, and its decoder.
@@ -161,4 +170,4 @@ def close_call(session_id: str) -> Call[bool]:
 
 INFO_CALL = Call("GET", "/info", lambda r: decode_reply(r, InfoResponse))
 HEALTH_CALL = Call("GET", "/health", lambda r: decode_reply(r, HealthResponse), probe=True)
-READY_CALL = Call("GET", "/ready", lambda r: decode_reply(r, ReadyResponse), probe=True)
+READY_CALL = Call("GET", "/ready", decode_ready, probe=True)

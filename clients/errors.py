@@ -57,6 +57,10 @@ class SessionExistsError(EnvServerError):
     """409 `session_exists`: a reset named a session id that is already in use."""
 
 
+class RequestIdReusedError(EnvServerError):
+    """409 `request_id_reused`: a step reused a `request_id` of the session with a different action."""
+
+
 class PayloadTooLargeError(EnvServerError):
     """413: the request body, an image or an action exceeds the server's limits."""
 
@@ -85,6 +89,7 @@ _BY_STATUS: dict[int, type[EnvServerError]] = {
 _BY_CODE: dict[str, type[EnvServerError]] = {
     "session_exists": SessionExistsError,
     "task_not_found": TaskNotFoundError,
+    "request_id_reused": RequestIdReusedError,
 }
 
 

@@ -288,7 +288,8 @@ class AsyncEnvClient:
         return await self._run(HEALTH_CALL, timeout)
 
     async def ready(self, *, timeout: float | None = None) -> ReadyResponse:
-        """Readiness, tried once; raises `ServerBusyError` (code draining / at_capacity) when not ready."""
+        """Readiness, tried once: `ready` is False while the server drains or is full (it answers 503
+        with the same object)."""
         return await self._run(READY_CALL, timeout)
 
     @contextlib.asynccontextmanager

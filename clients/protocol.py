@@ -120,6 +120,12 @@ class Limits(BaseModel):
     max_image_bytes: int
     max_image_pixels: int
     max_action_chars: int
+    idempotency_cache_size: int
+    """Step answers kept per session for retries with the same `request_id`."""
+    env_timeout_s: float
+    """Bound on one env call (reset, step, format, close); past it the call answers 500."""
+    retry_after_s: int
+    """The `Retry-After` of 503 answers."""
 
 
 class SplitInfo(BaseModel):
@@ -179,6 +185,7 @@ class ErrorCode(str, Enum):
     SESSION_NOT_FOUND = "session_not_found"
     TASK_NOT_FOUND = "task_not_found"
     SESSION_EXISTS = "session_exists"
+    REQUEST_ID_REUSED = "request_id_reused"
     EPISODE_DONE = "episode_done"
     PAYLOAD_TOO_LARGE = "payload_too_large"
     AT_CAPACITY = "at_capacity"
@@ -197,6 +204,7 @@ ERROR_STATUS: dict[ErrorCode, int] = {
     ErrorCode.SESSION_NOT_FOUND: 404,
     ErrorCode.TASK_NOT_FOUND: 404,
     ErrorCode.SESSION_EXISTS: 409,
+    ErrorCode.REQUEST_ID_REUSED: 409,
     ErrorCode.EPISODE_DONE: 409,
     ErrorCode.PAYLOAD_TOO_LARGE: 413,
     ErrorCode.AT_CAPACITY: 503,

@@ -39,11 +39,13 @@ from clients import (
     EpisodeDoneError,
     PayloadTooLargeError,
     ProtocolError,
+    RequestIdReusedError,
     RetryPolicy,
     ServerBusyError,
     ServerError,
     SessionExistsError,
     SessionNotFoundError,
+    TaskNotFoundError,
 )
 from clients.calls import Reply
 from clients.http import env_proxy
@@ -52,6 +54,7 @@ from clients.protocol import (
     InfoResponse,
     Limits,
     Observation,
+    ReadyResponse,
     ResetResponse,
     StepRequest,
     StepResponse,
@@ -180,6 +183,9 @@ _INFO = InfoResponse(
         max_image_bytes=1 << 20,
         max_image_pixels=1 << 20,
         max_action_chars=100,
+        idempotency_cache_size=8,
+        env_timeout_s=60,
+        retry_after_s=1,
     ),
 )
 
@@ -411,6 +417,8 @@ def test_proxy_settings_of_the_environment_are_honoured(
         (404, "session_not_found", SessionNotFoundError),
         (409, "episode_done", EpisodeDoneError),
         (409, "session_exists", SessionExistsError),
+        (409, "request_id_reused", RequestIdReusedError),
+        (404, "task_not_found", TaskNotFoundError),
         (413, "payload_too_large", PayloadTooLargeError),
         (422, "validation_error", BadRequestError),
         (500, "internal_error", ServerError),
@@ -445,10 +453,13 @@ def test_success_body_outside_the_protocol_raises_protocol_error(
 
 
 def test_probes_are_tried_once(server: ScriptedEnvServer, client: Client) -> None:
+    draining = ReadyResponse(ready=False, active_sessions=1, max_sessions=4, draining=True)
+    server.script.append(Canned(503, draining.model_dump_json().encode(), {"retry-after": "1"}))
+    assert client.ready() == draining  # a server says why it is not ready
     server.script.append(Canned(503, error_body("draining", "shutting down"), {"retry-after": "1"}))
-    with pytest.raises(ServerBusyError, match="draining"):
+    with pytest.raises(ServerBusyError, match="draining"):  # a proxy's or an older server's 503
         client.ready()
-    assert len(server.requests_to("/ready")) == 1
+    assert len(server.requests_to("/ready")) == 2
 
 
 # --- auth -----------------------------------------------------------------------------------------

@@ -21,8 +21,9 @@ OPEN_PATHS = frozenset({"/health"})
 
 
 class RequestGuard:
-    """Answer 401 unless `Authorization: Bearer <token>` matches (when a token is set), 413 when a body
-    exceeds `max_bytes`; paths in `open_paths` need no token.
+    """Answer 401 unless `Authorization: Bearer <token>` matches (when a token is set; the scheme name in
+    any case, as RFC 7235 has it), 413 when a body exceeds `max_bytes`; paths in `open_paths` need no
+    token.
 
     Auth comes first, so no body is read before it. A declared Content-Length over the limit is refused
     before reading anything; a declared length within it bounds what the server delivers. A body without
@@ -42,7 +43,7 @@ class RequestGuard:
         self.app = app
         self.max_bytes = max_bytes
         self.metrics = metrics
-        self.expected = None if token is None else f"Bearer {token}".encode()
+        self.expected = None if token is None else token.encode()
         self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -69,11 +70,10 @@ class RequestGuard:
 
     def _authorized(self, path: str, authorization: bytes) -> bool:
         """Whether the request may pass: no token is set, the path is open, or it carries the token."""
-        return (
-            self.expected is None
-            or path in self.open_paths
-            or hmac.compare_digest(authorization, self.expected)  # constant time
-        )
+        if self.expected is None or path in self.open_paths:
+            return True
+        scheme, _, credentials = authorization.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(b" "), self.expected)
 
     def _counting(self, receive: Receive) -> Receive:
         """`receive`, raising 413 once the body read so far exceeds `max_bytes`."""

@@ -67,6 +67,10 @@ class ServerSettings(BaseSettings):
         "<split>.parquet files or single parquet files (docs/server.md, 'Tasks').",
     )
 
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="Browser origins allowed to call the server (CORS), e.g. https://app.example, or '*'.",
+    )
     api_token: SecretStr | None = Field(default=None, description="Bearer token required on all but /health.")
 
     def limits(self) -> Limits:
@@ -78,4 +82,7 @@ class ServerSettings(BaseSettings):
             max_image_bytes=self.max_image_bytes,
             max_image_pixels=self.max_image_pixels,
             max_action_chars=self.max_action_chars,
+            idempotency_cache_size=self.idempotency_cache_size,
+            env_timeout_s=self.env_timeout_s,
+            retry_after_s=self.retry_after_s,
         )
