@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, FastAPI, Response
+from fastapi import FastAPI, Response
 from fastapi.middleware.cors import CORSMiddleware
 
 from clients.protocol import (
@@ -32,8 +32,8 @@ from services.server.env_pool import create_pool
 from services.server.errors import install_error_handlers
 from services.server.json_route import JSONRoute
 from services.server.metrics import ServerMetrics
-from services.server.openapi import METRICS_RESPONSES, READY_RESPONSES, bearer_auth, errors
-from services.server.security import RequestGuard
+from services.server.openapi import METRICS_RESPONSES, READY_RESPONSES, errors, guarded_router
+from services.server.security import RequestGuard, cors_options
 from services.server.sessions import SessionManager
 from services.server.settings import ServerSettings
 from services.server.tasks import TaskCatalog
@@ -71,16 +71,8 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
     token = None if settings.api_token is None else settings.api_token.get_secret_value()
     app.add_middleware(RequestGuard, max_bytes=settings.max_body_bytes, metrics=metrics, token=token)
     if settings.cors_origins:  # added last, so outermost: a preflight needs no token
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=settings.cors_origins,
-            allow_methods=["GET", "POST", "DELETE"],
-            allow_headers=["authorization", "content-type"],
-            expose_headers=["retry-after"],
-        )
-    guarded = APIRouter(
-        dependencies=bearer_auth(token is not None), responses=errors(401) if token is not None else errors()
-    )
+        app.add_middleware(CORSMiddleware, **cors_options(settings.cors_origins))
+    guarded = guarded_router(token_required=token is not None)
 
     info = InfoResponse(
         name=env_factory.name,

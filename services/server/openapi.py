@@ -6,16 +6,15 @@ Routes pass these as FastAPI's documented `responses=` and `dependencies=`:
   which also keeps FastAPI from declaring its own 422 body, which the server never sends;
 - `READY_RESPONSES`: `/ready` answers 503 with the ready object, not an error body;
 - `METRICS_RESPONSES`: `/metrics` is Prometheus text;
-- `bearer_auth`: declares the bearer token scheme. It checks nothing: `RequestGuard` enforces the token
-  before routing (docs/server.md, "Authentication").
+- `guarded_router`: a router whose routes declare the bearer token scheme and its 401. It checks
+  nothing: `RequestGuard` enforces the token before routing (docs/server.md, "Authentication").
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import Security
-from fastapi.params import Depends
+from fastapi import APIRouter, Security
 from fastapi.security import HTTPBearer
 
 from clients.protocol import ERROR_STATUS, ErrorResponse, ReadyResponse
@@ -58,9 +57,12 @@ def errors(*statuses: int) -> Responses:
     return declared
 
 
-def bearer_auth(token_required: bool) -> list[Depends]:
-    """`dependencies=` that declare the bearer scheme on a server that has a token, and nothing otherwise."""
-    return [Security(_bearer)] if token_required else []
+def guarded_router(token_required: bool) -> APIRouter:
+    """The router of the routes that need the token: on a server that has one, each declares the bearer
+    scheme and the 401 answer; each declares the `default` error answer."""
+    if not token_required:
+        return APIRouter(responses=errors())
+    return APIRouter(dependencies=[Security(_bearer)], responses=errors(401))
 
 
 def _error(status: int) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The request guard: bearer-token auth and the request body size limit, in one pure ASGI middleware.
+"""The request guard: bearer-token auth and the request body size limit, in one pure ASGI middleware;
+and the CORS options that let browser pages of chosen origins past it.
 
 It runs before routing and before the body is parsed, so an unauthenticated or oversized request costs
 the server almost nothing, and it reads the headers of every request once. Its refusals are
@@ -8,6 +9,7 @@ the server almost nothing, and it reads the headers of every request once. Its r
 from __future__ import annotations
 
 import hmac
+from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
@@ -18,6 +20,17 @@ from services.server.errors import error_response
 from services.server.metrics import ServerMetrics
 
 OPEN_PATHS = frozenset({"/health"})
+
+
+def cors_options(origins: list[str]) -> dict[str, Any]:
+    """Starlette `CORSMiddleware` options for browser pages of `origins` (docs/server.md, "Browsers"):
+    the methods and headers of the env API, and `Retry-After` readable by the page."""
+    return {
+        "allow_origins": origins,
+        "allow_methods": ["GET", "POST", "DELETE"],
+        "allow_headers": ["authorization", "content-type"],
+        "expose_headers": ["retry-after"],
+    }
 
 
 class RequestGuard:
