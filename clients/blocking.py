@@ -71,7 +71,8 @@ def blocking_context(
 
 
 class mirrored(Generic[T]):
-    """A read-only attribute of a facade that reads the attribute of the same name of its target."""
+    """A read-only attribute of a facade that reads the attribute of the same name of its target (named in
+    lower case, as `property` is)."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name

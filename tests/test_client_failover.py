@@ -1,7 +1,7 @@
 """Clients given several replicas: a dead or full replica passes the call on, within the same deadline.
 
-Two real `vistarl serve tests.envs.counter` processes per test; `a` holds one session at most. Both
-clients run each test: `EnvClient` and `AsyncEnvClient` (driven by `BlockingAsyncClient`).
+The failover test starts two real `vistarl serve tests.envs.counter` processes, of which `a` holds one
+session at most. Both clients run each test: `EnvClient` and `AsyncEnvClient` (`tests.client_kinds`).
 """
 
 from __future__ import annotations

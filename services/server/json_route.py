@@ -31,7 +31,7 @@ Endpoint = Callable[[Any], Awaitable[bytes]]
 
 class JSONRoute(APIRoute):
     """A route for `async def endpoint(body: RequestModel) -> bytes` (a JSON body of `response_model`),
-    served without FastAPI's per-request machinery. Register it with
+    served without FastAPI's dependency solving and response-model handling. Register it with
     `router.add_api_route(..., response_model=ResponseModel, route_class_override=JSONRoute)`.
     """
 
