@@ -1,9 +1,12 @@
-"""Client concurrency benchmark: N episodes at once through ONE `AsyncEnvClient`.
+"""Client concurrency benchmark: N episodes at once through ONE `AsyncEnvClient` (or one `EnvClient`).
 
     .venv/bin/python -m benchmarks.client_concurrency [--seconds 10] [--concurrency 1 16 64 256]
+        [--client async|blocking]
 
 Starts `vistarl serve tests.envs.counter` (1x1 images, so the server is cheap) and, per row, runs N
 episodes on one shared client: reset, then "inc" until done, close, reset again, until time is up.
+With `--client blocking` the N episodes are N threads sharing one blocking `EnvClient`; its client CPU
+per step at concurrency 1 is the blocking client's own cost per call.
 After a warm-up it counts the steps that finish in the measured window and reports steps/s, p50 / p99
 latency of `step`, and CPU per step of this process (`time.process_time()`) and of the server process
 (from /proc, on Linux). Prints a markdown table.
@@ -16,10 +19,11 @@ import asyncio
 import os
 import statistics
 import time
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from clients.http import AsyncEnvClient, RetryPolicy
+from clients.http import AsyncEnvClient, EnvClient, RetryPolicy
 from tests.servers import free_port, running_process, vistarl_cmd
 
 EPISODE_OPTIONS = {"target": 100, "image_size": 1}
@@ -43,7 +47,21 @@ class Window:
 
     start: float
     stop: float
-    steps: int = 0
+    finished: list[float] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        """Steps that finished in the window."""
+        return len(self.finished)
+
+    def record(self, sent: float, done: float) -> None:
+        """Count a step that finished in the window, and its latency if it also started there (list
+        appends, so that threads can record at once)."""
+        if self.start <= done <= self.stop:
+            self.finished.append(done)
+            if self.start <= sent:
+                self.latencies.append(done - sent)
 
 
 def process_cpu_s(pid: int) -> float | None:
@@ -75,19 +93,22 @@ def _children(pid: int) -> list[int]:
     return children
 
 
-async def play(client: AsyncEnvClient, window: Window) -> list[float]:
-    """One episode slot: play counter episodes back to back until the window closes; step latencies."""
-    latencies: list[float] = []
+async def play(client: AsyncEnvClient, window: Window) -> None:
+    """One episode slot: play counter episodes back to back until the window closes."""
     while time.perf_counter() < window.stop:
         async with client.episode(options=EPISODE_OPTIONS) as ep:
             while not ep.done and (sent := time.perf_counter()) < window.stop:
                 await ep.step("inc")
-                done = time.perf_counter()
-                if window.start <= done <= window.stop:
-                    window.steps += 1
-                    if window.start <= sent:
-                        latencies.append(done - sent)
-    return latencies
+                window.record(sent, time.perf_counter())
+
+
+def play_blocking(client: EnvClient, window: Window) -> None:
+    """`play` in a thread of its own, on a blocking `EnvClient` shared by the threads."""
+    while time.perf_counter() < window.stop:
+        with client.episode(options=EPISODE_OPTIONS) as ep:
+            while not ep.done and (sent := time.perf_counter()) < window.stop:
+                ep.step("inc")
+                window.record(sent, time.perf_counter())
 
 
 async def cpu_in_window(window: Window, server_pid: int) -> tuple[float, float | None]:
@@ -100,16 +121,28 @@ async def cpu_in_window(window: Window, server_pid: int) -> tuple[float, float |
     return client_end - client_start, server
 
 
-async def measure(url: str, server_pid: int, concurrency: int, seconds: float, warmup: float) -> Figures:
+async def measure(
+    url: str, server_pid: int, concurrency: int, seconds: float, warmup: float, blocking: bool
+) -> Figures:
     """Run `concurrency` episode slots on one client for warmup + seconds and summarise the window."""
     retry = RetryPolicy(deadline_s=seconds + warmup + 60.0)
-    async with AsyncEnvClient(url, token="", timeout=60.0, retry=retry) as client:
-        start = time.perf_counter() + warmup
-        window = Window(start, start + seconds)
-        cpu = asyncio.create_task(cpu_in_window(window, server_pid))
-        per_slot = await asyncio.gather(*(play(client, window) for _ in range(concurrency)))
-        client_cpu, server_cpu = await cpu
-    latencies = sorted(latency for slot in per_slot for latency in slot)
+    start = time.perf_counter() + warmup
+    window = Window(start, start + seconds)
+    cpu = asyncio.create_task(cpu_in_window(window, server_pid))
+    if blocking:
+        loop = asyncio.get_running_loop()
+        with (
+            EnvClient(url, token="", timeout=60.0, retry=retry) as shared,
+            ThreadPoolExecutor(concurrency) as pool,
+        ):
+            await asyncio.gather(
+                *(loop.run_in_executor(pool, play_blocking, shared, window) for _ in range(concurrency))
+            )
+    else:
+        async with AsyncEnvClient(url, token="", timeout=60.0, retry=retry) as client:
+            await asyncio.gather(*(play(client, window) for _ in range(concurrency)))
+    client_cpu, server_cpu = await cpu
+    latencies = sorted(window.latencies)
     cuts = statistics.quantiles(latencies, n=100)
     steps = max(window.steps, 1)
     return Figures(
@@ -142,6 +175,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="Measured seconds per row.")
     parser.add_argument("--warmup", type=float, default=2.0, help="Unmeasured seconds before each row.")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
+    parser.add_argument("--client", choices=["async", "blocking"], default="async", help="Which client.")
     args = parser.parse_args()
 
     port = free_port()
@@ -151,7 +185,11 @@ def main() -> None:
         "--max-sessions", str(2 * max(args.concurrency)), "--log-level", "warning",
     )  # fmt: skip
     with running_process(serve, ready_url=f"{url}/health", env={"VISTARL_API_TOKEN": ""}) as server:
-        rows = [asyncio.run(measure(url, server.pid, n, args.seconds, args.warmup)) for n in args.concurrency]
+        blocking = args.client == "blocking"
+        rows = [
+            asyncio.run(measure(url, server.pid, n, args.seconds, args.warmup, blocking))
+            for n in args.concurrency
+        ]
     print(markdown(rows))
 
 

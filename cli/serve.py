@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import signal
+from pathlib import Path
 from types import FrameType
 from typing import Annotated, Any
 
@@ -39,6 +40,20 @@ def serve(
             "threads of the server process. (env VISTARL_ENV_WORKERS)"
         ),
     ] = None,
+    data: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--data",
+            help="A dataset whose splits the server also serves, as task ids SPLIT/INDEX: a directory of "
+            "<split>.parquet files or one parquet file named for its split. Repeatable.",
+        ),
+    ] = None,
+    cors_origin: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A browser origin allowed to call (CORS), or '*'. Repeatable. (env VISTARL_CORS_ORIGINS)"
+        ),
+    ] = None,
     timeout_keep_alive: Annotated[
         int | None,
         typer.Option(help="Idle seconds before a keep-alive connection closes. (env VISTARL_KEEP_ALIVE_S)"),
@@ -62,13 +77,14 @@ def serve(
         "access_log": access_log,
         "keep_alive_s": timeout_keep_alive,
         "env_workers": env_workers,
+        "data": data,
+        "cors_origins": cors_origin,
     }
     try:
         settings = ServerSettings(**{name: value for name, value in flags.items() if value is not None})
-        factory = load_env_factory(env)
+        app = create_app(load_env_factory(env), settings)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    app = create_app(factory, settings)
     _collect_garbage_less_often()
     signal.signal(signal.SIGTERM, _exit_cleanly)
     logging.basicConfig(level="DEBUG" if settings.log_level == "trace" else settings.log_level.upper())

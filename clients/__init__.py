@@ -10,10 +10,12 @@ from clients.errors import (
     ImageError,
     PayloadTooLargeError,
     ProtocolError,
+    RequestIdReusedError,
     ServerBusyError,
     ServerError,
     SessionExistsError,
     SessionNotFoundError,
+    TaskNotFoundError,
 )
 from clients.http import AsyncEnvClient, AsyncEpisode, EnvClient, Episode, RetryPolicy
 from clients.images import decode_image, encode_image
@@ -32,11 +34,13 @@ __all__ = [
     "ImageError",
     "PayloadTooLargeError",
     "ProtocolError",
+    "RequestIdReusedError",
     "RetryPolicy",
     "ServerBusyError",
     "ServerError",
     "SessionExistsError",
     "SessionNotFoundError",
+    "TaskNotFoundError",
     "decode_image",
     "encode_image",
 ]

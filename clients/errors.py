@@ -45,12 +45,20 @@ class SessionNotFoundError(EnvServerError):
     """404: the session is unknown (never created, closed, or expired)."""
 
 
+class TaskNotFoundError(EnvServerError):
+    """404 `task_not_found`: a reset's `task_id` names no split or row the server holds."""
+
+
 class EpisodeDoneError(EnvServerError):
     """409: a step after the episode ended."""
 
 
 class SessionExistsError(EnvServerError):
     """409 `session_exists`: a reset named a session id that is already in use."""
+
+
+class RequestIdReusedError(EnvServerError):
+    """409 `request_id_reused`: a step reused a `request_id` of the session with a different action."""
 
 
 class PayloadTooLargeError(EnvServerError):
@@ -80,6 +88,8 @@ _BY_STATUS: dict[int, type[EnvServerError]] = {
 
 _BY_CODE: dict[str, type[EnvServerError]] = {
     "session_exists": SessionExistsError,
+    "task_not_found": TaskNotFoundError,
+    "request_id_reused": RequestIdReusedError,
 }
 
 

@@ -1,301 +1,103 @@
-"""HTTP clients for environment servers: `EnvClient` (blocking, on httpx) and `AsyncEnvClient` (asyncio,
-on aiohttp, whose connection pool stays cheap with hundreds of concurrent requests; see docs/client.md).
+"""HTTP clients for environment servers: `AsyncEnvClient` (asyncio, on aiohttp, whose connection pool stays
+cheap with hundreds of concurrent requests) and `EnvClient`, its blocking, thread-safe facade (see
+docs/client.md).
 
-Every API call is first described as a `Call` (request, retry safety, decoder) and then run by a
-short I/O loop. The decisions -- whether and when to retry, how an answer becomes a model or a
-typed exception -- are pure functions of a library-neutral `Reply` or the library's exception, shared
-by both clients; only the sleeping and sending differ.
+Every API call is first described as a `clients.calls.Call` (request, retry safety, decoder) and then
+run by one short I/O loop, `AsyncEnvClient._run`; whether and when to retry is `clients.retry`'s
+decision. `EnvClient` runs the same coroutines on an event loop of its own (`clients.blocking`), so
+the two clients share every rule and differ only in how the caller waits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
-import enum
 import logging
 import os
-import random
 import time
 import urllib.parse
 import urllib.request
-import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from http import HTTPStatus
-from typing import Any, Generic, TypeVar
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any, Generic, TypedDict, TypeVar
 
 import aiohttp
 import httpx
-from pydantic import BaseModel, ValidationError
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+from typing_extensions import Unpack
 
-from clients.errors import EnvClientError, EnvConnectionError, EnvServerError, ProtocolError, error_for_status
+from clients.blocking import blocking, blocking_context, mirrored
+from clients.calls import (
+    HEALTH_CALL,
+    INFO_CALL,
+    READY_CALL,
+    Call,
+    Outcome,
+    Reply,
+    close_call,
+    format_call,
+    reset_call,
+    step_call,
+)
+from clients.errors import EnvClientError, EnvConnectionError
 from clients.protocol import (
-    ErrorResponse,
-    FormatRequest,
-    FormatResponse,
     HealthResponse,
     InfoResponse,
     Message,
     Observation,
     ReadyResponse,
-    ResetRequest,
     ResetResponse,
-    StepRequest,
     StepResponse,
 )
+from clients.replicas import Replicas
+from clients.retry import Delivery, RetryPolicy, delivery, fails_over, retry_after_seconds, retry_delay
 
 __all__ = [
     "DEFAULT_LIMITS",
     "TOKEN_ENV_VAR",
     "AsyncEnvClient",
     "AsyncEpisode",
+    "Delivery",
     "EnvClient",
     "Episode",
+    "Reply",
     "RetryPolicy",
+    "delivery",
+    "env_proxy",
+    "retry_after_seconds",
+    "retry_delay",
 ]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-M = TypeVar("M", bound=BaseModel)
 
 TOKEN_ENV_VAR = "VISTARL_API_TOKEN"
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_LIMITS = httpx.Limits(max_connections=512, max_keepalive_connections=128, keepalive_expiry=4.0)
 _JSON_CONTENT = {"content-type": "application/json"}
 
-# Failures before the request reached the server (no connection, or none free in time).
-_NOT_SENT: tuple[type[Exception], ...] = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.PoolTimeout,
-    aiohttp.ConnectionTimeoutError,  # connect or pool wait; a subclass of TimeoutError, so listed first
-    aiohttp.ClientConnectorError,  # DNS, refused, TLS handshake
-)
-# Failures after the request was (maybe partly) sent: the server may have acted on it.
-_MAYBE_APPLIED: tuple[type[Exception], ...] = (
-    httpx.ReadTimeout,
-    httpx.WriteTimeout,
-    httpx.ReadError,
-    httpx.WriteError,
-    httpx.RemoteProtocolError,
-    asyncio.TimeoutError,  # aiohttp's read timeout, and its total timeout once connected
-    aiohttp.ClientConnectionError,  # server disconnected, connection reset, broken pipe
-    aiohttp.ClientPayloadError,  # the body was cut short
-    aiohttp.ClientResponseError,  # the answer was not valid HTTP
-)
-
-
-class Delivery(enum.Enum):
-    """How far a request that got no answer went, which decides whether resending it is safe."""
-
-    NOT_SENT = "not sent"  # it never reached the server: always safe to resend
-    MAYBE_APPLIED = "maybe applied"  # the server may have acted on it: resend idempotent calls only
-    FATAL = (
-        "fatal"  # a fault of the request or the setup (bad URL, unsupported scheme): resending cannot help
-    )
-
-
-def delivery(error: Exception) -> Delivery:
-    """Classify a transport exception of httpx or aiohttp by how far its request went."""
-    if isinstance(error, _NOT_SENT):
-        return Delivery.NOT_SENT
-    if isinstance(error, _MAYBE_APPLIED):
-        return Delivery.MAYBE_APPLIED
-    return Delivery.FATAL
-
-
-@dataclass(frozen=True)
-class Reply:
-    """An HTTP answer as the shared logic sees it, whichever library fetched it."""
-
-    status: int
-    body: bytes
-    url: str
-    retry_after: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        """A 2xx status."""
-        return 200 <= self.status < 300
-
-    @property
-    def text(self) -> str:
-        """The body as text, for error messages."""
-        return self.body.decode("utf-8", errors="replace")
-
-
-# An attempt ends with an answer or with the transport exception that stopped it.
-Outcome = Reply | Exception
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Bounded retries: at most `max_attempts` tries with jittered backoff, all within `deadline_s`."""
-
-    max_attempts: int = 5
-    base_delay: float = 0.2
-    max_delay: float = 5.0
-    deadline_s: float = 60.0
-    retry_statuses: frozenset[int] = field(default_factory=lambda: frozenset({429, 503}))
-
-    def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
-        if not 0 <= self.base_delay <= self.max_delay:
-            raise ValueError(f"need 0 <= base_delay <= max_delay, got {self.base_delay}, {self.max_delay}")
-        if self.deadline_s <= 0:
-            raise ValueError(f"deadline_s must be > 0, got {self.deadline_s}")
-
-    def delay(self, attempt: int, retry_after: float | None) -> float:
-        """The wait before retry number `attempt` (1-based): the server's Retry-After plus jitter if
-        given, else full-jitter exponential backoff, so that many clients do not retry in step."""
-        if retry_after is not None:
-            return retry_after + random.uniform(0, self.base_delay)
-        return random.uniform(0, min(self.max_delay, self.base_delay * 2 ** (attempt - 1)))
-
-
-def retry_after_seconds(value: str | None) -> float | None:
-    """Seconds from now named by a `Retry-After` header (delta-seconds or HTTP-date); None if absent/bad."""
-    if not value:
-        return None
-    with contextlib.suppress(ValueError):
-        return max(0.0, float(value))
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
-
-
-def retry_delay(
-    policy: RetryPolicy, outcome: Outcome, *, attempt: int, idempotent: bool, remaining: float
-) -> float | None:
-    """Seconds to wait before retrying after `outcome` of attempt number `attempt`, or None to stop.
-
-    Retries busy statuses (honouring Retry-After) and unsent requests always; lost responses only
-    when the call is idempotent. Never schedules a retry that would start past the deadline.
-    """
-    if attempt >= policy.max_attempts:
-        return None
-    if isinstance(outcome, Reply):
-        if outcome.status not in policy.retry_statuses:
-            return None
-        delay = policy.delay(attempt, retry_after_seconds(outcome.retry_after))
-    else:
-        sent = delivery(outcome)
-        if not (sent is Delivery.NOT_SENT or (idempotent and sent is Delivery.MAYBE_APPLIED)):
-            return None
-        delay = policy.delay(attempt, None)
-    return delay if delay < remaining else None
-
-
-def status_phrase(status: int) -> str:
-    """The standard reason phrase of `status`, or "" for a status outside the standard."""
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return ""
-
-
-def error_from_reply(reply: Reply) -> EnvServerError:
-    """The typed exception for an error answer; a non-JSON or foreign body still gets its status's type."""
-    try:
-        detail = ErrorResponse.model_validate_json(reply.body).error
-        code, message = detail.code, detail.message
-    except ValidationError:
-        code = f"http_{reply.status}"
-        message = reply.text.strip()[:500] or status_phrase(reply.status)
-    return error_for_status(reply.status, code, message)
-
-
-def decode_reply(reply: Reply, model: type[M]) -> M:
-    """Validate a success body into `model`; raise the typed exception for an error status."""
-    if not reply.ok:
-        raise error_from_reply(reply)
-    try:
-        return model.model_validate_json(reply.body)
-    except ValidationError as exc:
-        raise ProtocolError(f"{reply.url} answered a body that is not a {model.__name__}: {exc}") from None
-
-
-def decode_closed(reply: Reply) -> bool:
-    """True if the session was deleted, False if it was already gone (404); other errors raise."""
-    if reply.status == 404:
-        return False
-    if not reply.ok:
-        raise error_from_reply(reply)
-    return True
-
-
-@dataclass(frozen=True)
-class Call(Generic[T]):
-    """One API call described without I/O: the request, whether resending it is safe, and its decoder.
-
-    A `probe` (health, readiness) reports the current state, so it is tried once and never retried.
-    """
-
-    method: str
-    path: str
-    decode: Callable[[Reply], T]
-    body: BaseModel | None = None
-    idempotent: bool = True
-    probe: bool = False
-
-    def content(self) -> bytes | None:
-        """The JSON body of the request, if it has one."""
-        return None if self.body is None else self.body.model_dump_json(exclude_none=True).encode()
-
-
-def reset_call(
-    seed: int | None, options: Mapping[str, Any] | None, session_id: str | None, format: bool
-) -> Call[ResetResponse]:
-    """POST /reset. Not resent after a lost response, which could have started a second session."""
-    body = ResetRequest(seed=seed, options=dict(options or {}), session_id=session_id, format=format)
-    return Call("POST", "/reset", lambda r: decode_reply(r, ResetResponse), body, idempotent=False)
-
-
-def step_call(session_id: str, action: str, request_id: str | None, format: bool) -> Call[StepResponse]:
-    """POST /step with a request_id (a fresh uuid4 unless given), which makes resending it safe."""
-    body = StepRequest(
-        session_id=session_id, action=action, request_id=request_id or uuid.uuid4().hex, format=format
-    )
-    return Call("POST", "/step", lambda r: decode_reply(r, StepResponse), body)
-
-
-def format_call(observation: Observation | Mapping[str, Any]) -> Call[Message]:
-    """POST /format: the chat message the server's environment makes of an observation."""
-    body = FormatRequest(observation=Observation.model_validate(observation))
-    return Call("POST", "/format", lambda r: decode_reply(r, FormatResponse).message, body)
-
-
-def close_call(session_id: str) -> Call[bool]:
-    """DELETE /sessions/{id}; a session that is already gone is not an error."""
-    return Call("DELETE", f"/sessions/{urllib.parse.quote(session_id, safe='')}", decode_closed)
-
-
-INFO_CALL = Call("GET", "/info", lambda r: decode_reply(r, InfoResponse))
-HEALTH_CALL = Call("GET", "/health", lambda r: decode_reply(r, HealthResponse), probe=True)
-READY_CALL = Call("GET", "/ready", lambda r: decode_reply(r, ReadyResponse), probe=True)
-
 
 class _Attempts(Generic[T]):
-    """The bookkeeping of one call's attempts: its body, the per-attempt timeout, the deadline, the delay."""
+    """The bookkeeping of one call's attempts: its body, the replica, the per-attempt timeout, the
+    deadline, the delay."""
 
-    def __init__(self, call: Call[T], policy: RetryPolicy, timeout: float, base_url: str) -> None:
+    def __init__(self, call: Call[T], policy: RetryPolicy, timeout: float, replicas: Replicas) -> None:
         self.call = call
         self.policy = policy
         self.timeout = timeout
-        self.url = base_url + call.path
+        self.replicas = replicas
+        self.replica = replicas.first(call.session_id)
+        self.tried = {self.replica}
         self.content = call.content()
         self.headers = None if self.content is None else _JSON_CONTENT
         self.started = time.monotonic()
         self.deadline = self.started + policy.deadline_s
         self.count = 0
+
+    @property
+    def url(self) -> str:
+        """The URL of the next attempt, on its replica."""
+        return self.replicas.urls[self.replica] + self.call.path
 
     def remaining(self) -> float:
         """Seconds left before the call's deadline."""
@@ -307,20 +109,27 @@ class _Attempts(Generic[T]):
         return max(0.001, min(self.timeout, self.remaining()))
 
     def next_delay(self, outcome: Outcome) -> float | None:
-        """Seconds to wait before the next attempt, or None when `outcome` is final."""
+        """Seconds to wait before the next attempt, or None when `outcome` is final. A replica that could
+        not serve the call passes it to the next (docs/client.md, "Several replicas")."""
         if self.call.probe:
             return None
+        leaving = len(self.replicas.urls) > 1 and fails_over(outcome)
+        following = self.replicas.after(self.replica) if leaving else self.replica
         delay = retry_delay(
             self.policy,
             outcome,
             attempt=self.count,
             idempotent=self.call.idempotent,
             remaining=self.remaining(),
+            fresh_replica=following not in self.tried,
         )
         if delay is not None:
+            self.replica = following
+            self.tried.add(following)
             reason = outcome.status if isinstance(outcome, Reply) else type(outcome).__name__
             log.info(
-                "%s %s: %s, retry %d in %.2fs", self.call.method, self.call.path, reason, self.count, delay
+                "%s %s: %s, retry %d in %.2fs at %s",
+                *(self.call.method, self.call.path, reason, self.count, delay, self.replicas.urls[following]),
             )
         return delay
 
@@ -333,6 +142,19 @@ class _Attempts(Generic[T]):
             f"{self.call.method} {self.url} failed after {self.count} attempt(s) "
             f"in {elapsed:.1f}s: {type(outcome).__name__}: {outcome}"
         ) from outcome
+
+
+def _aiohttp_timeout(attempts: _Attempts[Any]) -> aiohttp.ClientTimeout:
+    """The next attempt's timeouts, split by phase as httpx's are, so that a timeout tells how far it got.
+
+    `connect` (waiting for a free connection, then connecting) raises `ConnectionTimeoutError`: not sent.
+    `sock_read` (no bytes for that long) raises `SocketTimeoutError`: maybe applied. `total` is only a
+    backstop at the call's deadline; aiohttp reports it as a bare `TimeoutError` whatever the phase.
+    """
+    per_phase = attempts.next_timeout()
+    return aiohttp.ClientTimeout(
+        total=max(per_phase, attempts.remaining()), connect=per_phase, sock_read=per_phase
+    )
 
 
 def env_proxy(url: str) -> str | None:
@@ -363,178 +185,39 @@ def _logging_close_errors(session_id: str) -> Iterator[None]:
         log.warning("could not close session %s: %s", session_id, exc)
 
 
-class _EpisodeState:
-    """What an episode has seen so far; the sync and async episode handles share it."""
+class ClientOptions(TypedDict, total=False):
+    """The keyword arguments of `AsyncEnvClient`, and so of `EnvClient`; their defaults are there."""
 
-    def __init__(self, first: ResetResponse, format: bool) -> None:
-        self.session_id = first.session_id
-        self.observation = first.observation
-        self.info = first.info
-        self.message = first.message
-        self.format = format
-        self.reward = 0.0
-        self.total_reward = 0.0
-        self.done = False
-        self.turns = 0
-
-    def _record(self, result: StepResponse) -> StepResponse:
-        """Fold one step's result into the episode's state and pass it on."""
-        self.observation = result.observation
-        self.info = result.info
-        self.message = result.message
-        self.reward = result.reward
-        self.total_reward += result.reward
-        self.done = result.done
-        self.turns += 1
-        return result
+    token: str | None
+    timeout: float
+    retry: RetryPolicy | None
+    limits: httpx.Limits | None
+    headers: Mapping[str, str] | None
 
 
-class EnvClient:
-    """A blocking client for one environment server; thread-safe, with a shared connection pool.
+class EpisodeStart(TypedDict, total=False):
+    """The arguments of `AsyncEnvClient.reset` that `episode()` passes on: the task and the session id."""
 
-    `token` defaults to $VISTARL_API_TOKEN (pass "" for none). `timeout` is per attempt; `retry`
-    bounds attempts and total time per call. Use as a context manager, or call `shutdown()`.
-    """
-
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        token: str | None = None,
-        timeout: float = DEFAULT_TIMEOUT_S,
-        retry: RetryPolicy | None = None,
-        limits: httpx.Limits | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.timeout = timeout
-        self.retry = retry or RetryPolicy()
-        self._http = httpx.Client(headers=_default_headers(token, headers), limits=limits or DEFAULT_LIMITS)
-
-    def reset(
-        self,
-        *,
-        seed: int | None = None,
-        options: Mapping[str, Any] | None = None,
-        session_id: str | None = None,
-        format: bool = False,
-        timeout: float | None = None,
-    ) -> ResetResponse:
-        """Start an episode; returns its session id and first observation."""
-        return self._run(reset_call(seed, options, session_id, format), timeout)
-
-    def step(
-        self,
-        session_id: str,
-        action: str,
-        *,
-        request_id: str | None = None,
-        format: bool = False,
-        timeout: float | None = None,
-    ) -> StepResponse:
-        """Send one action; resent safely on a lost response because it carries a request_id."""
-        return self._run(step_call(session_id, action, request_id, format), timeout)
-
-    def format(
-        self, observation: Observation | Mapping[str, Any], *, timeout: float | None = None
-    ) -> Message:
-        """The environment's chat message for an observation."""
-        return self._run(format_call(observation), timeout)
-
-    def close(self, session_id: str, *, timeout: float | None = None) -> bool:
-        """End a session; True if it was deleted, False if it was already gone."""
-        return self._run(close_call(session_id), timeout)
-
-    def info(self, *, timeout: float | None = None) -> InfoResponse:
-        """The environment's name, prompts, options schema and limits."""
-        return self._run(INFO_CALL, timeout)
-
-    def health(self, *, timeout: float | None = None) -> HealthResponse:
-        """Liveness, tried once."""
-        return self._run(HEALTH_CALL, timeout)
-
-    def ready(self, *, timeout: float | None = None) -> ReadyResponse:
-        """Readiness, tried once; raises `ServerBusyError` (code draining / at_capacity) when not ready."""
-        return self._run(READY_CALL, timeout)
-
-    @contextlib.contextmanager
-    def episode(
-        self,
-        *,
-        seed: int | None = None,
-        options: Mapping[str, Any] | None = None,
-        session_id: str | None = None,
-        format: bool = False,
-    ) -> Iterator[Episode]:
-        """Reset, yield an `Episode`, and always close its session on the way out."""
-        first = self.reset(seed=seed, options=options, session_id=session_id, format=format)
-        ep = Episode(self, first, format)
-        try:
-            yield ep
-        except BaseException:
-            with _logging_close_errors(ep.session_id):
-                ep.close()
-            raise
-        ep.close()
-
-    def shutdown(self) -> None:
-        """Close the connection pool."""
-        self._http.close()
-
-    def __enter__(self) -> EnvClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
-
-    def _run(self, call: Call[T], timeout: float | None) -> T:
-        """Send `call` with bounded retries and decode the final outcome."""
-        attempts = _Attempts(call, self.retry, timeout or self.timeout, self.base_url)
-        while True:
-            outcome: Outcome
-            try:
-                response = self._http.request(
-                    call.method,
-                    attempts.url,
-                    content=attempts.content,
-                    headers=attempts.headers,
-                    timeout=attempts.next_timeout(),
-                )
-                outcome = Reply(
-                    response.status_code, response.content, attempts.url, response.headers.get("retry-after")
-                )
-            except httpx.TransportError as exc:
-                outcome = exc
-            delay = attempts.next_delay(outcome)
-            if delay is None:
-                return attempts.finish(outcome)
-            time.sleep(delay)
-
-
-def _aiohttp_timeout(attempts: _Attempts[Any]) -> aiohttp.ClientTimeout:
-    """The next attempt's timeouts, split by phase as httpx's are, so that a timeout tells how far it got.
-
-    `connect` (waiting for a free connection, then connecting) raises `ConnectionTimeoutError`: not sent.
-    `sock_read` (no bytes for that long) raises `SocketTimeoutError`: maybe applied. `total` is only a
-    backstop at the call's deadline; aiohttp reports it as a bare `TimeoutError` whatever the phase.
-    """
-    per_phase = attempts.next_timeout()
-    return aiohttp.ClientTimeout(
-        total=max(per_phase, attempts.remaining()), connect=per_phase, sock_read=per_phase
-    )
+    seed: int | None
+    task_id: str | None
+    sample: Mapping[str, Any] | None
+    options: Mapping[str, Any] | None
+    session_id: str | None
 
 
 class AsyncEnvClient:
-    """The asyncio twin of `EnvClient`: same arguments, same behaviour, awaitable methods.
+    """An asyncio client for an environment server; `EnvClient` is its blocking facade.
 
-    It runs on aiohttp, whose cost per request stays flat with hundreds of requests in flight. Of
-    `limits` it uses `max_connections` and `keepalive_expiry`. Its connection pool belongs to the
-    event loop of its first call; use one client per loop.
+    `base_url` is one URL, or the URLs of several replicas to fail over between (`clients.replicas`).
+    `token` defaults to $VISTARL_API_TOKEN (pass "" for none). `timeout` is per attempt; `retry`
+    bounds attempts and total time per call. It runs on aiohttp, whose cost per request stays flat
+    with hundreds of requests in flight; of `limits` it uses `max_connections` and `keepalive_expiry`.
+    Its connection pool belongs to the event loop of its first call; use one client per loop.
     """
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         *,
         token: str | None = None,
         timeout: float = DEFAULT_TIMEOUT_S,
@@ -542,26 +225,35 @@ class AsyncEnvClient:
         limits: httpx.Limits | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self._replicas = Replicas([base_url] if isinstance(base_url, str) else base_url)
+        self._proxies = [env_proxy(url) for url in self._replicas.urls]
+        self.base_urls = self._replicas.urls
+        self.base_url = self.base_urls[0]
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self._headers = _default_headers(token, headers)
         self._limits = limits or DEFAULT_LIMITS
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._closed = False
+        self.closed = False
 
     async def reset(
         self,
         *,
         seed: int | None = None,
+        task_id: str | None = None,
+        sample: Mapping[str, Any] | None = None,
         options: Mapping[str, Any] | None = None,
         session_id: str | None = None,
         format: bool = False,
         timeout: float | None = None,
     ) -> ResetResponse:
-        """Start an episode; returns its session id and first observation."""
-        return await self._run(reset_call(seed, options, session_id, format), timeout)
+        """Start an episode from at most one of `seed`, `task_id` (`SPLIT/INDEX` of a split the server
+        holds) and `sample` (a dataset row); returns its session id and first observation."""
+        attempts = self._attempts(reset_call(seed, task_id, sample, options, session_id, format), timeout)
+        first = await self._send(attempts)
+        self._replicas.settle(first.session_id, attempts.replica)
+        return first
 
     async def step(
         self,
@@ -583,7 +275,9 @@ class AsyncEnvClient:
 
     async def close(self, session_id: str, *, timeout: float | None = None) -> bool:
         """End a session; True if it was deleted, False if it was already gone."""
-        return await self._run(close_call(session_id), timeout)
+        closed = await self._run(close_call(session_id), timeout)
+        self._replicas.forget(session_id)
+        return closed
 
     async def info(self, *, timeout: float | None = None) -> InfoResponse:
         """The environment's name, prompts, options schema and limits."""
@@ -594,20 +288,17 @@ class AsyncEnvClient:
         return await self._run(HEALTH_CALL, timeout)
 
     async def ready(self, *, timeout: float | None = None) -> ReadyResponse:
-        """Readiness, tried once; raises `ServerBusyError` (code draining / at_capacity) when not ready."""
+        """Readiness, tried once: `ready` is False while the server drains or is full (it answers 503
+        with the same object)."""
         return await self._run(READY_CALL, timeout)
 
     @contextlib.asynccontextmanager
     async def episode(
-        self,
-        *,
-        seed: int | None = None,
-        options: Mapping[str, Any] | None = None,
-        session_id: str | None = None,
-        format: bool = False,
+        self, *, format: bool = False, **start: Unpack[EpisodeStart]
     ) -> AsyncIterator[AsyncEpisode]:
-        """Reset, yield an `AsyncEpisode`, and always close its session on the way out."""
-        first = await self.reset(seed=seed, options=options, session_id=session_id, format=format)
+        """Reset (with `reset`'s task and session arguments), yield an `AsyncEpisode`, and always close its
+        session on the way out."""
+        first = await self.reset(format=format, **start)
         ep = AsyncEpisode(self, first, format)
         try:
             yield ep
@@ -619,7 +310,7 @@ class AsyncEnvClient:
 
     async def shutdown(self) -> None:
         """Close the connection pool."""
-        self._closed = True
+        self.closed = True
         if self._session is not None:
             await self._session.close()
 
@@ -631,8 +322,16 @@ class AsyncEnvClient:
 
     async def _run(self, call: Call[T], timeout: float | None) -> T:
         """Send `call` with bounded retries and decode the final outcome."""
+        return await self._send(self._attempts(call, timeout))
+
+    def _attempts(self, call: Call[T], timeout: float | None) -> _Attempts[T]:
+        return _Attempts(call, self.retry, timeout or self.timeout, self._replicas)
+
+    async def _send(self, attempts: _Attempts[T]) -> T:
+        """Run the attempts of one call until one is final; a session's call that succeeded tells on which
+        replica the session lives."""
         session = self._open_session()
-        attempts = _Attempts(call, self.retry, timeout or self.timeout, self.base_url)
+        call = attempts.call
         while True:
             outcome: Outcome
             try:
@@ -642,6 +341,7 @@ class AsyncEnvClient:
                     data=attempts.content,
                     headers=attempts.headers,
                     timeout=_aiohttp_timeout(attempts),
+                    proxy=self._proxies[attempts.replica],
                     allow_redirects=False,
                 ) as response:
                     body = await response.read()
@@ -650,54 +350,42 @@ class AsyncEnvClient:
                 outcome = exc
             delay = attempts.next_delay(outcome)
             if delay is None:
-                return attempts.finish(outcome)
+                result = attempts.finish(outcome)
+                if call.session_id is not None:
+                    self._replicas.settle(call.session_id, attempts.replica)
+                return result
             await asyncio.sleep(delay)
 
     def _open_session(self) -> aiohttp.ClientSession:
         """The connection pool, made on first use because aiohttp ties it to the running event loop."""
         loop = asyncio.get_running_loop()
-        if self._closed:
+        if self.closed:
             raise RuntimeError("this AsyncEnvClient is shut down")
         if self._session is None:
             connector = aiohttp.TCPConnector(
                 limit=self._limits.max_connections or 0, keepalive_timeout=self._limits.keepalive_expiry
             )
-            self._session = aiohttp.ClientSession(
-                connector=connector, headers=self._headers, proxy=env_proxy(self.base_url)
-            )
+            self._session = aiohttp.ClientSession(connector=connector, headers=self._headers)
             self._loop = loop
         elif loop is not self._loop:
             raise RuntimeError("an AsyncEnvClient serves the event loop of its first call; make one per loop")
         return self._session
 
 
-class Episode(_EpisodeState):
-    """A live episode of an `EnvClient`: its latest observation, rewards so far, and `step()`."""
-
-    def __init__(self, client: EnvClient, first: ResetResponse, format: bool) -> None:
-        super().__init__(first, format)
-        self._client = client
-
-    def step(
-        self, action: str, *, request_id: str | None = None, timeout: float | None = None
-    ) -> StepResponse:
-        """Send one action and record its result."""
-        result = self._client.step(
-            self.session_id, action, request_id=request_id, format=self.format, timeout=timeout
-        )
-        return self._record(result)
-
-    def close(self) -> bool:
-        """End the session (False if it was already gone)."""
-        return self._client.close(self.session_id)
-
-
-class AsyncEpisode(_EpisodeState):
+class AsyncEpisode:
     """A live episode of an `AsyncEnvClient`: its latest observation, rewards so far, and `await step()`."""
 
     def __init__(self, client: AsyncEnvClient, first: ResetResponse, format: bool) -> None:
-        super().__init__(first, format)
         self._client = client
+        self.session_id = first.session_id
+        self.observation = first.observation
+        self.info = first.info
+        self.message = first.message
+        self.format = format
+        self.reward = 0.0
+        self.total_reward = 0.0
+        self.done = False
+        self.turns = 0
 
     async def step(
         self, action: str, *, request_id: str | None = None, timeout: float | None = None
@@ -706,8 +394,78 @@ class AsyncEpisode(_EpisodeState):
         result = await self._client.step(
             self.session_id, action, request_id=request_id, format=self.format, timeout=timeout
         )
-        return self._record(result)
+        self.observation = result.observation
+        self.info = result.info
+        self.message = result.message
+        self.reward = result.reward
+        self.total_reward += result.reward
+        self.done = result.done
+        self.turns += 1
+        return result
 
     async def close(self) -> bool:
         """End the session (False if it was already gone)."""
         return await self._client.close(self.session_id)
+
+
+class Episode:
+    """A live episode of an `EnvClient`: its latest observation, rewards so far, and `step()`; the
+    blocking face of an `AsyncEpisode`."""
+
+    session_id = mirrored[str]()
+    observation = mirrored[Observation]()
+    info = mirrored[dict[str, Any]]()
+    message = mirrored[Message | None]()
+    format = mirrored[bool]()
+    reward = mirrored[float]()
+    total_reward = mirrored[float]()
+    done = mirrored[bool]()
+    turns = mirrored[int]()
+
+    def __init__(self, portal: BlockingPortal, episode: AsyncEpisode) -> None:
+        self._portal = portal
+        self._target = episode
+
+    step = blocking(AsyncEpisode.step)
+    close = blocking(AsyncEpisode.close)
+
+
+class EnvClient:
+    """A blocking client for an environment server: thread-safe, with one shared connection pool.
+
+    It takes `AsyncEnvClient`'s arguments (`ClientOptions`, defaults there) and runs one on an event loop
+    of its own, on a daemon thread:
+    calls from many threads run concurrently there. Use it as a context manager, or call `shutdown()`,
+    which closes the pool and stops the thread.
+    """
+
+    base_url = mirrored[str]()
+    base_urls = mirrored[tuple[str, ...]]()
+    timeout = mirrored[float]()
+    retry = mirrored[RetryPolicy]()
+
+    def __init__(self, base_url: str | Sequence[str], **options: Unpack[ClientOptions]) -> None:
+        self._target = AsyncEnvClient(base_url, **options)
+        self._loop_thread = contextlib.ExitStack()
+        self._portal = self._loop_thread.enter_context(start_blocking_portal(name="vistarl-env-client"))
+
+    reset = blocking(AsyncEnvClient.reset)
+    step = blocking(AsyncEnvClient.step)
+    format = blocking(AsyncEnvClient.format)
+    close = blocking(AsyncEnvClient.close)
+    info = blocking(AsyncEnvClient.info)
+    health = blocking(AsyncEnvClient.health)
+    ready = blocking(AsyncEnvClient.ready)
+    episode = blocking_context(AsyncEnvClient.episode, Episode)
+
+    def shutdown(self) -> None:
+        """Close the connection pool and stop the event-loop thread; later calls raise RuntimeError."""
+        if not self._target.closed:
+            self._portal.call(self._target.shutdown)
+            self._loop_thread.close()
+
+    def __enter__(self) -> EnvClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

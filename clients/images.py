@@ -11,7 +11,7 @@ import base64
 import binascii
 import io
 
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from clients.errors import ImageError
 
@@ -91,6 +91,8 @@ def _open_checked(raw: bytes, max_pixels: int) -> Image.Image:
         img = Image.open(io.BytesIO(raw), formats=_FORMATS)
     except Image.DecompressionBombError as exc:
         raise ImageError(f"image too large: {exc}") from None
+    except UnidentifiedImageError:  # PIL's message names the buffer object, not the problem
+        raise ImageError("payload is not a PNG, JPEG or WebP image") from None
     except (OSError, SyntaxError, ValueError) as exc:
         raise ImageError(f"payload is not a PNG, JPEG or WebP image: {exc}") from None
     width, height = img.size

@@ -11,9 +11,10 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PROTOCOL_VERSION = "1"
+TASK_ID_FORM = "SPLIT/INDEX: a split listed under datasets.splits and a row index from 0, e.g. test/17"
 
 
 class _Strict(BaseModel):
@@ -61,10 +62,23 @@ class Message(BaseModel):
 
 
 class ResetRequest(_Strict):
+    """Start an episode from at most one task: `seed` (a generated task; it overrides any seed among
+    the options), `task_id` (a row of a split the server holds, `SPLIT/INDEX`) or `sample` (a whole
+    row inline, images as data URLs). With none, the env picks a task."""
+
     seed: int | None = None
+    task_id: str | None = Field(default=None, min_length=1, max_length=256)
+    sample: dict[str, Any] | None = None
     options: dict[str, Any] = Field(default_factory=dict)
     session_id: str | None = Field(default=None, min_length=1, max_length=128)
     format: bool = False
+
+    @model_validator(mode="after")
+    def _one_task(self) -> ResetRequest:
+        given = [name for name in ("seed", "task_id", "sample") if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give at most one of seed, task_id and sample, not {' and '.join(given)}")
+        return self
 
 
 class ResetResponse(BaseModel):
@@ -106,6 +120,28 @@ class Limits(BaseModel):
     max_image_bytes: int
     max_image_pixels: int
     max_action_chars: int
+    idempotency_cache_size: int
+    """Step answers kept per session for retries with the same `request_id`."""
+    env_timeout_s: float
+    """Bound on one env call (reset, step, format, close); past it the call answers 500."""
+    retry_after_s: int
+    """The `Retry-After` of 503 answers."""
+
+
+class SplitInfo(BaseModel):
+    """One split of tasks a server holds."""
+
+    name: str
+    size: int
+
+
+class Datasets(BaseModel):
+    """The tasks `/reset` can start from: the server's splits (by `task_id`) and inline samples."""
+
+    task_id_form: str = TASK_ID_FORM
+    splits: list[SplitInfo] = Field(default_factory=list)
+    sample_schema: dict[str, Any] | None = None
+    """The JSON schema of a `sample`; None when the env takes no samples."""
 
 
 class InfoResponse(BaseModel):
@@ -116,6 +152,9 @@ class InfoResponse(BaseModel):
     action_format: str
     config_schema: dict[str, Any]
     limits: Limits
+    datasets: Datasets = Field(default_factory=Datasets)
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    """The env's actions as OpenAI function-tool schemas."""
     protocol_version: str = PROTOCOL_VERSION
 
 
@@ -140,10 +179,13 @@ class ErrorCode(str, Enum):
     INVALID_OPTIONS = "invalid_options"
     VALIDATION_ERROR = "validation_error"
     INVALID_IMAGE = "invalid_image"
+    INVALID_SAMPLE = "invalid_sample"
     UNAUTHORIZED = "unauthorized"
     NOT_FOUND = "not_found"
     SESSION_NOT_FOUND = "session_not_found"
+    TASK_NOT_FOUND = "task_not_found"
     SESSION_EXISTS = "session_exists"
+    REQUEST_ID_REUSED = "request_id_reused"
     EPISODE_DONE = "episode_done"
     PAYLOAD_TOO_LARGE = "payload_too_large"
     AT_CAPACITY = "at_capacity"
@@ -156,10 +198,13 @@ ERROR_STATUS: dict[ErrorCode, int] = {
     ErrorCode.INVALID_OPTIONS: 422,
     ErrorCode.VALIDATION_ERROR: 422,
     ErrorCode.INVALID_IMAGE: 422,
+    ErrorCode.INVALID_SAMPLE: 422,
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.SESSION_NOT_FOUND: 404,
+    ErrorCode.TASK_NOT_FOUND: 404,
     ErrorCode.SESSION_EXISTS: 409,
+    ErrorCode.REQUEST_ID_REUSED: 409,
     ErrorCode.EPISODE_DONE: 409,
     ErrorCode.PAYLOAD_TOO_LARGE: 413,
     ErrorCode.AT_CAPACITY: 503,

@@ -1,4 +1,4 @@
-"""Shared fixtures: a private Redis server per test session."""
+"""Shared fixtures: a private Redis server per test session, tiny checkpoints, both env clients."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from clients import EnvClient
+from tests.client_kinds import BlockingAsyncClient, Client
 from tests.servers import redis_server
 
 
@@ -36,3 +38,9 @@ def tiny_qwen25(tiny_checkpoints: dict[str, Path]) -> Path:
 def tiny_qwen3(tiny_checkpoints: dict[str, Path]) -> Path:
     """The tiny Qwen3-VL checkpoint directory."""
     return tiny_checkpoints["qwen3_vl"]
+
+
+@pytest.fixture(params=[EnvClient, BlockingAsyncClient], ids=["sync", "async"])
+def client_type(request: pytest.FixtureRequest) -> type[Client]:
+    """Each test that takes it runs with `EnvClient` and with `AsyncEnvClient` (`tests.client_kinds`)."""
+    return request.param  # type: ignore[no-any-return]

@@ -4,8 +4,8 @@
 counter (each applied step adds one) and first plays a script of canned answers: busy replies with
 Retry-After, connections dropped after the request was applied, stalls, and error bodies.
 
-The two clients run on different HTTP libraries (httpx, aiohttp), so the retry and error tests run
-on both: `BlockingAsyncClient` drives an `AsyncEnvClient` from a plain test body.
+The retry and error tests run on both clients (`tests.client_kinds`): `EnvClient`, which drives an
+`AsyncEnvClient` on an event-loop thread of its own, and the `AsyncEnvClient` itself.
 """
 
 from __future__ import annotations
@@ -19,12 +19,11 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import aiohttp
 import httpx
@@ -40,22 +39,28 @@ from clients import (
     EpisodeDoneError,
     PayloadTooLargeError,
     ProtocolError,
+    RequestIdReusedError,
     RetryPolicy,
     ServerBusyError,
     ServerError,
     SessionExistsError,
     SessionNotFoundError,
+    TaskNotFoundError,
 )
-from clients.http import Delivery, Reply, delivery, env_proxy, retry_after_seconds, retry_delay
+from clients.calls import Reply
+from clients.http import env_proxy
 from clients.protocol import (
     ErrorResponse,
     InfoResponse,
     Limits,
     Observation,
+    ReadyResponse,
     ResetResponse,
     StepRequest,
     StepResponse,
 )
+from clients.retry import Delivery, delivery, retry_after_seconds, retry_delay
+from tests.client_kinds import Client
 from tests.servers import free_port
 
 FAST = RetryPolicy(max_attempts=5, base_delay=0.05, max_delay=0.2, deadline_s=10.0)
@@ -178,6 +183,9 @@ _INFO = InfoResponse(
         max_image_bytes=1 << 20,
         max_image_pixels=1 << 20,
         max_action_chars=100,
+        idempotency_cache_size=8,
+        env_timeout_s=60,
+        retry_after_s=1,
     ),
 )
 
@@ -195,34 +203,6 @@ def server() -> Iterator[ScriptedEnvServer]:
         srv.httpd.shutdown()
         srv.httpd.server_close()
         thread.join(timeout=5)
-
-
-class BlockingAsyncClient:
-    """An `AsyncEnvClient` whose calls run one at a time on a private event loop, so that one test
-    body checks both clients. Takes `AsyncEnvClient`'s arguments; use it as a context manager."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._runner = asyncio.Runner()
-        self._client = AsyncEnvClient(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        method = getattr(self._client, name)
-        return lambda *args, **kwargs: self._runner.run(method(*args, **kwargs))
-
-    def __enter__(self) -> BlockingAsyncClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._runner.run(self._client.shutdown())
-        self._runner.close()
-
-
-Client = EnvClient | BlockingAsyncClient
-
-
-@pytest.fixture(params=[EnvClient, BlockingAsyncClient], ids=["sync", "async"])
-def client_type(request: pytest.FixtureRequest) -> type[Client]:
-    return request.param  # type: ignore[no-any-return]
 
 
 @pytest.fixture
@@ -437,6 +417,8 @@ def test_proxy_settings_of_the_environment_are_honoured(
         (404, "session_not_found", SessionNotFoundError),
         (409, "episode_done", EpisodeDoneError),
         (409, "session_exists", SessionExistsError),
+        (409, "request_id_reused", RequestIdReusedError),
+        (404, "task_not_found", TaskNotFoundError),
         (413, "payload_too_large", PayloadTooLargeError),
         (422, "validation_error", BadRequestError),
         (500, "internal_error", ServerError),
@@ -471,10 +453,13 @@ def test_success_body_outside_the_protocol_raises_protocol_error(
 
 
 def test_probes_are_tried_once(server: ScriptedEnvServer, client: Client) -> None:
+    draining = ReadyResponse(ready=False, active_sessions=1, max_sessions=4, draining=True)
+    server.script.append(Canned(503, draining.model_dump_json().encode(), {"retry-after": "1"}))
+    assert client.ready() == draining  # a server says why it is not ready
     server.script.append(Canned(503, error_body("draining", "shutting down"), {"retry-after": "1"}))
-    with pytest.raises(ServerBusyError, match="draining"):
+    with pytest.raises(ServerBusyError, match="draining"):  # a proxy's or an older server's 503
         client.ready()
-    assert len(server.requests_to("/ready")) == 1
+    assert len(server.requests_to("/ready")) == 2
 
 
 # --- auth -----------------------------------------------------------------------------------------
@@ -553,3 +538,24 @@ async def test_async_client_retries_and_plays_an_episode(server: ScriptedEnvServ
         with pytest.raises(SessionNotFoundError):
             await c.step("s-1", "go")
         assert await c.close("s-1") is True
+
+
+# --- the blocking client is a facade over the async one -------------------------------------------
+
+
+def test_threads_share_one_blocking_client_whose_loop_thread_stops_at_shutdown(
+    server: ScriptedEnvServer,
+) -> None:
+    def loop_threads() -> int:
+        return sum(thread.name == "vistarl-env-client" for thread in threading.enumerate())
+
+    before = loop_threads()
+    with EnvClient(server.url, token="", retry=FAST) as client:
+        assert loop_threads() == before + 1
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda i: client.step("s-1", f"move {i}"), range(24)))
+        assert server.applied == 24
+        assert sorted(int(a.observation.text.split("=")[1]) for a in answers) == list(range(1, 25))
+    assert loop_threads() == before
+    with pytest.raises(RuntimeError):
+        client.info()

@@ -99,10 +99,10 @@ def test_the_worker_answers_every_call_in_order_and_survives_bad_ones() -> None:
     answers_r, answers_w = os.pipe()
     calls = [
         [1, "bogus", []],
-        [2, "reset", ["s1", {"target": 10}, 5, False]],
+        [2, "reset", ["s1", {"target": 10}, 5, None, False]],
         [3, "step", ["s1", "inc", True]],
         [4, "step", ["nope", "inc", False]],
-        [5, "reset", ["s2", {"refuse": "no thanks"}, None, False]],
+        [5, "reset", ["s2", {"refuse": "no thanks"}, None, None, False]],
         [6, "close", ["s1"]],
     ]
     os.write(calls_w, b"".join(msgpack.packb(call) for call in calls))

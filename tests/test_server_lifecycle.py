@@ -102,6 +102,7 @@ def test_capacity_is_503_with_retry_after(small: Server) -> None:
     not_ready = small.client.get("/ready")
     assert not_ready.status_code == 503
     assert not_ready.headers["retry-after"] == "3"
+    assert not_ready.json() == {"ready": False, "active_sessions": 2, "max_sessions": 2, "draining": False}
     assert small.client.get("/health").status_code == 200
     assert small.client.delete(f"/sessions/{first}").status_code == 204
     assert small.client.get("/ready").status_code == 200
@@ -171,8 +172,8 @@ def test_bad_settings_are_refused_by_the_cli() -> None:
 
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_sigterm_finishes_the_step_in_flight_closes_envs_and_exits_0(tmp_path: Path, workers: str) -> None:
-    closed = tmp_path / "closed"
-    options = {"step_delay_s": 1.0, "close_marker": str(closed)}
+    closed, stepping_now = tmp_path / "closed", tmp_path / "stepping"
+    options = {"step_delay_s": 1.0, "close_marker": str(closed), "step_marker": str(stepping_now)}
     server = counter_process("--env-workers", workers)
     with server as (url, proc), httpx.Client(base_url=url, timeout=TIMEOUT) as client:
         session = client.post("/reset", json={"options": options}).json()["session_id"]
@@ -181,7 +182,7 @@ def test_sigterm_finishes_the_step_in_flight_closes_envs_and_exits_0(tmp_path: P
             target=lambda: answers.append(client.post("/step", json={"session_id": session, "action": "inc"}))
         )
         stepping.start()
-        time.sleep(0.3)  # the step is now sleeping inside the env
+        assert wait_for(stepping_now.exists)  # the step is now sleeping inside the env
         proc.send_signal(signal.SIGTERM)
         stepping.join(timeout=TIMEOUT)
         assert proc.wait(timeout=15) == 0

@@ -1,9 +1,10 @@
 """The environment server: `create_app(env_factory, settings)` serves one env over the wire protocol.
 
 Endpoints (see docs/server.md): POST /reset, POST /step, POST /format, DELETE /sessions/{id},
-GET /info, GET /health, GET /ready, GET /metrics. Session rules live in `sessions`, where envs run in
-`env_pool`, error shapes in `errors`, auth and the body limit in `security`, the lean path of the env
-endpoints in `json_route` (all in `services.server`); this module only wires them together.
+GET /info, GET /health, GET /ready, GET /metrics. Session rules live in `sessions`, tasks in `tasks`,
+where envs run in `env_pool`, error shapes in `errors`, auth and the body limit in `security`, what the
+OpenAPI schema adds in `openapi`, the lean path of the env endpoints in `json_route` (all in
+`services.server`); this module only wires them together.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Response
+from fastapi.middleware.cors import CORSMiddleware
 
 from clients.protocol import (
     FormatRequest,
@@ -30,17 +32,20 @@ from services.server.env_pool import create_pool
 from services.server.errors import install_error_handlers
 from services.server.json_route import JSONRoute
 from services.server.metrics import ServerMetrics
-from services.server.security import RequestGuard
+from services.server.openapi import METRICS_RESPONSES, READY_RESPONSES, errors, guarded_router
+from services.server.security import RequestGuard, cors_options
 from services.server.sessions import SessionManager
 from services.server.settings import ServerSettings
+from services.server.tasks import TaskCatalog
 
 
 def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) -> FastAPI:
     """A FastAPI app hosting sessions of `env_factory`, bounded and configured by `settings`."""
     settings = settings or ServerSettings()
     metrics = ServerMetrics()
+    tasks = TaskCatalog.build(env_factory, settings)
     pool = create_pool(env_factory, settings, metrics)
-    manager = SessionManager(env_factory, settings, metrics, pool)
+    manager = SessionManager(env_factory, settings, metrics, pool, tasks)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -65,6 +70,9 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
     install_error_handlers(app, metrics)
     token = None if settings.api_token is None else settings.api_token.get_secret_value()
     app.add_middleware(RequestGuard, max_bytes=settings.max_body_bytes, metrics=metrics, token=token)
+    if settings.cors_origins:  # added last, so outermost: a preflight needs no token
+        app.add_middleware(CORSMiddleware, **cors_options(settings.cors_origins))
+    guarded = guarded_router(token_required=token is not None)
 
     info = InfoResponse(
         name=env_factory.name,
@@ -74,6 +82,8 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
         action_format=env_factory.action_format,
         config_schema=env_factory.config_schema(),
         limits=settings.limits(),
+        datasets=tasks.datasets(),
+        tools=env_factory.tools,
     )
 
     async def reset(request: ResetRequest) -> bytes:
@@ -89,39 +99,49 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
         return await manager.format(request)
 
     env_routes = (
-        ("/reset", reset, ResetResponse),
-        ("/step", step, StepResponse),
-        ("/format", format_observation, FormatResponse),
+        ("/reset", reset, ResetResponse, errors(400, 404, 409, 413, 422, 500, 503)),
+        ("/step", step, StepResponse, errors(400, 404, 409, 413, 422, 500)),
+        ("/format", format_observation, FormatResponse, errors(400, 413, 422, 500)),
     )
-    for path, endpoint, answer in env_routes:
-        app.router.add_api_route(
-            path, endpoint, methods=["POST"], response_model=answer, route_class_override=JSONRoute
+    for path, endpoint, answer, failures in env_routes:
+        guarded.add_api_route(
+            path,
+            endpoint,
+            methods=["POST"],
+            response_model=answer,
+            responses=failures,
+            route_class_override=JSONRoute,
         )
 
-    @app.delete("/sessions/{session_id}", status_code=204)
+    @guarded.delete("/sessions/{session_id}", status_code=204, responses=errors(404, 500))
     async def delete_session(session_id: str) -> Response:
         """End a session and free its slot."""
         await manager.close(session_id)
         return Response(status_code=204)
 
-    @app.get("/info")
+    @guarded.get("/info")
     async def get_info() -> InfoResponse:
-        """What this env is, how to talk to it, and the server's limits."""
+        """What this env is, how to talk to it, the tasks it holds and the server's limits."""
         return info
 
-    @app.get("/health")
-    async def health() -> HealthResponse:
-        """Liveness: the process answers."""
-        return HealthResponse()
+    @guarded.get("/ready", responses=READY_RESPONSES)
+    async def ready(response: Response) -> ReadyResponse:
+        """Readiness: 503 with the same object while draining or at capacity."""
+        state = await manager.ready()
+        if not state.ready:
+            response.status_code = 503
+            response.headers.update(manager.retry_after())
+        return state
 
-    @app.get("/ready")
-    async def ready() -> ReadyResponse:
-        """Readiness: 503 while draining or at capacity."""
-        return await manager.ready()
-
-    @app.get("/metrics")
+    @guarded.get("/metrics", response_class=Response, responses=METRICS_RESPONSES)
     async def get_metrics() -> Response:
         """Prometheus text exposition of this server's registry."""
         return Response(metrics.render(), media_type=metrics.content_type)
 
+    @app.get("/health", responses=errors())
+    async def health() -> HealthResponse:
+        """Liveness: the process answers; never needs a token."""
+        return HealthResponse()
+
+    app.include_router(guarded)
     return app

@@ -22,11 +22,10 @@ import sys
 from typing import Any, Protocol, TypeVar
 
 import msgpack
-from pydantic import BaseModel
 
 from clients.protocol import ErrorCode, Observation
 from services.env_api import EnvFactory
-from services.server.env_work import EnvHost, guarded, options_payload
+from services.server.env_work import EnvHost, Task, guarded, task_payload
 from services.server.errors import ServiceError
 from services.server.metrics import ServerMetrics
 from services.server.settings import ServerSettings
@@ -55,8 +54,8 @@ class EnvPool(Protocol):
         """Start what the pool needs (worker processes); raises if it cannot."""
         ...
 
-    async def start(self, session_id: str, options: BaseModel, seed: int | None, with_message: bool) -> bytes:
-        """Create and reset the env of a new session: the `ResetResponse` body."""
+    async def start(self, session_id: str, task: Task, with_message: bool) -> bytes:
+        """Create and reset the env of a new session from its task: the `ResetResponse` body."""
         ...
 
     async def step(self, session_id: str, action: str, with_message: bool) -> tuple[bool, bytes]:
@@ -105,8 +104,8 @@ class ThreadEnvPool:
     async def open(self) -> None:
         return None
 
-    async def start(self, session_id: str, options: BaseModel, seed: int | None, with_message: bool) -> bytes:
-        return await self._call("reset", session_id, self.host.start, session_id, options, seed, with_message)
+    async def start(self, session_id: str, task: Task, with_message: bool) -> bytes:
+        return await self._call("reset", session_id, self.host.start, session_id, task, with_message)
 
     async def step(self, session_id: str, action: str, with_message: bool) -> tuple[bool, bytes]:
         return await self._call("step", session_id, self.host.step, session_id, action, with_message)
@@ -168,12 +167,12 @@ class ProcessEnvPool:
             lambda: sum(1 for w in self.workers if w is not None and w.alive)
         )
 
-    async def start(self, session_id: str, options: BaseModel, seed: int | None, with_message: bool) -> bytes:
+    async def start(self, session_id: str, task: Task, with_message: bool) -> bytes:
         worker = min(self._alive(), key=lambda w: (len(w.sessions), len(w.pending)))
         self.placement[session_id] = worker
         worker.sessions.add(session_id)
         try:
-            payload = [session_id, options_payload(options), seed, with_message]
+            payload = [session_id, *task_payload(task), with_message]
             body: bytes = await worker.call("reset", payload)
         except BaseException:
             self.discard(session_id)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
@@ -26,6 +27,15 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class Task:
+    """What a new episode starts from: validated options, and a seed or a validated sample (or neither)."""
+
+    options: BaseModel
+    seed: int | None = None
+    sample: BaseModel | None = None
+
+
 class EnvHost:
     """The envs of one pool (or one worker process), and the four calls on them.
 
@@ -38,16 +48,17 @@ class EnvHost:
         self.envs: dict[str, Env] = {}
         self._formatter: Env | None = None
 
-    def start(self, session_id: str, options: BaseModel, seed: int | None, with_message: bool) -> bytes:
-        """Build and reset an env for `session_id`; the `ResetResponse` body.
+    def start(self, session_id: str, task: Task, with_message: bool) -> bytes:
+        """Build and reset an env for `session_id` from its task; the `ResetResponse` body.
 
-        The env's own ValueError on its options is the caller's fault (422).
+        The env's own ValueError on its options or sample is the caller's fault (422).
         """
         try:
-            env = self.factory.create(options, seed, None)
+            env = self.factory.create(task.options, task.seed, task.sample)
         except ValueError as exc:
-            message = f"options rejected by {self.factory.name}: {exc}"
-            raise ServiceError(ErrorCode.INVALID_OPTIONS, message) from exc
+            code = ErrorCode.INVALID_OPTIONS if task.sample is None else ErrorCode.INVALID_SAMPLE
+            what = "options" if task.sample is None else "task"
+            raise ServiceError(code, f"{what} rejected by {self.factory.name}: {exc}") from exc
         try:
             obs, info = env.reset()
             body = to_json(
@@ -124,6 +135,20 @@ def _close_quietly(env: Env) -> None:
         logger.exception("closing an env failed")
 
 
-def options_payload(options: BaseModel) -> dict[str, Any]:
-    """Validated options as plain JSON data, for a worker process to validate into the same model."""
-    return options.model_dump(mode="json", exclude_unset=True)
+def task_payload(task: Task) -> list[Any]:
+    """A task as plain JSON data `[options, seed, sample]`, for a worker process to validate into the same
+    models (`task_from_payload`): no pickle crosses the process boundary."""
+    sample = None if task.sample is None else task.sample.model_dump(mode="json", exclude_unset=True)
+    return [task.options.model_dump(mode="json", exclude_unset=True), task.seed, sample]
+
+
+def task_from_payload(
+    factory: EnvFactory, options: dict[str, Any], seed: int | None, sample: dict[str, Any] | None
+) -> Task:
+    """The task that `task_payload` sent, validated again by the env's own models."""
+    parsed = factory.options_model.model_validate(options)
+    if sample is None:
+        return Task(parsed, seed)
+    if factory.sample_model is None:
+        raise ValueError(f"env {factory.name!r} takes no samples")
+    return Task(parsed, seed, factory.sample_model.model_validate(sample))

@@ -22,7 +22,7 @@ import msgpack
 
 from clients.protocol import ErrorCode, Observation
 from services.env_api import load_env_factory
-from services.server.env_work import EnvHost, guarded
+from services.server.env_work import EnvHost, guarded, task_from_payload
 from services.server.errors import ServiceError
 
 READ_CHUNK = 1 << 16
@@ -35,9 +35,9 @@ def answer(host: EnvHost, op: str, args: list[Any]) -> Any:
         session_id, action, with_message = args
         return list(guarded("step", host.step, session_id, action, with_message))
     if op == "reset":
-        session_id, options, seed, with_message = args
-        model = host.factory.options_model.model_validate(options)
-        return guarded("reset", host.start, session_id, model, seed, with_message)
+        session_id, options, seed, sample, with_message = args
+        task = task_from_payload(host.factory, options, seed, sample)
+        return guarded("reset", host.start, session_id, task, with_message)
     if op == "close":
         return guarded("close", host.close, args[0])
     if op == "format":

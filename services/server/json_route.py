@@ -2,23 +2,24 @@
 
 Per request, FastAPI's own handler (dependency solving, `json.loads` then validation, response-model
 validation and re-encoding) costs more than a Sokoban step. A `JSONRoute` is built and documented from
-its endpoint's signature and `response_model` like any FastAPI route, but serves it directly: the raw
-body is validated by `model_validate_json`, and the endpoint answers with the JSON body itself, encoded
-where the env ran. Bad bodies raise `ServiceError`s for the app's error handlers, in FastAPI's shapes:
-400 for malformed JSON, 422 naming each invalid field (`body.action: Field required`).
+its endpoint's signature, `response_model` and `responses` like any FastAPI route, but its handler (from
+FastAPI's `get_route_handler` hook) serves the endpoint directly: the raw body is validated by
+`model_validate_json`, and the endpoint answers with the JSON body itself, encoded where the env ran.
+Route dependencies are documented but not run (the request guard does the auth they declare). Bad
+bodies raise `ServiceError`s for the app's error handlers, in FastAPI's shapes: 400 for malformed JSON,
+422 naming each invalid field (`body.action: Field required`).
 """
 
 from __future__ import annotations
 
 import typing
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from clients.protocol import ErrorCode
 from services.server.errors import ServiceError, invalid_body
@@ -30,26 +31,25 @@ Endpoint = Callable[[Any], Awaitable[bytes]]
 
 class JSONRoute(APIRoute):
     """A route for `async def endpoint(body: RequestModel) -> bytes` (a JSON body of `response_model`),
-    served without FastAPI's per-request machinery. Register it with
+    served without FastAPI's dependency solving and response-model handling. Register it with
     `router.add_api_route(..., response_model=ResponseModel, route_class_override=JSONRoute)`.
     """
 
     def __init__(self, path: str, endpoint: Endpoint, **kwargs: Any) -> None:
-        super().__init__(path, endpoint, **kwargs)
         params = [hint for name, hint in typing.get_type_hints(endpoint).items() if name != "return"]
         if len(params) != 1 or not (isinstance(params[0], type) and issubclass(params[0], BaseModel)):
             raise TypeError(f"{endpoint.__name__} must take one pydantic model, not {params}")
-        self.app = _serve(endpoint, params[0])
+        self.body_model: type[BaseModel] = params[0]
+        super().__init__(path, endpoint, **kwargs)
 
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        """The handler FastAPI wraps for this route: body in, endpoint, JSON answer out."""
+        endpoint, body_model = self.endpoint, self.body_model
 
-def _serve(endpoint: Endpoint, body_model: type[BaseModel]) -> ASGIApp:
-    """The ASGI app of a `JSONRoute`: body in, endpoint, JSON answer out."""
+        async def handle(request: Request) -> Response:
+            return Response(await endpoint(await read_json(request, body_model)), media_type=JSON_MEDIA_TYPE)
 
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        answer = await endpoint(await read_json(Request(scope, receive), body_model))
-        await Response(answer, media_type=JSON_MEDIA_TYPE)(scope, receive, send)
-
-    return app
+        return handle
 
 
 async def read_json(request: Request, model: type[BaseModel]) -> BaseModel:

@@ -1,4 +1,5 @@
-"""The request guard: bearer-token auth and the request body size limit, in one pure ASGI middleware.
+"""The request guard: bearer-token auth and the request body size limit, in one pure ASGI middleware;
+and the CORS options that let browser pages of chosen origins past it.
 
 It runs before routing and before the body is parsed, so an unauthenticated or oversized request costs
 the server almost nothing, and it reads the headers of every request once. Its refusals are
@@ -11,6 +12,7 @@ probes and Prometheus send no token, and these paths reveal only counts, never a
 from __future__ import annotations
 
 import hmac
+from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
@@ -23,9 +25,21 @@ from services.server.metrics import ServerMetrics
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 
 
+def cors_options(origins: list[str]) -> dict[str, Any]:
+    """Starlette `CORSMiddleware` options for browser pages of `origins` (docs/server.md, "Browsers"):
+    the methods and headers of the env API, and `Retry-After` readable by the page."""
+    return {
+        "allow_origins": origins,
+        "allow_methods": ["GET", "POST", "DELETE"],
+        "allow_headers": ["authorization", "content-type"],
+        "expose_headers": ["retry-after"],
+    }
+
+
 class RequestGuard:
-    """Answer 401 unless `Authorization: Bearer <token>` matches (when a token is set), 413 when a body
-    exceeds `max_bytes`; paths in `open_paths` need no token.
+    """Answer 401 unless `Authorization: Bearer <token>` matches (when a token is set; the scheme name in
+    any case, as RFC 7235 has it), 413 when a body exceeds `max_bytes`; paths in `open_paths` need no
+    token.
 
     Auth comes first, so no body is read before it. A declared Content-Length over the limit is refused
     before reading anything; a declared length within it bounds what the server delivers. A body without
@@ -45,7 +59,7 @@ class RequestGuard:
         self.app = app
         self.max_bytes = max_bytes
         self.metrics = metrics
-        self.expected = None if token is None else f"Bearer {token}".encode()
+        self.expected = None if token is None else token.encode()
         self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -72,11 +86,10 @@ class RequestGuard:
 
     def _authorized(self, path: str, authorization: bytes) -> bool:
         """Whether the request may pass: no token is set, the path is open, or it carries the token."""
-        return (
-            self.expected is None
-            or path in self.open_paths
-            or hmac.compare_digest(authorization, self.expected)  # constant time
-        )
+        if self.expected is None or path in self.open_paths:
+            return True
+        scheme, _, credentials = authorization.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(b" "), self.expected)
 
     def _counting(self, receive: Receive) -> Receive:
         """`receive`, raising 413 once the body read so far exceeds `max_bytes`."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 import uuid
@@ -22,29 +23,47 @@ from pydantic import BaseModel, ValidationError
 from clients.protocol import ErrorCode, FormatRequest, ReadyResponse, ResetRequest, StepRequest
 from services.env_api import EnvFactory
 from services.server.env_pool import EnvGoneError, EnvPool
+from services.server.env_work import Task
 from services.server.errors import ServiceError, describe_validation_errors
 from services.server.metrics import ServerMetrics
 from services.server.settings import ServerSettings
+from services.server.tasks import TaskCatalog
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
 class Session:
-    """One live episode (its env lives in the pool): whether it ended, and the answers kept for retries."""
+    """One live episode (its env lives in the pool): whether it ended, and the answers kept for retries,
+    each with a digest of the action it answered."""
 
     id: str
     done: bool = False
     closed: bool = False
     last_active: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    answers: OrderedDict[str, bytes] = field(default_factory=OrderedDict)
+    answers: OrderedDict[str, tuple[bytes, bytes]] = field(default_factory=OrderedDict)
 
-    def remember(self, request_id: str, answer: bytes, limit: int) -> None:
+    def remember(self, request_id: str, action: str, answer: bytes, limit: int) -> None:
         """Keep `answer` for retries of `request_id`, forgetting the oldest beyond `limit`."""
-        self.answers[request_id] = answer
+        self.answers[request_id] = (_digest(action), answer)
         while len(self.answers) > limit:
             self.answers.popitem(last=False)
+
+    def replay(self, request_id: str | None, action: str) -> bytes | None:
+        """The stored answer of a retried step, None for a new one; 409 `request_id_reused` when the id
+        was used for a different action."""
+        kept = None if request_id is None else self.answers.get(request_id)
+        if kept is None:
+            return None
+        digest, answer = kept
+        if digest != _digest(action):
+            raise ServiceError(
+                ErrorCode.REQUEST_ID_REUSED,
+                f"request_id {request_id} of session {self.id} was sent before with another action; "
+                "a new step needs a new request_id",
+            )
+        return answer
 
     def idle_seconds(self) -> float:
         """Seconds since the session was last stored."""
@@ -120,12 +139,14 @@ class SessionManager:
         settings: ServerSettings,
         metrics: ServerMetrics,
         pool: EnvPool,
+        tasks: TaskCatalog,
         store: SessionStore | None = None,
     ) -> None:
         self.factory = factory
         self.settings = settings
         self.metrics = metrics
         self.pool = pool
+        self.tasks = tasks
         self.store: SessionStore = store or InMemorySessionStore()
         self.draining = False
         self._admission = asyncio.Lock()
@@ -134,12 +155,14 @@ class SessionManager:
     # --- endpoints ------------------------------------------------------------------------------
 
     async def reset(self, request: ResetRequest) -> bytes:
-        """Start an episode in a new session; 409 if a chosen `session_id` is taken, 503 when full."""
+        """Start an episode in a new session from its task (see `services.server.tasks`); 409 if a chosen
+        `session_id` is taken, 503 when full."""
         options = self._validate_options(request.options)
+        sample = await self._sample(request)
         session_id = request.session_id or uuid.uuid4().hex
         await self._reserve(session_id)
         try:
-            answer = await self.pool.start(session_id, options, request.seed, request.format)
+            answer = await self.pool.start(session_id, Task(options, request.seed, sample), request.format)
             await self.store.put(Session(id=session_id))
         finally:
             self._reserved.discard(session_id)
@@ -158,8 +181,8 @@ class SessionManager:
         async with session.lock:
             if session.closed:
                 raise _not_found(session.id)
-            if request.request_id is not None and request.request_id in session.answers:
-                return session.answers[request.request_id]
+            if (stored := session.replay(request.request_id, request.action)) is not None:
+                return stored
             if session.done:
                 raise ServiceError(ErrorCode.EPISODE_DONE, f"episode of session {session.id} is done; reset")
             started = time.perf_counter()
@@ -172,7 +195,9 @@ class SessionManager:
             self.metrics.steps.inc()
             session.done = done
             if request.request_id is not None:
-                session.remember(request.request_id, answer, self.settings.idempotency_cache_size)
+                session.remember(
+                    request.request_id, request.action, answer, self.settings.idempotency_cache_size
+                )
             await self.store.put(session)
         return answer
 
@@ -189,15 +214,14 @@ class SessionManager:
             await self._retire(session)
 
     async def ready(self) -> ReadyResponse:
-        """Readiness; 503 while draining or at capacity, so a load balancer routes elsewhere."""
+        """Readiness: not ready while draining or at capacity, so that a load balancer routes elsewhere."""
         active = await self.store.count()
-        if self.draining:
-            raise ServiceError(ErrorCode.DRAINING, "server is shutting down", self._retry_after())
-        if active + len(self._reserved) >= self.settings.max_sessions:
-            message = f"at capacity: {active} of {self.settings.max_sessions} sessions in use"
-            raise ServiceError(ErrorCode.AT_CAPACITY, message, self._retry_after())
+        full = active + len(self._reserved) >= self.settings.max_sessions
         return ReadyResponse(
-            ready=True, active_sessions=active, max_sessions=self.settings.max_sessions, draining=False
+            ready=not (full or self.draining),
+            active_sessions=active,
+            max_sessions=self.settings.max_sessions,
+            draining=self.draining,
         )
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -245,11 +269,17 @@ class SessionManager:
             message = describe_validation_errors(exc.errors(), prefix="options")
             raise ServiceError(ErrorCode.INVALID_OPTIONS, message) from None
 
+    async def _sample(self, request: ResetRequest) -> BaseModel | None:
+        """The sample a reset names by `task_id` or sends inline, resolved off the event loop."""
+        if request.task_id is None and request.sample is None:
+            return None
+        return await anyio.to_thread.run_sync(self.tasks.resolve, request)
+
     async def _reserve(self, session_id: str) -> None:
         """Claim a slot and the id for a session being created, or refuse (draining, taken, full)."""
         async with self._admission:
             if self.draining:
-                raise ServiceError(ErrorCode.DRAINING, "server is shutting down", self._retry_after())
+                raise ServiceError(ErrorCode.DRAINING, "server is shutting down", self.retry_after())
             if session_id in self._reserved or await self.store.get(session_id) is not None:
                 raise ServiceError(
                     ErrorCode.SESSION_EXISTS,
@@ -260,7 +290,7 @@ class SessionManager:
                 raise ServiceError(
                     ErrorCode.AT_CAPACITY,
                     f"at capacity: {active} of {self.settings.max_sessions} sessions in use; retry later",
-                    self._retry_after(),
+                    self.retry_after(),
                 )
             self._reserved.add(session_id)
 
@@ -289,8 +319,14 @@ class SessionManager:
     async def _update_gauge(self) -> None:
         self.metrics.active_sessions.set(await self.store.count())
 
-    def _retry_after(self) -> dict[str, str]:
+    def retry_after(self) -> dict[str, str]:
+        """The header of a 503 answer."""
         return {"Retry-After": str(self.settings.retry_after_s)}
+
+
+def _digest(action: str) -> bytes:
+    """A short fingerprint of an action, kept with its stored answer instead of the action itself."""
+    return hashlib.blake2b(action.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def _not_found(session_id: str) -> ServiceError:

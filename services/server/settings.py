@@ -6,6 +6,7 @@ variables (`VISTARL_MAX_SESSIONS=64`, `VISTARL_API_TOKEN=...`), then the default
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr
@@ -60,6 +61,16 @@ class ServerSettings(BaseSettings):
         default=10.0, gt=0, description="Grace for in-flight requests and close."
     )
 
+    data: list[Path] = Field(
+        default_factory=list,
+        description="Datasets whose splits the server serves besides the env's own: directories of "
+        "<split>.parquet files or single parquet files (docs/server.md, 'Tasks').",
+    )
+
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="Browser origins allowed to call the server (CORS), e.g. https://app.example, or '*'.",
+    )
     api_token: SecretStr | None = Field(
         default=None, description="Bearer token required on all but /health, /ready and /metrics."
     )
@@ -73,4 +84,7 @@ class ServerSettings(BaseSettings):
             max_image_bytes=self.max_image_bytes,
             max_image_pixels=self.max_image_pixels,
             max_action_chars=self.max_action_chars,
+            idempotency_cache_size=self.idempotency_cache_size,
+            env_timeout_s=self.env_timeout_s,
+            retry_after_s=self.retry_after_s,
         )

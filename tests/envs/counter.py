@@ -4,8 +4,8 @@ Loaded by import path (`load_env_factory("tests.envs.counter")`). Each observati
 image whose colour encodes the count, so image encoding is exercised. `step_delay_s` makes every step
 sleep (for concurrency and slow-episode tests), `fail_on` makes a step raise (for crash handling),
 `refuse` makes the constructor reject its options, `chatty` makes every step print to stdout (which an env
-worker process must keep off its frames), and `close_marker` names a file that `close()` creates (to
-observe shutdown).
+worker process must keep off its frames), and `close_marker` / `step_marker` name files that `close()` /
+the start of a step create (to observe shutdown, and to know that a step is running).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ class CounterOptions(BaseModel):
     image_size: int = Field(default=8, ge=1, le=512, description="Side of the square observation image.")
     fail_on: str | None = Field(default=None, description="An action that makes the step raise.")
     close_marker: str | None = Field(default=None, description="A file created when the env is closed.")
+    step_marker: str | None = Field(default=None, description="A file created when a step starts.")
     refuse: str | None = Field(default=None, description="Makes the constructor raise ValueError(refuse).")
     chatty: bool = Field(default=False, description="Print a line to stdout at every step.")
 
@@ -53,6 +54,8 @@ class CounterEnv:
         return self._observe("start"), {"target": self.options.target}
 
     def step(self, response_text: str) -> tuple[EnvObservation, bool, dict[str, Any]]:
+        if self.options.step_marker is not None:
+            Path(self.options.step_marker).touch()
         if self.options.step_delay_s:
             time.sleep(self.options.step_delay_s)
         if self.options.chatty:

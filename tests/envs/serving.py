@@ -1,4 +1,4 @@
-"""Run the counter test env as a real `vistarl serve` process on a free loopback port."""
+"""Run test envs as real `vistarl serve` processes on free loopback ports."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ COUNTER_ENV = "tests.envs.counter"
 
 
 @contextlib.contextmanager
-def counter_process(
-    *flags: str, env: dict[str, str] | None = None
+def served_process(
+    name: str, *flags: str, env: dict[str, str] | None = None
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """Serve the counter env with extra CLI `flags` and `VISTARL_*` `env`; yields (base URL, process).
+    """Serve env `name` with extra CLI `flags` and `VISTARL_*` `env`; yields (base URL, process).
 
     No bearer token unless `env` sets `VISTARL_API_TOKEN`, whatever the caller's environment holds.
     """
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    args = vistarl_cmd("serve", COUNTER_ENV, "--port", str(port), "--log-level", "warning", *flags)
+    args = vistarl_cmd("serve", name, "--port", str(port), "--log-level", "warning", *flags)
     with running_process(
         args, ready_url=f"{url}/health", env={"VISTARL_API_TOKEN": "", **(env or {})}
     ) as proc:
@@ -29,7 +29,19 @@ def counter_process(
 
 
 @contextlib.contextmanager
-def counter_server(*flags: str, env: dict[str, str] | None = None) -> Iterator[str]:
-    """Like `counter_process`, yielding only the base URL."""
-    with counter_process(*flags, env=env) as (url, _):
+def served(name: str, *flags: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """Like `served_process`, yielding only the base URL."""
+    with served_process(name, *flags, env=env) as (url, _):
         yield url
+
+
+def counter_process(
+    *flags: str, env: dict[str, str] | None = None
+) -> contextlib.AbstractContextManager[tuple[str, subprocess.Popen[bytes]]]:
+    """The counter env as a process: see `served_process`."""
+    return served_process(COUNTER_ENV, *flags, env=env)
+
+
+def counter_server(*flags: str, env: dict[str, str] | None = None) -> contextlib.AbstractContextManager[str]:
+    """The counter env's base URL: see `served`."""
+    return served(COUNTER_ENV, *flags, env=env)
