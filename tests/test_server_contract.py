@@ -98,7 +98,8 @@ def test_the_schema_declares_the_bearer_scheme_errors_and_prometheus_text(
         "description": schema["components"]["securitySchemes"]["bearer"]["description"],
     }
     paths = schema["paths"]
-    assert "security" not in paths["/health"]["get"]
+    for probe in ("/health", "/ready", "/metrics"):
+        assert "security" not in paths[probe]["get"], probe
     assert paths["/info"]["get"]["security"] == [{"bearer": []}]
     assert set(paths["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
     step = paths["/step"]["post"]["responses"]

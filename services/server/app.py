@@ -124,18 +124,18 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
         """What this env is, how to talk to it, the tasks it holds and the server's limits."""
         return info
 
-    @guarded.get("/ready", responses=READY_RESPONSES)
+    @app.get("/ready", responses=READY_RESPONSES)
     async def ready(response: Response) -> ReadyResponse:
-        """Readiness: 503 with the same object while draining or at capacity."""
+        """Readiness: 503 with the same object while draining or at capacity; never needs a token."""
         state = await manager.ready()
         if not state.ready:
             response.status_code = 503
             response.headers.update(manager.retry_after())
         return state
 
-    @guarded.get("/metrics", response_class=Response, responses=METRICS_RESPONSES)
+    @app.get("/metrics", response_class=Response, responses=METRICS_RESPONSES)
     async def get_metrics() -> Response:
-        """Prometheus text exposition of this server's registry."""
+        """Prometheus text exposition of this server's registry; never needs a token."""
         return Response(metrics.render(), media_type=metrics.content_type)
 
     @app.get("/health", responses=errors())
