@@ -19,7 +19,6 @@ import torch
 from typer.testing import CliRunner
 
 from cli.main import app
-from clients.http import RetryPolicy
 from tests.test_env_handle import env_process
 from trainer.config import RolloutConfig
 from trainer.learner.logprobs import sequence_logprobs
@@ -29,7 +28,7 @@ from trainer.queue.memory import MemoryQueue
 from trainer.queue.worker import WorkerOptions, run_worker
 from trainer.rollout.engines.hf import HFEngine
 from trainer.rollout.engines.spec import EngineSpec
-from trainer.rollout.env_handle import RemoteEnvs
+from trainer.rollout.env_handle import Envs
 from trainer.rollout.job import group_jobs
 from trainer.rollout.runner import RolloutRunner, run_jobs
 from trainer.rollout.trajectory import Status, Trajectory
@@ -80,10 +79,10 @@ async def test_hf_episodes_are_token_exact_and_match_the_trainer_logprobs(
         *group_jobs(sokoban_url, [SMALL | {"seed": 1}], 2, sampling=one_token_replies(engine), prefix="stop"),
         *group_jobs(sokoban_url, [SMALL | {"seed": 2}], 2, prefix="length"),
     ]
-    remotes = RemoteEnvs(token="", retry=RetryPolicy(max_attempts=3, deadline_s=10.0))
-    runner = RolloutRunner(engine, engine.processor, config, remotes=remotes)
+    envs = Envs(token="", outage_s=10.0)
+    runner = RolloutRunner(engine, engine.processor, config, envs=envs)
     results = [Trajectory.from_dict(t) async for t in run_jobs(runner, jobs, concurrency=4)]
-    await remotes.aclose()
+    await envs.aclose()
     by_id = {t.episode_id: t for t in results}
     prefix = engine.processor.tokenizer.encode("<|im_start|>assistant\n")
     for trajectory in by_id.values():

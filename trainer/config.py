@@ -118,6 +118,9 @@ class RolloutConfig(_Section):
     local_workers: int = Field(default=1, ge=0, description="in-process rollout workers; 0: external ones")
     collect_timeout_s: float = Field(default=1800.0, gt=0, description="longest wait for one step's episodes")
     episode_timeout_s: float | None = Field(default=600.0, gt=0, description="deadline of one episode")
+    env_outage_s: float = Field(
+        default=60.0, gt=0, description="how long a call to an env server retries through an outage"
+    )
     namespace: str = Field(default="vistarl", min_length=1, pattern=r"^[\w.-]+$")
     max_staleness: int = Field(default=0, ge=0, description="policy versions a trajectory may lag behind")
     async_mode: bool = False

@@ -9,7 +9,6 @@ OpenAPI schema adds in `openapi`, the lean path of the env endpoints in `json_ro
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -28,37 +27,27 @@ from clients.protocol import (
     StepResponse,
 )
 from services.env_api import EnvFactory
-from services.server.env_pool import create_pool
+from services.server.embedded import EnvService
 from services.server.errors import install_error_handlers
 from services.server.json_route import JSONRoute
-from services.server.metrics import ServerMetrics
 from services.server.openapi import METRICS_RESPONSES, READY_RESPONSES, errors, guarded_router
 from services.server.security import RequestGuard, cors_options
-from services.server.sessions import SessionManager
 from services.server.settings import ServerSettings
-from services.server.tasks import TaskCatalog
 
 
 def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) -> FastAPI:
     """A FastAPI app hosting sessions of `env_factory`, bounded and configured by `settings`."""
-    settings = settings or ServerSettings()
-    metrics = ServerMetrics()
-    tasks = TaskCatalog.build(env_factory, settings)
-    pool = create_pool(env_factory, settings, metrics)
-    manager = SessionManager(env_factory, settings, metrics, pool, tasks)
+    service = EnvService(env_factory, settings)
+    settings, metrics, manager = service.settings, service.metrics, service.manager
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         """Start the env pool and the idle reaper; on shutdown drain, stop the reaper and close every env."""
-        await pool.open()
-        reaper = asyncio.create_task(manager.run_reaper(), name="vistarl-session-reaper")
+        await service.start()
         try:
             yield
         finally:
-            reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reaper
-            await manager.shutdown()
+            await service.stop()
 
     app = FastAPI(
         title=f"vistarl environment: {env_factory.name}",
@@ -73,18 +62,6 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
     if settings.cors_origins:  # added last, so outermost: a preflight needs no token
         app.add_middleware(CORSMiddleware, **cors_options(settings.cors_origins))
     guarded = guarded_router(token_required=token is not None)
-
-    info = InfoResponse(
-        name=env_factory.name,
-        version=env_factory.version,
-        description=env_factory.description,
-        system_prompt=env_factory.system_prompt,
-        action_format=env_factory.action_format,
-        config_schema=env_factory.config_schema(),
-        limits=settings.limits(),
-        datasets=tasks.datasets(),
-        tools=env_factory.tools,
-    )
 
     async def reset(request: ResetRequest) -> bytes:
         """Start an episode; returns the session id and the first observation."""
@@ -122,7 +99,7 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
     @guarded.get("/info")
     async def get_info() -> InfoResponse:
         """What this env is, how to talk to it, the tasks it holds and the server's limits."""
-        return info
+        return service.info
 
     @app.get("/ready", responses=READY_RESPONSES)
     async def ready(response: Response) -> ReadyResponse:
