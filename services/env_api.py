@@ -108,6 +108,7 @@ class EnvFactory:
 
 ENV_MODULES: dict[str, str] = {
     "sokoban": "services.sokoban",
+    "geo3k": "services.geo3k",
 }
 
 
