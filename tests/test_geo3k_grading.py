@@ -123,6 +123,27 @@ def test_a_busy_pool_times_out_the_waiters_instead_of_queueing_forever() -> None
         pool.close()
 
 
+def test_many_threads_on_one_process_are_served_in_turn_none_starved() -> None:
+    pool = GraderPool(max_workers=1)
+    pool.warm()
+    verdicts: list[Verdict] = []
+    stop = time.monotonic() + 2.0
+
+    def grade_until_stop(thread: int) -> None:
+        while time.monotonic() < stop:
+            verdicts.append(pool.grade(str(thread), str(thread), 1.5))
+
+    threads = [threading.Thread(target=grade_until_stop, args=(thread,)) for thread in range(16)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+    finally:
+        pool.close()
+    assert len(verdicts) > 100 and set(verdicts) == {Verdict.CORRECT}
+
+
 ORPHAN_SCRIPT = """
 import sys, threading
 from services.geo3k.grader import GraderPool

@@ -83,6 +83,7 @@ class Geo3kEnv:
             raise ValueError("give a seed (a generated problem) or a sample, not both")
         self.options = options or Geo3kOptions()
         self.grader = grader or shared_pool()
+        self.grader.warm()
         self.sample = sample
         self.seed: int | None = None
         self.images: list[Image.Image]

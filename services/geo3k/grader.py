@@ -5,28 +5,34 @@ main thread, while the env runs in server threads, env worker processes and roll
 grading goes to a small process over a pipe (JSON lines, no pickle) and the caller waits at most
 `timeout_s` for the answer; a process that overruns is killed and replaced on demand, and the grading
 is a TIMEOUT verdict (score 0, counted by the env). A grading also waits at most `timeout_s` for a free
-process. Processes start lazily, up to `max_workers`, and are shared by every env of this process
-(`shared_pool`). The pipe round trip costs a fraction of a millisecond (docs/benchmarks.md, "Geo3k").
+process; free processes go to the longest waiter. The pool is shared by every env of this process
+(`shared_pool`) and holds up to `max_workers` processes, started in the background when the first env
+is created (`warm`), else when a grading needs one. docs/benchmarks.md ("Geo3k") measures the cost.
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import enum
 import json
+import logging
 import os
 import select
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 1.0
 READ_CHUNK = 1 << 16
 DEFAULT_WORKERS = max(1, min(4, os.cpu_count() or 1))
+
+logger = logging.getLogger(__name__)
 
 
 class Verdict(str, enum.Enum):
@@ -107,8 +113,18 @@ class GraderProcess:
         return line
 
 
+@dataclass
+class _Waiter:
+    """A grading waiting for a process: it is handed either an idle process or a free slot to start one."""
+
+    ready: threading.Event = field(default_factory=threading.Event)
+    process: GraderProcess | None = None
+    may_start: bool = False
+
+
 class GraderPool:
-    """Up to `max_workers` grading processes, each doing one grading at a time."""
+    """Up to `max_workers` grading processes, each doing one grading at a time, handed out first come,
+    first served (a free process goes to the longest waiter, so a busy pool starves no grading)."""
 
     def __init__(self, max_workers: int = DEFAULT_WORKERS, start_timeout_s: float = START_TIMEOUT_S) -> None:
         if max_workers < 1:
@@ -118,7 +134,21 @@ class GraderPool:
         self._idle: list[GraderProcess] = []
         self._all: set[GraderProcess] = set()
         self._starting = 0
-        self._changed = threading.Condition()
+        self._waiters: collections.deque[_Waiter] = collections.deque()
+        self._lock = threading.Lock()
+        self._warmed = False
+
+    def warm(self) -> None:
+        """Start the pool's processes in background threads, the first time only: an env calls this when
+        it is created, so its first grading (a model turn later) finds a process ready."""
+        with self._lock:
+            if self._warmed:
+                return
+            self._warmed = True
+            slots = self.max_workers - len(self._all) - self._starting
+            self._starting += slots
+        for _ in range(slots):
+            threading.Thread(target=self._start_idle, name="geo3k-grader-start", daemon=True).start()
 
     def grade(self, candidate: str, reference: str, timeout_s: float) -> Verdict:
         """Whether `candidate` equals `reference`, decided within about `timeout_s` (twice, at worst:
@@ -126,10 +156,9 @@ class GraderPool:
         process = self._acquire(timeout_s)
         if process is None:
             return Verdict.TIMEOUT
+        request = {"candidate": candidate, "reference": reference, "timeout_s": timeout_s}
         try:
-            reply = process.ask(
-                {"candidate": candidate, "reference": reference, "timeout_s": timeout_s}, timeout_s
-            )
+            reply = process.ask(request, timeout_s)
         except TimeoutError:
             self._discard(process)
             return Verdict.TIMEOUT
@@ -143,53 +172,87 @@ class GraderPool:
 
     def close(self) -> None:
         """Kill every grading process; the pool starts new ones if used again."""
-        with self._changed:
+        with self._lock:
             processes, self._all, self._idle = list(self._all), set(), []
-            self._changed.notify_all()
         for process in processes:
             process.kill()
 
     @property
     def size(self) -> int:
         """Grading processes alive now."""
-        with self._changed:
+        with self._lock:
             return len(self._all)
 
     def _acquire(self, wait_s: float) -> GraderProcess | None:
         """An idle process, a new one if the pool has room, or None when none frees up within `wait_s`."""
-        deadline = time.monotonic() + wait_s
-        with self._changed:
-            while not self._idle and len(self._all) + self._starting >= self.max_workers:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                self._changed.wait(remaining)
-            if self._idle:
+        with self._lock:
+            if self._idle and not self._waiters:
                 return self._idle.pop()
-            self._starting += 1
+            room = not self._waiters and len(self._all) + self._starting < self.max_workers
+            if room:
+                self._starting += 1
+            else:
+                waiter = _Waiter()
+                self._waiters.append(waiter)
+        if room:
+            return self._start()
+        waiter.ready.wait(wait_s)
+        with self._lock:
+            if waiter.process is None and not waiter.may_start:
+                self._waiters.remove(waiter)
+                return None
+        return waiter.process or self._start()
+
+    def _start(self) -> GraderProcess:
+        """Start a process in a slot already counted in `_starting`; on failure the slot passes on."""
         try:
             process = GraderProcess(self.start_timeout_s)
-        finally:
-            with self._changed:
+        except BaseException:
+            with self._lock:
                 self._starting -= 1
-                self._changed.notify()
-        with self._changed:
+                self._hand_slot()
+            raise
+        with self._lock:
+            self._starting -= 1
             self._all.add(process)
         return process
 
+    def _start_idle(self) -> None:
+        """Start a process in a counted slot and give it out; a failure is only logged (gradings retry)."""
+        try:
+            process = self._start()
+        except Exception:
+            logger.exception("a grading process failed to start in the background")
+            return
+        self._release(process)
+
     def _release(self, process: GraderProcess) -> None:
-        with self._changed:
+        """Give a process back: to the longest waiter, else to the idle list (killed if the pool closed)."""
+        with self._lock:
             if process in self._all:
-                self._idle.append(process)
-                self._changed.notify()
+                if self._waiters:
+                    waiter = self._waiters.popleft()
+                    waiter.process = process
+                    waiter.ready.set()
+                else:
+                    self._idle.append(process)
                 return
         process.kill()
 
     def _discard(self, process: GraderProcess) -> None:
+        """Kill a process whose grading failed; its slot goes to the longest waiter."""
         process.kill()
-        with self._changed:
+        with self._lock:
             self._all.discard(process)
-            self._changed.notify()
+            self._hand_slot()
+
+    def _hand_slot(self) -> None:
+        """With the lock held: let the longest waiter start a process in a free slot."""
+        if self._waiters and len(self._all) + self._starting < self.max_workers:
+            waiter = self._waiters.popleft()
+            waiter.may_start = True
+            self._starting += 1
+            waiter.ready.set()
 
 
 _shared: GraderPool | None = None
