@@ -25,11 +25,11 @@ CENTRAL_ANGLES = (30, 40, 45, 60, 72, 80, 90, 100, 120, 135, 150, 160)
 PI = sympy.pi
 
 
-def _circle(diagram: Diagram, radius: float = 1.0) -> None:
-    """The circle and its labelled centre O."""
-    diagram.circle(CENTRE, radius)
+def _circle(diagram: Diagram, name_away_from: Point = (0.0, 1.0)) -> None:
+    """The unit circle and its centre O, named on the side away from `name_away_from`."""
+    diagram.circle(CENTRE, 1.0)
     diagram.dot(CENTRE)
-    diagram.label((0.0, -0.12 * radius), "O")
+    diagram.label(CENTRE, "O", name_away_from)
 
 
 def area_or_circumference(rng: random.Random) -> Draft:
@@ -38,12 +38,11 @@ def area_or_circumference(rng: random.Random) -> Draft:
     by_diameter, ask_area = rng.random() < 0.5, rng.random() < 0.5
     turn = rng.uniform(0, 180)
     edge, opposite = polar(1.0, turn), polar(-1.0, turn)
+    start = opposite if by_diameter else CENTRE
     diagram = Diagram()
-    _circle(diagram)
-    diagram.segment(opposite if by_diameter else CENTRE, edge)
-    diagram.side_label(
-        opposite if by_diameter else CENTRE, edge, str(2 * r if by_diameter else r), (0.0, 0.3)
-    )
+    _circle(diagram, name_away_from=polar(0.5, turn + 90))
+    diagram.segment(start, edge)
+    diagram.side_label(start, edge, str(2 * r if by_diameter else r), polar(0.5, turn - 90))
     if ask_area:
         answer, wrong = r * r * PI, (2 * r * PI, 4 * r * r * PI, r * PI)
     else:

@@ -26,6 +26,7 @@ FONT_SIZE = 22
 LABEL_GAP = 18
 ANGLE_RADIUS = 26
 RIGHT_MARK = 14
+MAX_LABEL_REACH = 100
 INK = 0
 PAPER = 255
 
@@ -90,9 +91,9 @@ class Painter:
             self.draw.arc([v[0] - r, v[1] - r, v[0] + r, v[1] + r], start, start + sweep, fill=INK, width=2)
         if text is not None:
             mid = math.radians(start + sweep / 2)
-            narrow = 12 if sweep < 40 else 0
-            wide = max(0.0, _font().getlength(text) / 2 - LABEL_GAP)
-            reach = ANGLE_RADIUS + 5 * arcs + LABEL_GAP + narrow + wide
+            half_width = _font().getlength(text) / 2 + 4
+            clear_of_sides = half_width / max(math.sin(math.radians(sweep / 2)), 0.05)
+            reach = min(max(ANGLE_RADIUS + 5 * arcs + LABEL_GAP, clear_of_sides), MAX_LABEL_REACH)
             self.text((v[0] + reach * math.cos(mid), v[1] + reach * math.sin(mid)), text)
 
     def right_angle(self, vertex: Point, a: Point, b: Point) -> None:
