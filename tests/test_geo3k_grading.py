@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import threading
@@ -142,6 +143,24 @@ def test_many_threads_on_one_process_are_served_in_turn_none_starved() -> None:
     finally:
         pool.close()
     assert len(verdicts) > 100 and set(verdicts) == {Verdict.CORRECT}
+
+
+def test_grading_works_with_descriptors_past_selects_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the descriptor limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    pool = GraderPool(max_workers=1)
+    try:
+        assert pool.grade("0.5", "\\frac{1}{2}", 30.0) is Verdict.CORRECT
+        (process,) = pool._all
+        assert process.process.stdout is not None and process.process.stdout.fileno() > 1024
+    finally:
+        pool.close()
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 ORPHAN_SCRIPT = """

@@ -18,6 +18,7 @@ import contextlib
 import enum
 import json
 import logging
+import math
 import os
 import select
 import subprocess
@@ -66,13 +67,17 @@ class GraderProcess:
         """Start the process and wait (at most `start_timeout_s`) until it says it is ready."""
         command = [sys.executable, "-m", "services.geo3k.grade_worker"]
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert self.process.stdout is not None
+        self._fd = self.process.stdout.fileno()
+        self._poller = select.poll()
+        self._poller.register(self._fd, select.POLLIN)
         self._buffer = b""
         try:
-            ready = self._read_line(time.monotonic() + start_timeout_s)
-        except (TimeoutError, GraderExitedError) as exc:
+            ready = json.loads(self._read_line(time.monotonic() + start_timeout_s))
+        except (TimeoutError, GraderExitedError, ValueError) as exc:
             self.kill()
             raise GraderStartError(f"the grading process did not start: {exc}") from None
-        if json.loads(ready) != {"ready": True}:
+        if ready != {"ready": True}:
             self.kill()
             raise GraderStartError(f"the grading process said {ready!r} instead of being ready")
 
@@ -98,14 +103,13 @@ class GraderProcess:
                     stream.close()
 
     def _read_line(self, deadline: float) -> bytes:
-        """The next output line, waiting no later than `deadline` (monotonic seconds)."""
-        assert self.process.stdout is not None
-        fd = self.process.stdout.fileno()
+        """The next output line, waiting no later than `deadline` (monotonic seconds). `poll`, not
+        `select`: a busy server's descriptors pass select's limit of 1024."""
         while b"\n" not in self._buffer:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            if remaining <= 0 or not self._poller.poll(math.ceil(remaining * 1000)):
                 raise TimeoutError("no answer in time")
-            chunk = os.read(fd, READ_CHUNK)
+            chunk = os.read(self._fd, READ_CHUNK)
             if not chunk:
                 raise GraderExitedError(f"the grading process exited with {self.process.poll()}")
             self._buffer += chunk
