@@ -95,7 +95,7 @@ class Geo3kEnv:
             self.seed = seed if seed is not None else secrets.randbelow(2**31)
             generated = generate(self.seed)
             self.problem, self.answer, self.choices = generated.problem, generated.answer, generated.choices
-            self.id = f"generated-{self.seed}"
+            self.id = generated.id
             self.images = [generated.image]
         self.episode = EpisodeState()
 

@@ -81,8 +81,3 @@ class Geo3kSample(BaseModel):
         if self.answer not in choices:
             raise ValueError(f"answer: {self.answer!r} is neither one of the choices nor a choice letter")
         return self.answer
-
-    @property
-    def correct_letter(self) -> str | None:
-        """The letter of the correct choice, or None without choices."""
-        return None if self.choices is None else LETTERS[self.choices.index(self.answer)]

@@ -46,6 +46,11 @@ class GeneratedProblem:
     choices: list[str] | None
     image: Image.Image
 
+    @property
+    def id(self) -> str:
+        """The problem's id in samples: `generated-<seed>`."""
+        return f"generated-{self.seed}"
+
     def sample(self) -> dict[str, Any]:
         """The problem as a JSON-safe row of the sample schema (the image as a PNG data URL)."""
         return {
@@ -53,7 +58,7 @@ class GeneratedProblem:
             "answer": self.answer,
             "images": [encode_image(self.image)],
             "choices": self.choices,
-            "id": f"generated-{self.seed}",
+            "id": self.id,
         }
 
 

@@ -13,6 +13,7 @@ from services.geo3k.generator.draft import (
     hint_unless_integer,
     point_names,
     rational,
+    right_triangle,
     sqrt,
 )
 
@@ -110,12 +111,7 @@ def triangle_area(rng: random.Random) -> Draft:
 def right_triangle_perimeter(rng: random.Random) -> Draft:
     """A right triangle with both legs labelled; find its perimeter."""
     a, b = rng.randint(2, 12), rng.randint(2, 12)
-    vertices = [(0.0, 0.0), (float(a), 0.0), (0.0, float(b))]
-    diagram = Diagram()
-    middle = _named(diagram, rng, vertices)
-    diagram.right_angle(vertices[0], vertices[1], vertices[2])
-    diagram.side_label(vertices[0], vertices[1], str(a), middle)
-    diagram.side_label(vertices[0], vertices[2], str(b), middle)
+    diagram = right_triangle(rng, (a, b), (str(a), str(b), None))
     answer = a + b + sqrt(a * a + b * b)
     wrong = (rational(a + b), rational(2 * (a + b)), a + b + sqrt(abs(a * a - b * b)))
     statement = "Find the perimeter of the triangle." + hint_unless_integer(answer)

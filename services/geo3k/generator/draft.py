@@ -82,6 +82,21 @@ def draw_triangle(diagram: Diagram, vertices: tuple[Point, Point, Point], names:
     return middle
 
 
+def right_triangle(
+    rng: random.Random, legs: tuple[float, float], labels: tuple[str, str, str | None]
+) -> Diagram:
+    """A named right triangle with legs along the axes, its right angle marked; the labels go on the
+    horizontal leg, the vertical leg and the hypotenuse (None: unlabelled)."""
+    vertices = ((0.0, 0.0), (float(legs[0]), 0.0), (0.0, float(legs[1])))
+    diagram = Diagram()
+    middle = draw_triangle(diagram, vertices, point_names(rng, 3))
+    diagram.right_angle(vertices[0], vertices[1], vertices[2])
+    for (p, q), label in zip(((0, 1), (0, 2), (1, 2)), labels, strict=True):
+        if label is not None:
+            diagram.side_label(vertices[p], vertices[q], label, middle)
+    return diagram
+
+
 def sqrt(value: int) -> sympy.Expr:
     """The exact square root of an integer, simplified (`sqrt(12)` is `2*sqrt(3)`)."""
     return sympy.sqrt(sympy.Integer(value))
@@ -93,7 +108,7 @@ def rational(numerator: int, denominator: int = 1) -> sympy.Expr:
 
 
 def hint_unless_integer(answer: sympy.Expr) -> str:
-    """ " Give the exact value." after a question whose answer is not a whole number, else ""."""
+    """The hint to append for an answer that is not a whole number (" Give the exact value."), else ""."""
     return "" if answer.is_Integer else " " + EXACT_HINT
 
 

@@ -17,6 +17,7 @@ from services.geo3k.generator.draft import (
     polar,
     rational,
     rejection,
+    right_triangle,
     sqrt,
     triangle,
 )
@@ -25,13 +26,7 @@ from services.geo3k.generator.draft import (
 def pythagoras_hypotenuse(rng: random.Random) -> Draft:
     """Right triangle with both legs given; find the hypotenuse."""
     a, b = rng.randint(2, 15), rng.randint(2, 15)
-    vertices = ((0.0, 0.0), (float(a), 0.0), (0.0, float(b)))
-    diagram = Diagram()
-    middle = draw_triangle(diagram, vertices, point_names(rng, 3))
-    diagram.right_angle(vertices[0], vertices[1], vertices[2])
-    diagram.side_label(vertices[0], vertices[1], str(a), middle)
-    diagram.side_label(vertices[0], vertices[2], str(b), middle)
-    diagram.side_label(vertices[1], vertices[2], "x", middle)
+    diagram = right_triangle(rng, (a, b), (str(a), str(b), "x"))
     answer = sqrt(a * a + b * b)
     wrong = (rational(a + b), sqrt(abs(a * a - b * b)), answer + 1, rational(a * b, 2))
     return Draft(
@@ -47,14 +42,7 @@ def pythagoras_hypotenuse(rng: random.Random) -> Draft:
 def pythagoras_leg(rng: random.Random) -> Draft:
     """Right triangle with the hypotenuse and one leg given; find the other leg."""
     a, c = rejection(rng, lambda r: _leg_and_hypotenuse(r.randint(2, 14), r.randint(3, 20)))
-    b = (c * c - a * a) ** 0.5
-    vertices = ((0.0, 0.0), (float(a), 0.0), (0.0, b))
-    diagram = Diagram()
-    middle = draw_triangle(diagram, vertices, point_names(rng, 3))
-    diagram.right_angle(vertices[0], vertices[1], vertices[2])
-    diagram.side_label(vertices[0], vertices[1], str(a), middle)
-    diagram.side_label(vertices[0], vertices[2], "x", middle)
-    diagram.side_label(vertices[1], vertices[2], str(c), middle)
+    diagram = right_triangle(rng, (a, (c * c - a * a) ** 0.5), (str(a), "x", str(c)))
     answer = sqrt(c * c - a * a)
     wrong = (sqrt(c * c + a * a), rational(c - a), rational(c + a), answer + 1)
     return Draft(
