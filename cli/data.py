@@ -80,7 +80,7 @@ def geo3k_command(
     ],
 ) -> None:
     """Convert the real Geometry3K parquet files into Geo3k samples, one parquet per split."""
-    from services.geo3k.dataset import ConversionError, convert, count_rows, source_files
+    from services.geo3k.geometry3k import ConversionError, convert, count_rows, source_files
 
     console = Console()
     try:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import random
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from services.geo3k import Geo3kEnv, Geo3kOptions, Geo3kSample
+from services.geo3k import Geo3kEnv, Geo3kOptions, Geo3kSample, build_env
 from services.geo3k.generator import generate
 from services.geo3k.sample import LETTERS
 
@@ -209,6 +210,18 @@ def test_a_sample_is_played_like_a_generated_problem() -> None:
     assert info["seed"] is None and info["id"] == "generated-21"
     assert obs["images"][0].tobytes() == generated.image.tobytes()
     assert env.step(call(generated.answer))[2]["outcome"] == "correct"
+
+
+def test_build_env_takes_the_seeds_arguments_and_options() -> None:
+    env = build_env(args=SimpleNamespace(max_turns=2), seed=9)
+    assert env.options.max_turns == 2 and env.answer == generate(9).answer
+    assert build_env(args=SimpleNamespace(max_turns=2), max_turns=4).options.max_turns == 4
+    row = generate(10).sample()
+    assert build_env(sample=row).answer == row["answer"]
+    with pytest.raises(TypeError, match="mapping"):
+        build_env(sample=["not", "a", "row"])
+    with pytest.raises(ValueError, match="max_turns"):
+        build_env(max_turns=0)
 
 
 def random_turn(rng: random.Random, env: Geo3kEnv) -> str:

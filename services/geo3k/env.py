@@ -249,14 +249,14 @@ class Geo3kEnv:
         return verdict
 
 
-def build_env(sample: Any = None, args: Any = None, **config: Any) -> Geo3kEnv:
-    """The seeds' hook: an env for a dataset row (a mapping in the sample schema, or a `Geo3kSample`), or for
-    a random generated problem without one. `config` holds env options; `args.max_turns` (the trainer's
-    arguments in the seeds) is the default number of turns."""
+def build_env(sample: Any = None, args: Any = None, seed: int | None = None, **config: Any) -> Geo3kEnv:
+    """The seeds' hook: an env for a dataset row (a mapping in the sample schema, or a `Geo3kSample`), else
+    for the generated problem of `seed` (random when None). `config` holds env options; `args.max_turns`
+    (the trainer's arguments in the seeds) is the default number of turns."""
     max_turns = getattr(args, "max_turns", None)
     options = Geo3kOptions.model_validate({**({"max_turns": max_turns} if max_turns else {}), **config})
     if sample is None or isinstance(sample, Geo3kSample):
-        return Geo3kEnv(options, sample=sample)
+        return Geo3kEnv(options, seed, sample)
     if not isinstance(sample, Mapping):
         raise TypeError(f"sample must be a mapping in the Geo3k sample schema, got {type(sample).__name__}")
-    return Geo3kEnv(options, sample=Geo3kSample.model_validate(dict(sample)))
+    return Geo3kEnv(options, seed, Geo3kSample.model_validate(dict(sample)))
