@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from services.geo3k import Geo3kEnv, Geo3kOptions, Geo3kSample, build_env
+from services.geo3k import ENV_FACTORY, Geo3kEnv, Geo3kOptions, Geo3kSample, build_env
 from services.geo3k.generator import generate
 from services.geo3k.sample import LETTERS
+from services.geo3k.tool_call import TOOL_NAMES
 
 
 def call(
@@ -210,6 +211,17 @@ def test_a_sample_is_played_like_a_generated_problem() -> None:
     assert info["seed"] is None and info["id"] == "generated-21"
     assert obs["images"][0].tobytes() == generated.image.tobytes()
     assert env.step(call(generated.answer))[2]["outcome"] == "correct"
+
+
+def test_the_factory_builds_from_a_seed_or_a_sample_and_publishes_the_tool() -> None:
+    options = Geo3kOptions()
+    sample = Geo3kSample.model_validate(generate(12).sample())
+    assert ENV_FACTORY.create(options, 12, None).answer == ENV_FACTORY.create(options, None, sample).answer
+    with pytest.raises(ValueError, match="not both"):
+        ENV_FACTORY.create(options, 12, sample)
+    (tool,) = ENV_FACTORY.tools
+    assert tool["type"] == "function" and tool["function"]["name"] in TOOL_NAMES
+    assert tool["function"]["parameters"]["required"] == ["answer"]
 
 
 def test_build_env_takes_the_seeds_arguments_and_options() -> None:
