@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import resource
@@ -16,7 +17,7 @@ from services.geo3k import Geo3kEnv, Geo3kOptions, Geo3kSample
 from services.geo3k.answers import choice_letter, last_boxed
 from services.geo3k.equivalence import answers_match
 from services.geo3k.generator import generate
-from services.geo3k.grader import GraderPool, Verdict
+from services.geo3k.grader import GraderPool, Verdict, shared_pool
 
 SLOW = "9^{9^{9}}"
 """An answer whose value sympy computes exactly: hundreds of millions of digits, minutes of work."""
@@ -218,3 +219,18 @@ def test_grading_processes_need_no_pickle_and_survive_a_bad_request() -> None:
     finally:
         worker.kill()
         worker.wait(timeout=10)
+
+
+def test_a_forked_child_gets_its_own_pool_and_leaves_the_parents_alone() -> None:
+    parent_pool = shared_pool()
+    assert parent_pool.grade("1", "1", 30.0) is Verdict.CORRECT
+    processes = list(parent_pool._all)
+    child = os.fork()
+    if child == 0:
+        ok = shared_pool() is not parent_pool
+        atexit._run_exitfuncs()
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert all(_alive(process.process.pid) for process in processes)
+    assert parent_pool.grade("2", "2", 30.0) is Verdict.CORRECT

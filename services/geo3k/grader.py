@@ -259,15 +259,23 @@ class GraderPool:
             waiter.ready.set()
 
 
-_shared: GraderPool | None = None
+_shared: dict[int, GraderPool] = {}
 _shared_lock = threading.Lock()
 
 
 def shared_pool() -> GraderPool:
-    """This process's grading pool, created on first use and closed at exit."""
-    global _shared
+    """This process's grading pool, created on first use and closed at exit. Keyed by process id: a
+    forked child gets its own pool rather than talking over its parent's pipes, and leaves the parent's
+    processes alone when it exits."""
     with _shared_lock:
-        if _shared is None:
-            _shared = GraderPool()
-            atexit.register(_shared.close)
-        return _shared
+        pool = _shared.get(os.getpid())
+        if pool is None:
+            pool = _shared[os.getpid()] = GraderPool()
+            atexit.register(_close_own, os.getpid(), pool)
+        return pool
+
+
+def _close_own(owner: int, pool: GraderPool) -> None:
+    """At exit, close `pool` if this is the process that made it (a forked child inherits the handler)."""
+    if os.getpid() == owner:
+        pool.close()
