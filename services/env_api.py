@@ -115,6 +115,7 @@ class EnvFactory:
 ENV_MODULES: dict[str, str] = {
     "sokoban": "services.sokoban",
     "vsi": "services.vsi",
+    "geo3k": "services.geo3k",
 }
 
 
