@@ -1,10 +1,5 @@
-"""`vistarl data ...`: build data sets.
-
-`vistarl data sokoban` writes the Sokoban parquet splits; `vistarl data vsi` imports VSI-Bench's questions.
-"""
-
-"""`vistarl data ...`: build training data sets: `sokoban` writes the Sokoban parquet splits, `geo3k`
-converts the real Geometry3K parquet into Geo3k samples."""
+"""`vistarl data ...`: build data sets: `sokoban` writes the Sokoban parquet splits, `geo3k` converts the
+real Geometry3K parquet into Geo3k samples, `vsi` imports VSI-Bench's questions."""
 
 from __future__ import annotations
 
