@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Callable, Mapping
+import random
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict
 
@@ -73,6 +74,15 @@ def user_message(obs: EnvObservation) -> dict[str, Any]:
     return {"role": "user", "content": [*images, {"type": "text", "text": obs["text"]}]}
 
 
+@dataclass(frozen=True)
+class EpisodeScore:
+    """A finished episode as a benchmark sees it: the env's text metrics, numeric metrics and reward."""
+
+    labels: Mapping[str, str]
+    metrics: Mapping[str, float]
+    reward: float
+
+
 def no_splits() -> dict[str, TaskSplit]:
     """The `splits` of an env that holds no datasets."""
     return {}
@@ -103,6 +113,10 @@ class EnvFactory:
     """The splits the env holds built in, by name; called once per process, on first use."""
     tools: list[dict[str, Any]] = field(default_factory=list)
     """The env's actions as OpenAI function-tool schemas, for chat-completion agents."""
+    random_reply: Callable[[str, random.Random], str] | None = None
+    """A baseline policy (`vistarl eval --dummy`): a random valid reply, given the conversation's text."""
+    benchmark: Callable[[Sequence[EpisodeScore]], dict[str, float]] | None = None
+    """How the env's benchmark turns finished episodes into its scores (VSI-Bench's per-task, overall)."""
     import_path: str | None = None
     """The module that defines this factory as `ENV_FACTORY` (`__name__` there), from which env worker
     processes load it; `load_env_factory` fills it in when a module leaves it out."""

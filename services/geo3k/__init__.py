@@ -9,7 +9,7 @@ from pydantic import BaseModel
 from services.env_api import EnvFactory
 from services.geo3k.env import Geo3kEnv, build_env
 from services.geo3k.options import Geo3kOptions
-from services.geo3k.prompt import ACTION_FORMAT, SYSTEM_PROMPT
+from services.geo3k.prompt import ACTION_FORMAT, SYSTEM_PROMPT, random_reply
 from services.geo3k.sample import Geo3kSample
 from services.geo3k.splits import builtin_splits
 
@@ -67,5 +67,6 @@ ENV_FACTORY = EnvFactory(
     sample_model=Geo3kSample,
     splits=builtin_splits,
     tools=TOOLS,
+    random_reply=random_reply,
     import_path=__name__,
 )

@@ -3,6 +3,7 @@ tool's feedback messages, one per row of the step table in docs/geo3k.md."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 from services.geo3k.sample import IMAGE_PLACEHOLDER, LETTERS
@@ -69,3 +70,12 @@ def wrong_answer(answer: str, last_chance: bool) -> str:
     """The checker's reply to a wrong answer, with the final-answer warning on the last chance."""
     text = f"calc_score result: 0.0. Parsed answer '{answer}' does not match the reference. {WRONG_HINT}"
     return f"{text} {LAST_CHANCE}" if last_chance else text
+
+
+def random_reply(conversation: str, rng: random.Random) -> str:
+    """The random player's reply (`vistarl eval --dummy`): a `calc_score` call on a random small integer,
+    or (one time in three) a final answer of one."""
+    guess = rng.randint(1, 20)
+    if rng.random() < 1 / 3:
+        return FINAL_ANSWER_FORM.replace("$Answer", str(guess))
+    return CALL_FORMAT.replace("<your answer>", str(guess))

@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from services.env_api import EnvFactory
+from services.sokoban.actions import random_reply
 from services.sokoban.env import SokobanEnv, build_env
 from services.sokoban.options import SokobanOptions
 from services.sokoban.prompt import ACTION_FORMAT, system_prompt
@@ -54,5 +55,6 @@ ENV_FACTORY = EnvFactory(
     create=_create,
     restore=SokobanEnv.from_state,
     sample_model=SokobanSample,
+    random_reply=random_reply,
     import_path=__name__,
 )

@@ -34,7 +34,7 @@ from services.server.errors import ServiceError
 from services.server.settings import ServerSettings
 from trainer.rollout.job import EpisodeJob
 
-__all__ = ["EnvError", "EnvHandle", "EnvSessions", "Envs", "is_url"]
+__all__ = ["EnvError", "EnvHandle", "EnvSessions", "Envs", "describe_env", "is_url"]
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +167,15 @@ class Envs:
             *(sessions.client.shutdown() for sessions in remote),
             *(sessions.service.stop() for sessions in local),
         )
+
+
+async def describe_env(spec: str) -> InfoResponse:
+    """The `/info` of the env `spec` names (its tasks, limits, prompts), from the server or in process."""
+    envs = Envs()
+    try:
+        return await (await envs.open(spec)).sessions.describe()
+    finally:
+        await envs.aclose()
 
 
 class EnvHandle:
