@@ -14,11 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from typer.testing import CliRunner
 
 from cli.main import app
+from services.env_api import load_env_factory
 from tests.test_env_handle import env_process
 from trainer.config import RolloutConfig
 from trainer.learner.logprobs import sequence_logprobs
@@ -168,3 +171,32 @@ def test_the_rollout_command_writes_trajectories_and_a_summary(tiny_qwen25: Path
         app, [*args[:5], "--episodes", "3", "--group-size", "2", "--out", str(out)], env={"COLUMNS": "200"}
     )
     assert bad.exit_code != 0 and "do not split into groups of 2" in bad.output
+
+
+def test_the_rollout_command_plays_an_envs_split_and_a_parquet_of_samples(
+    tiny_qwen25: Path, tmp_path: Path
+) -> None:
+    rows = [load_env_factory("geo3k").splits()["test"][index] for index in (5, 6)]
+    tasks = tmp_path / "tasks.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), tasks)
+    common = [
+        "rollout",
+        "--env",
+        "geo3k",
+        "--engine",
+        f"hf:{tiny_qwen25}",
+        "--episodes",
+        "2",
+        "--max-turns",
+        "1",
+    ]
+    played = {}
+    for name, flags in {"split": ["--task-split", "test"], "parquet": ["--tasks", str(tasks)]}.items():
+        out = tmp_path / f"{name}.jsonl"
+        done = CliRunner().invoke(app, [*common, *flags, "--out", str(out), "--max-new-tokens", "2"])
+        assert done.exit_code == 0, done.output
+        played[name] = [json.loads(line)["images"] for line in out.read_text().splitlines()]
+    assert played["split"][0] != played["split"][1], "groups play the split's rows 0 and 1"
+    assert all(images for images in played["split"] + played["parquet"])
+    both = CliRunner().invoke(app, [*common, "--task-split", "test", "--tasks", str(tasks), "--out", "x"])
+    assert both.exit_code != 0 and "not both" in both.output
