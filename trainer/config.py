@@ -272,6 +272,7 @@ class SFTConfig(_Section):
     )
     epochs: int = Field(default=1, ge=1)
     batch_size: int = Field(default=16, ge=1, description="trajectories per optimizer step")
+    lr: float | None = Field(default=None, gt=0, description="the SFT learning rate; None: optim.lr")
     min_reward: float | None = Field(
         default=None, description="keep only trajectories whose episode reward is at least this"
     )
