@@ -20,7 +20,7 @@ from trainer.rollout.trajectory import Status, Trajectory
 
 def rollout(
     env: Annotated[str, typer.Option(help="Env server URL, registered env name, or env import path.")],
-    engine: Annotated[str, typer.Option(help="hf:DIR (in-process transformers) or sglang:URL.")],
+    engine: Annotated[str, typer.Option(help="hf:DIR (in-process transformers), hf:URL or sglang:URL.")],
     out: Annotated[Path, typer.Option(help="Output file: one trajectory per line (JSON).")],
     episodes: Annotated[int, typer.Option(min=1, help="Episodes in all; a multiple of --group-size.")] = 8,
     group_size: Annotated[int, typer.Option(min=1, help="Samples per env seed; they share a group_id.")] = 1,
