@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict
@@ -73,6 +74,12 @@ def user_message(obs: EnvObservation) -> dict[str, Any]:
     return {"role": "user", "content": [*images, {"type": "text", "text": obs["text"]}]}
 
 
+def tool_call_markup(name: str, arguments: Mapping[str, Any]) -> str:
+    """The response text of a tool call in the `<tool_call>` form Qwen's chat templates write: the
+    `tool_call_text` of an env whose own response format is that form (docs/agents.md)."""
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': dict(arguments)})}</tool_call>"
+
+
 def no_splits() -> dict[str, TaskSplit]:
     """The `splits` of an env that holds no datasets."""
     return {}
@@ -103,6 +110,9 @@ class EnvFactory:
     """The splits the env holds built in, by name; called once per process, on first use."""
     tools: list[dict[str, Any]] = field(default_factory=list)
     """The env's actions as OpenAI function-tool schemas, for chat-completion agents."""
+    tool_call_text: Callable[[str, Mapping[str, Any]], str] = tool_call_markup
+    """The response text that a call of one of `tools` stands for (its arguments already valid against
+    the tool's schema); `/step` with a `tool_call` steps with it. A ValueError names what is wrong."""
     import_path: str | None = None
     """The module that defines this factory as `ENV_FACTORY` (`__name__` there), from which env worker
     processes load it; `load_env_factory` fills it in when a module leaves it out."""

@@ -1,15 +1,16 @@
 """The environment server: `create_app(env_factory, settings)` serves one env over the wire protocol.
 
 Endpoints (see docs/server.md): POST /reset, POST /step, POST /format, DELETE /sessions/{id},
-GET /info, GET /health, GET /ready, GET /metrics. Session rules live in `sessions`, tasks in `tasks`,
-where envs run in `env_pool`, error shapes in `errors`, auth and the body limit in `security`, what the
-OpenAPI schema adds in `openapi`, the lean path of the env endpoints in `json_route` (all in
-`services.server`); this module only wires them together.
+GET /info, GET /health, GET /ready, GET /metrics; MCP at /mcp; the browser playground at GET /play and
+GET /play/replay. The sessions and what runs them come from `runtime` (session rules in `sessions`,
+tasks in `tasks`, where envs run in `env_pool`); error shapes live in `errors`, auth and the body limit
+in `security`, what the OpenAPI schema adds in `openapi`, the lean path of the env endpoints in
+`json_route`, tool calls as actions in `tool_calls`, the MCP tools in `mcp_tools`, the pages in `play`
+(all in `services.server`); this module only wires them together.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -28,37 +29,30 @@ from clients.protocol import (
     StepResponse,
 )
 from services.env_api import EnvFactory
-from services.server.env_pool import create_pool
 from services.server.errors import install_error_handlers
 from services.server.json_route import JSONRoute
-from services.server.metrics import ServerMetrics
+from services.server.mcp_tools import EnvTools
 from services.server.openapi import METRICS_RESPONSES, READY_RESPONSES, errors, guarded_router
-from services.server.security import RequestGuard, cors_options
-from services.server.sessions import SessionManager
+from services.server.play import PLAY_PATHS, play_routes
+from services.server.runtime import EnvRuntime
+from services.server.security import OPEN_PATHS, RequestGuard, cors_options
 from services.server.settings import ServerSettings
-from services.server.tasks import TaskCatalog
+from services.server.tool_calls import ToolActions
 
 
 def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) -> FastAPI:
     """A FastAPI app hosting sessions of `env_factory`, bounded and configured by `settings`."""
     settings = settings or ServerSettings()
-    metrics = ServerMetrics()
-    tasks = TaskCatalog.build(env_factory, settings)
-    pool = create_pool(env_factory, settings, metrics)
-    manager = SessionManager(env_factory, settings, metrics, pool, tasks)
+    runtime = EnvRuntime.build(env_factory, settings)
+    manager, metrics, tasks = runtime.manager, runtime.metrics, runtime.tasks
+    tool_actions = ToolActions(env_factory)
+    mcp = EnvTools(runtime)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        """Start the env pool and the idle reaper; on shutdown drain, stop the reaper and close every env."""
-        await pool.open()
-        reaper = asyncio.create_task(manager.run_reaper(), name="vistarl-session-reaper")
-        try:
+        """Run the sessions (env pool, reaper; drained on shutdown) and the MCP endpoint's task group."""
+        async with runtime.running(), mcp.http_running():
             yield
-        finally:
-            reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reaper
-            await manager.shutdown()
 
     app = FastAPI(
         title=f"vistarl environment: {env_factory.name}",
@@ -69,7 +63,13 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
     )
     install_error_handlers(app, metrics)
     token = None if settings.api_token is None else settings.api_token.get_secret_value()
-    app.add_middleware(RequestGuard, max_bytes=settings.max_body_bytes, metrics=metrics, token=token)
+    app.add_middleware(
+        RequestGuard,
+        max_bytes=settings.max_body_bytes,
+        metrics=metrics,
+        token=token,
+        open_paths=OPEN_PATHS | PLAY_PATHS,
+    )
     if settings.cors_origins:  # added last, so outermost: a preflight needs no token
         app.add_middleware(CORSMiddleware, **cors_options(settings.cors_origins))
     guarded = guarded_router(token_required=token is not None)
@@ -91,8 +91,8 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
         return await manager.reset(request)
 
     async def step(request: StepRequest) -> bytes:
-        """Apply one action to a session."""
-        return await manager.step(request)
+        """Apply one action (the response text, or a call of one of the env's tools) to a session."""
+        return await manager.step(tool_actions.resolve(request))
 
     async def format_observation(request: FormatRequest) -> bytes:
         """Turn an observation into the env's chat message."""
@@ -144,4 +144,5 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
         return HealthResponse()
 
     app.include_router(guarded)
+    app.router.routes.extend([*mcp.http_routes(settings), *play_routes()])
     return app

@@ -8,6 +8,7 @@ from services.env_api import EnvFactory
 from services.sokoban.env import SokobanEnv, build_env
 from services.sokoban.options import SokobanOptions
 from services.sokoban.prompt import ACTION_FORMAT, system_prompt
+from services.sokoban.tools import TOOLS, tool_call_text
 
 __all__ = ["ENV_FACTORY", "SokobanEnv", "SokobanOptions", "build_env"]
 
@@ -32,5 +33,7 @@ ENV_FACTORY = EnvFactory(
     options_model=SokobanOptions,
     create=_create,
     restore=SokobanEnv.from_state,
+    tools=TOOLS,
+    tool_call_text=tool_call_text,
     import_path=__name__,
 )

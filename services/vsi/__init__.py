@@ -11,7 +11,7 @@ from services.vsi.options import VsiOptions
 from services.vsi.prompt import ACTION_FORMAT, system_prompt
 from services.vsi.question import VsiQuestion
 from services.vsi.splits import splits
-from services.vsi.tools import TOOLS
+from services.vsi.tools import TOOLS, tool_call_text
 
 __all__ = ["ENV_FACTORY", "VsiEnv", "VsiOptions", "VsiQuestion", "build_env"]
 
@@ -41,5 +41,6 @@ ENV_FACTORY = EnvFactory(
     action_format=ACTION_FORMAT,
     splits=splits,
     tools=TOOLS,
+    tool_call_text=tool_call_text,
     import_path=__name__,
 )
