@@ -108,6 +108,8 @@ async def test_a_sokoban_episode_plays_to_the_end_over_http(url: str) -> None:
         assert isinstance(image, types.ImageContent) and image.mime_type == "image/png"
         assert Image.open(io.BytesIO(base64.b64decode(image.data))).size == (384, 384)
         assert "[Observation]" in text(first) and "#" in text(first)  # the text grid of render_mode both
+        assert isinstance(first.structured_content, dict)
+        await client.call_tool("end_episode", {"session_id": first.structured_content["session_id"]})
         session, turns = await play_to_the_end(client, {"seed": 11})
         last = turns[-1]
         assert last["done"] and last["info"]["success"] is True
@@ -163,6 +165,26 @@ async def test_bad_arguments_are_tool_errors(
         result = await client.call_tool(tool, arguments)
     assert result.is_error
     assert expected in text(result)
+
+
+async def test_mcp_episodes_count_against_the_servers_capacity(url: str) -> None:
+    free = httpx.get(f"{url}/ready").json()
+    async with http_client(url) as client:
+        started = [
+            (await call(client, "start_episode", seed=n))["session_id"]
+            for n in range(free["max_sessions"] - free["active_sessions"])
+        ]
+        assert httpx.post(f"{url}/reset", json={}, headers=AUTH).status_code == 503
+        full = await client.call_tool("start_episode", {"seed": 0})
+        assert full.is_error and text(full).startswith("at_capacity:")
+        for session in started:
+            await client.call_tool("end_episode", {"session_id": session})
+    assert httpx.get(f"{url}/ready").json()["active_sessions"] == free["active_sessions"]
+
+
+def test_mcp_and_the_pages_are_not_in_the_openapi_schema(url: str) -> None:
+    paths = httpx.get(f"{url}/openapi.json", headers=AUTH).json()["paths"]
+    assert "/step" in paths and not [path for path in paths if path.startswith(("/mcp", "/play"))]
 
 
 async def test_an_unknown_tool_is_a_protocol_error(url: str) -> None:

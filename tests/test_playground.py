@@ -60,7 +60,7 @@ def page(browser: Browser) -> Iterator[Page]:
     opened = browser.new_page()
     opened.set_default_timeout(WAIT_MS)
     script_errors: list[Exception] = []
-    opened.on("pageerror", script_errors.append)
+    opened.on("pageerror", lambda error: script_errors.append(error))
     yield opened
     opened.close()
     assert not script_errors

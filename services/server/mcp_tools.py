@@ -28,7 +28,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.routing import BaseRoute
 
 from clients.protocol import ErrorCode, Observation, ResetRequest, ResetResponse, StepRequest, StepResponse
-from services.env_api import EnvFactory
 from services.server.errors import ServiceError, describe_validation_errors
 from services.server.runtime import EnvRuntime
 from services.server.settings import ServerSettings
@@ -193,9 +192,8 @@ class EnvTools:
         return types.CallToolResult(content=[types.TextContent(text=f"session {arguments.session_id} ended")])
 
 
-async def serve_stdio(factory: EnvFactory, settings: ServerSettings) -> None:
-    """Serve `factory`'s sessions over stdio, its envs in this process, until the client leaves."""
-    runtime = EnvRuntime.build(factory, settings)
+async def serve_stdio(runtime: EnvRuntime) -> None:
+    """Serve `runtime`'s sessions over stdio until the client leaves, then drain them."""
     async with runtime.running():
         await EnvTools(runtime).serve_stdio()
 

@@ -1,8 +1,6 @@
 // The play page (docs/server.md, "Playground"): reset, act and watch one episode through the env
 // server's own HTTP API (/info, /reset, /step, DELETE /sessions/{id}), with the typed token if any.
 "use strict";
-
-const $ = (id) => document.getElementById(id);
 const ARROWS = { ArrowUp: "Up", ArrowDown: "Down", ArrowLeft: "Left", ArrowRight: "Right" };
 const state = { session: null, done: false, turn: 0, total: 0, splits: [] };
 
@@ -20,16 +18,6 @@ async function call(method, path, body) {
     throw new Error(`${error.code}: ${error.message}`);
   }
   return data;
-}
-
-// Run an action of the page, showing its error instead of throwing it.
-async function guarded(work) {
-  $("error").textContent = "";
-  try {
-    await work();
-  } catch (error) {
-    $("error").textContent = error.message;
-  }
 }
 
 async function connect() {

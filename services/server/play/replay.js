@@ -3,8 +3,6 @@
 // parts whose k-th one is images[k], and turn k is the observation before the k-th assistant reply,
 // the reply, turn_rewards[k], and the tokens whose turn_index is k (loss_mask 1 marks generated ones).
 "use strict";
-
-const $ = (id) => document.getElementById(id);
 const view = { trajectories: [], trajectory: null, turns: [], turn: 0 };
 
 // Read the chosen files: trajectories from .jsonl / .json, images by file name (for trajectory.json).
@@ -117,15 +115,6 @@ function messageView(message) {
 }
 
 const round = (x) => Number(Number(x).toFixed(4));
-
-async function guarded(work) {
-  $("error").textContent = "";
-  try {
-    await work();
-  } catch (error) {
-    $("error").textContent = error.message;
-  }
-}
 
 $("files").onchange = (event) => guarded(() => load([...event.target.files]));
 $("trajectory").onchange = () => show(Number($("trajectory").value));
