@@ -20,7 +20,7 @@ import asyncio
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from benchmarks.client_concurrency import process_cpu_s, process_tree_cpu_s
@@ -66,10 +66,21 @@ def in_process(seconds: float) -> Figures:
     return Figures("in-process", None, 1, steps / (time.perf_counter() - started), cpu_ms)
 
 
+User = Callable[[AsyncEnvClient, float, float], Awaitable[list[float]]]
+"""A virtual user: plays episodes until the stop instant; returns its step latencies after the warm-up."""
+
+
 async def over_http(
-    url: str, server_pid: int, env_workers: int, concurrency: int, seconds: float, warmup: float
+    url: str,
+    server_pid: int,
+    env_workers: int,
+    concurrency: int,
+    seconds: float,
+    warmup: float,
+    user: User | None = None,
 ) -> Figures:
-    """Run `concurrency` virtual users for warmup + seconds; count the steps that finish after the warm-up.
+    """Run `concurrency` virtual users (Sokoban walkers by default) for warmup + seconds; count the steps
+    that finish after the warm-up.
 
     The users share one `AsyncEnvClient`, as the episodes of a rollout worker do: its aiohttp pool costs
     about 0.3 ms of client CPU per step at any concurrency, so the client does not measure itself.
@@ -81,7 +92,8 @@ async def over_http(
         server_cpu = asyncio.create_task(_cpu_between(server_pid, measure_from, stop_at, process_tree_cpu_s))
         front_cpu = asyncio.create_task(_cpu_between(server_pid, measure_from, stop_at, process_cpu_s))
         client_cpu = asyncio.create_task(_cpu_between(os.getpid(), measure_from, stop_at, process_cpu_s))
-        per_user = await asyncio.gather(*(_user(client, measure_from, stop_at) for _ in range(concurrency)))
+        play = user or _user
+        per_user = await asyncio.gather(*(play(client, measure_from, stop_at) for _ in range(concurrency)))
     latencies = sorted(latency for user in per_user for latency in user)
     cuts = statistics.quantiles(latencies, n=100)
     return Figures(

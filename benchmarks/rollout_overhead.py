@@ -32,7 +32,7 @@ from tests.servers import free_port, running_process, vistarl_cmd
 from trainer.config import RolloutConfig
 from trainer.rollout.engines.base import GenerateRequest
 from trainer.rollout.engines.scripted import ScriptedEngine
-from trainer.rollout.env_handle import RemoteEnvs
+from trainer.rollout.env_handle import Envs
 from trainer.rollout.job import group_jobs
 from trainer.rollout.processor import VLProcessor
 from trainer.rollout.runner import RolloutRunner, run_jobs
@@ -97,7 +97,7 @@ async def measure(
     """Play `episodes` (after a warm-up of `concurrency` more) and summarise the measured part."""
     config = RolloutConfig(max_turns=turns, max_new_tokens=32, rollout_max_response_len=1536)
     engine = ScriptedEngine(processor, scripted_moves, record=False)
-    runner = RolloutRunner(engine, processor, config, remotes=RemoteEnvs(token=""))
+    runner = RolloutRunner(engine, processor, config, envs=Envs(token=""))
     warmup = group_jobs(env, [{"seed": s} for s in range(concurrency)], 1, prefix="warmup")
     jobs = group_jobs(env, [{"seed": 1000 + s} for s in range(episodes)], 1)
     tally = Tally()

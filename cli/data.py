@@ -1,7 +1,5 @@
-"""`vistarl data ...`: build data sets.
-
-`vistarl data sokoban` writes the Sokoban parquet splits; `vistarl data vsi` imports VSI-Bench's questions.
-"""
+"""`vistarl data ...`: build data sets: `sokoban` writes the Sokoban parquet splits, `geo3k` converts the
+real Geometry3K parquet into Geo3k samples, `vsi` imports VSI-Bench's questions."""
 
 from __future__ import annotations
 
@@ -84,6 +82,44 @@ def vsi_command(
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
     console.print(f"wrote {rows} questions to {path}")
+
+
+@data_app.command("geo3k")
+def geo3k_command(
+    source: Annotated[
+        Path,
+        typer.Option(
+            "--from",
+            exists=True,
+            help="The real Geometry3K parquet: a file, or a directory of them (hiyouga/geometry3k, or the "
+            "seed's geo3k_imgurl_processed).",
+        ),
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", help="Directory for <split>.parquet in the Geo3k sample schema.")
+    ],
+) -> None:
+    """Convert the real Geometry3K parquet files into Geo3k samples, one parquet per split."""
+    from services.geo3k.geometry3k import ConversionError, convert, count_rows, source_files
+
+    console = Console()
+    try:
+        total = count_rows(source_files(source))
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task("converting rows", total=total)
+            reports = convert(source, out, lambda rows: progress.advance(task, rows))
+    except ConversionError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    for split, report in reports.items():
+        dropped = f", instruction block dropped from {report.instructions_dropped}"
+        console.print(
+            f"{split}: wrote {report.rows} rows to {report.path}"
+            + (dropped if report.instructions_dropped else "")
+            + (f", skipped {len(report.skipped)}" if report.skipped else "")
+        )
+        for reason in report.skipped[:5]:
+            console.print(f"  skipped {reason}")
 
 
 def register(app: typer.Typer) -> None:

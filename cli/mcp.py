@@ -21,17 +21,17 @@ def mcp(
     import anyio
 
     from services.env_api import load_env_factory
+    from services.server.embedded import EnvService
     from services.server.mcp_tools import serve_stdio
-    from services.server.runtime import EnvRuntime
 
     flags = {"max_sessions": max_sessions, "session_ttl_s": session_ttl, "data": data, "log_level": log_level}
     try:
         settings = settings_from(flags)
-        runtime = EnvRuntime.build(load_env_factory(env), settings)
+        service = EnvService(load_env_factory(env), settings)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     log_to_stderr(settings.log_level)
-    anyio.run(serve_stdio, runtime)
+    anyio.run(serve_stdio, service)
 
 
 def register(app: typer.Typer) -> None:

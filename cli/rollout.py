@@ -20,12 +20,22 @@ from trainer.rollout.trajectory import Status, Trajectory
 
 def rollout(
     env: Annotated[str, typer.Option(help="Env server URL, registered env name, or env import path.")],
-    engine: Annotated[str, typer.Option(help="hf:DIR (in-process transformers) or sglang:URL.")],
+    engine: Annotated[
+        str,
+        typer.Option(help="hf:DIR (in-process transformers), hf:URL (vistarl engine serve) or sglang:URL."),
+    ],
     out: Annotated[Path, typer.Option(help="Output file: one trajectory per line (JSON).")],
     episodes: Annotated[int, typer.Option(min=1, help="Episodes in all; a multiple of --group-size.")] = 8,
     group_size: Annotated[int, typer.Option(min=1, help="Samples per env seed; they share a group_id.")] = 1,
     concurrency: Annotated[int, typer.Option(min=1, help="Episodes run at once.")] = 8,
     seed: Annotated[int, typer.Option(help="Group g plays env seed S+g; sampling seeds derive from S.")] = 0,
+    task_split: Annotated[
+        str | None, typer.Option(help="Play the env's split instead of seeds: group g plays task SPLIT/g.")
+    ] = None,
+    tasks: Annotated[
+        Path | None,
+        typer.Option(exists=True, dir_okay=False, help="Play the rows of this parquet of samples instead."),
+    ] = None,
     options: Annotated[str | None, typer.Option(help="Env options as a JSON object.")] = None,
     max_turns: Annotated[int | None, typer.Option(min=1, help="Turns per episode.")] = None,
     max_new_tokens: Annotated[int | None, typer.Option(min=1, help="Generated tokens per turn.")] = None,
@@ -61,7 +71,9 @@ def rollout(
         env_options = _json_object(options)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    starts = [{"seed": seed + g, "options": env_options} for g in range(episodes // group_size)]
+    if task_split is not None and tasks is not None:
+        raise typer.BadParameter("give --task-split or --tasks, not both")
+    starts = _starts(episodes // group_size, seed, task_split, tasks, env_options)
     out.parent.mkdir(parents=True, exist_ok=True)
 
     async def main() -> tuple[list[Trajectory], float]:
@@ -96,6 +108,24 @@ def rollout(
     if not any(t.status.played for t in trajectories):
         typer.echo(f"every episode failed; first error: {trajectories[0].error}", err=True)
         raise typer.Exit(1)
+
+
+def _starts(
+    groups: int, seed: int, task_split: str | None, tasks: Path | None, options: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """What each group plays: seeds S, S+1, ...; the tasks SPLIT/0, SPLIT/1, ...; or a parquet's rows."""
+    if task_split is not None:
+        return [{"task_id": f"{task_split}/{g}", "options": options} for g in range(groups)]
+    if tasks is None:
+        return [{"seed": seed + g, "options": options} for g in range(groups)]
+    from services.datasets import ParquetSplit
+
+    rows = ParquetSplit(tasks)
+    if len(rows) < groups:
+        raise typer.BadParameter(
+            f"{tasks} has {len(rows)} rows, fewer than {groups} groups", param_hint="--tasks"
+        )
+    return [{"sample": rows[g], "options": options} for g in range(groups)]
 
 
 def _json_object(text: str | None) -> dict[str, Any]:

@@ -86,34 +86,47 @@ def sft(config: ConfigOption, set_: SetOption = None) -> None:
 def eval_command(
     config: OptionalConfig = None,
     set_: SetOption = None,
+    env: Annotated[
+        str | None, typer.Option("--env", help="The env to evaluate (env.name): sokoban, geo3k, vsi, ...")
+    ] = None,
     checkpoint: Annotated[
         Path | None,
         typer.Option(exists=True, file_okay=False, help="HF checkpoint directory (default: model.path)."),
     ] = None,
-    dummy: Annotated[bool, typer.Option("--dummy", help="Play random moves instead of a model.")] = False,
+    dummy: Annotated[
+        bool, typer.Option("--dummy", help="Play the env's random player instead of a model.")
+    ] = False,
     max_episodes: Annotated[
-        int | None, typer.Option("--max-episodes", min=1, help="Play only the first N eval seeds.")
+        int | None,
+        typer.Option(
+            "--max-episodes", "--max-questions", min=1, help="Play only the first N held-out tasks."
+        ),
     ] = None,
     out: Annotated[
         Path | None, typer.Option("--out", help="Run directory (default runs/eval-<config>-<time>).")
     ] = None,
 ) -> None:
-    """Evaluate greedily on the held-out eval seeds; save every episode's images and trajectory JSON."""
-    from trainer.eval import evaluate, random_moves
+    """Evaluate greedily on the held-out tasks (env.eval_split, else env.eval_seeds); save every episode's
+    images and trajectory JSON; print the summary and the env's benchmark scores."""
+    from services.env_api import load_env_factory
+    from trainer.eval import baseline_policy, evaluate
     from trainer.rollout.engines.scripted import ScriptedEngine
     from trainer.rollout.processor import VLProcessor
     from trainer.stack import open_stack
 
-    cfg = _load(config, set_)
+    cfg = _load(config, [*([f"env.name={env}"] if env else []), *(set_ or [])])
     _quiet_logs()
     model_path = checkpoint or Path(cfg.model.path)
-    name = config.stem if config is not None else "defaults"
+    name = config.stem if config is not None else cfg.env.name
     run_dir = out or Path("runs") / f"eval-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     console = Console()
+    random_reply = load_env_factory(cfg.env.name).random_reply if dummy else None
+    if dummy and random_reply is None:
+        raise typer.BadParameter(f"env {cfg.env.name!r} has no random player", param_hint="--dummy")
 
     async def main() -> dict[str, float]:
         processor = await asyncio.to_thread(VLProcessor.from_pretrained, model_path)
-        engine = ScriptedEngine(processor, random_moves()) if dummy else None
+        engine = ScriptedEngine(processor, baseline_policy(random_reply, processor)) if random_reply else None
         async with open_stack(cfg, processor, model_path, run_dir, engine=engine) as stack:
             return await evaluate(
                 stack, cfg, version=0, key="eval", out_dir=run_dir, max_episodes=max_episodes
@@ -124,11 +137,12 @@ def eval_command(
     except (RuntimeError, TimeoutError, OSError, ValueError) as exc:
         console.print(f"[red]evaluation failed:[/red] {exc}")
         raise typer.Exit(1) from None
-    table = Table(title=f"{'random policy' if dummy else model_path} on eval seeds {cfg.env.eval_seeds}")
+    held_out = cfg.env.eval_split or f"seeds {cfg.env.eval_seeds}"
+    table = Table(title=f"{'random player' if dummy else model_path} on {cfg.env.name} {held_out}")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for name, value in summary.items():
-        table.add_row(name.removeprefix("eval/"), f"{value:.4g}")
+    for metric, value in summary.items():
+        table.add_row(metric.removeprefix("eval/"), f"{value:.4g}")
     console.print(table)
     console.print(f"images and trajectories saved under {run_dir}")
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-from collections.abc import Callable, Mapping
+import random
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict
 
@@ -80,6 +81,15 @@ def tool_call_markup(name: str, arguments: Mapping[str, Any]) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': dict(arguments)})}</tool_call>"
 
 
+@dataclass(frozen=True)
+class EpisodeScore:
+    """A finished episode as a benchmark sees it: the env's text metrics, numeric metrics and reward."""
+
+    labels: Mapping[str, str]
+    metrics: Mapping[str, float]
+    reward: float
+
+
 def no_splits() -> dict[str, TaskSplit]:
     """The `splits` of an env that holds no datasets."""
     return {}
@@ -113,6 +123,10 @@ class EnvFactory:
     tool_call_text: Callable[[str, Mapping[str, Any]], str] = tool_call_markup
     """The response text that a call of one of `tools` stands for (its arguments already valid against
     the tool's schema); `/step` with a `tool_call` steps with it. A ValueError names what is wrong."""
+    random_reply: Callable[[str, random.Random], str] | None = None
+    """A baseline policy (`vistarl eval --dummy`): a random valid reply, given the conversation's text."""
+    benchmark: Callable[[Sequence[EpisodeScore]], dict[str, float]] | None = None
+    """How the env's benchmark turns finished episodes into its scores (VSI-Bench's per-task, overall)."""
     import_path: str | None = None
     """The module that defines this factory as `ENV_FACTORY` (`__name__` there), from which env worker
     processes load it; `load_env_factory` fills it in when a module leaves it out."""
@@ -125,6 +139,7 @@ class EnvFactory:
 ENV_MODULES: dict[str, str] = {
     "sokoban": "services.sokoban",
     "vsi": "services.vsi",
+    "geo3k": "services.geo3k",
 }
 
 

@@ -1,4 +1,4 @@
-"""`vistarl eval --dummy`: a random-move agent on the held-out Sokoban levels, with images and JSON saved."""
+"""`vistarl eval --dummy`: the env's random player on held-out tasks (Sokoban levels, VSI questions)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,16 @@ import json
 import subprocess
 from pathlib import Path
 
+from services.sokoban.actions import random_reply
 from tests.servers import vistarl_cmd
-from trainer.eval import random_moves, summarize
+from trainer.eval import baseline_policy, summarize
 from trainer.rollout.engines.base import GenerateRequest
 from trainer.rollout.engines.sglang_api import SamplingParams
+from trainer.rollout.processor import VLProcessor
 from trainer.rollout.trajectory import Status, Trajectory
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "sokoban_tiny.yaml"
+VSI_CONFIG = CONFIG.with_name("vsi_tiny.yaml")
 
 
 def test_dummy_eval_plays_two_levels_and_saves_images_and_trajectories(
@@ -46,8 +49,38 @@ def test_dummy_eval_plays_two_levels_and_saves_images_and_trajectories(
         assert "env/success" in trajectory["metrics"]
 
 
-def test_random_moves_are_reproducible_per_episode_and_turn() -> None:
-    respond = random_moves()
+def test_the_vsi_dummy_eval_prints_vsibench_scores_and_saves_each_question(
+    tiny_qwen25: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "vsi"
+    command = vistarl_cmd(
+        "eval",
+        "--config",
+        str(VSI_CONFIG),
+        "--set",
+        f"model.path={tiny_qwen25}",
+        "--env",
+        "vsi",
+        "--dummy",
+        "--max-questions",
+        "2",
+        "--out",
+        str(out),
+    )
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "benchmark/overall" in done.stdout and "benchmark/object_counting" in done.stdout
+    assert "benchmark/object_abs_distance" in done.stdout, "the first two questions are of two tasks"
+    for episode in sorted(out.glob("episode-*")):
+        trajectory = json.loads((episode / "trajectory.json").read_text())
+        assert trajectory["labels"]["question_type"] in ("object_counting", "object_abs_distance")
+        assert len(trajectory["images"]) >= 9, "the tour frames and the first view, at least"
+        replies = [m["content"] for m in trajectory["messages"] if m["role"] == "assistant"]
+        assert all(r.startswith(("<action>", "<answer>")) for r in replies)
+
+
+def test_random_replies_are_reproducible_per_episode_and_turn(tiny_qwen25: Path) -> None:
+    respond = baseline_policy(random_reply, VLProcessor.from_pretrained(tiny_qwen25))
 
     def request(seed: int, prompt_length: int) -> GenerateRequest:
         return GenerateRequest(engine_ids=[1] * prompt_length, sampling=SamplingParams(sampling_seed=seed))

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from clients.http import RetryPolicy
 from services.sokoban.reward import reward as sokoban_reward
 from tests.runners import trajectory_for
 from tests.servers import free_port
@@ -19,7 +18,7 @@ from trainer.config import RolloutConfig
 from trainer.rollout.engines.base import Engine, GenerateRequest
 from trainer.rollout.engines.scripted import ScriptedEngine
 from trainer.rollout.engines.sglang import SGLangEngine
-from trainer.rollout.env_handle import LocalEnvHandle, RemoteEnvHandle, RemoteEnvs, open_env
+from trainer.rollout.env_handle import Envs
 from trainer.rollout.episode import episode_settings, run_episode
 from trainer.rollout.job import EpisodeJob, group_jobs
 from trainer.rollout.processor import VLProcessor
@@ -44,10 +43,10 @@ def sokoban() -> Iterator[tuple[str, Any]]:
 
 
 @pytest.fixture
-async def remotes() -> AsyncIterator[RemoteEnvs]:
-    pool = RemoteEnvs(token="", retry=RetryPolicy(max_attempts=3, base_delay=0.05, deadline_s=5.0))
-    yield pool
-    await pool.aclose()
+async def envs() -> AsyncIterator[Envs]:
+    opened = Envs(token="", timeout_s=5.0, outage_s=3.0)
+    yield opened
+    await opened.aclose()
 
 
 def job(env: str = "sokoban", **fields: Any) -> EpisodeJob:
@@ -62,12 +61,12 @@ def wander(index: int, request: GenerateRequest) -> str:
 async def play(
     processor: VLProcessor,
     engine: Engine,
+    envs: Envs,
     env: str = "sokoban",
-    remotes: RemoteEnvs | None = None,
     config: RolloutConfig | None = None,
     **job_fields: Any,
 ) -> Trajectory:
-    handle = open_env(env, remotes)
+    handle = await envs.open(env)
     return await run_episode(handle, engine, processor, config or RolloutConfig(), job(env, **job_fields))
 
 
@@ -76,11 +75,11 @@ def config(**fields: Any) -> RolloutConfig:
 
 
 async def test_valid_moves_complete_the_level_with_its_reward(
-    processor: VLProcessor, sokoban: tuple[str, Any], remotes: RemoteEnvs
+    processor: VLProcessor, sokoban: tuple[str, Any], envs: Envs
 ) -> None:
     for env in ("sokoban", sokoban[0]):
         engine = ScriptedEngine(processor, [TWO_MOVES, TWO_MOVES])
-        trajectory = await play(processor, engine, env, remotes, options=CORRIDOR)
+        trajectory = await play(processor, engine, envs, env, options=CORRIDOR)
         assert trajectory.status is Status.COMPLETED and trajectory.error is None
         assert trajectory.turn_rewards == pytest.approx([0.02, 1.02])
         assert trajectory.episode_reward == pytest.approx(0.52 + 5 + 3)
@@ -98,9 +97,9 @@ async def test_valid_moves_complete_the_level_with_its_reward(
         assert set(trajectory.timings) == {"env", "generate", "tokenize", "total"}
 
 
-async def test_a_configured_reward_function_replaces_the_envs(processor: VLProcessor) -> None:
+async def test_a_configured_reward_function_replaces_the_envs(processor: VLProcessor, envs: Envs) -> None:
     engine = ScriptedEngine(processor, [TWO_MOVES, TWO_MOVES])
-    handle = open_env("sokoban")
+    handle = await envs.open("sokoban")
 
     def halved(turn_rewards: Any, info: Any) -> float:
         return sokoban_reward(turn_rewards, info) / 2
@@ -111,8 +110,10 @@ async def test_a_configured_reward_function_replaces_the_envs(processor: VLProce
     assert trajectory.episode_reward == pytest.approx((0.52 + 5 + 3) / 2)
 
 
-async def test_max_turns_ends_a_game_in_progress_as_completed(processor: VLProcessor) -> None:
-    trajectory = await play(processor, ScriptedEngine(processor, wander), config=config(max_turns=3), seed=5)
+async def test_max_turns_ends_a_game_in_progress_as_completed(processor: VLProcessor, envs: Envs) -> None:
+    trajectory = await play(
+        processor, ScriptedEngine(processor, wander), envs, config=config(max_turns=3), seed=5
+    )
     assert trajectory.status is Status.COMPLETED
     assert len(trajectory.turn_rewards) == 3 and trajectory.metrics["turns"] == 3
     assert trajectory.metrics["env/success"] == 0.0
@@ -120,9 +121,9 @@ async def test_max_turns_ends_a_game_in_progress_as_completed(processor: VLProce
     assert trajectory.episode_reward == pytest.approx(sum(trajectory.turn_rewards))
 
 
-async def test_a_length_finish_truncates_without_stepping_the_env(processor: VLProcessor) -> None:
+async def test_a_length_finish_truncates_without_stepping_the_env(processor: VLProcessor, envs: Envs) -> None:
     engine = ScriptedEngine(processor, [TWO_MOVES], finish="length")
-    trajectory = await play(processor, engine, options=CORRIDOR)
+    trajectory = await play(processor, engine, envs, options=CORRIDOR)
     assert trajectory.status is Status.TRUNCATED
     assert trajectory.turn_rewards == [] and trajectory.episode_reward == 0.0
     assert trajectory.metrics["finish_length"] == 1
@@ -130,19 +131,23 @@ async def test_a_length_finish_truncates_without_stepping_the_env(processor: VLP
     assert generated == processor.tokenizer.encode(TWO_MOVES)
 
 
-async def test_a_reply_longer_than_max_new_tokens_is_cut_and_truncated(processor: VLProcessor) -> None:
+async def test_a_reply_longer_than_max_new_tokens_is_cut_and_truncated(
+    processor: VLProcessor, envs: Envs
+) -> None:
     engine = ScriptedEngine(processor, [TWO_MOVES])
-    trajectory = await play(processor, engine, config=config(max_new_tokens=4), options=CORRIDOR)
+    trajectory = await play(processor, engine, envs, config=config(max_new_tokens=4), options=CORRIDOR)
     assert trajectory.status is Status.TRUNCATED and "limit of 4 tokens" in (trajectory.error or "")
     assert sum(trajectory.loss_mask) == 4
 
 
-async def test_the_generated_token_budget_clamps_and_then_ends_the_episode(processor: VLProcessor) -> None:
+async def test_the_generated_token_budget_clamps_and_then_ends_the_episode(
+    processor: VLProcessor, envs: Envs
+) -> None:
     reply_len = len(processor.tokenizer.encode(WANDER[0])) + 1
     budget = 2 * reply_len + 3
     engine = ScriptedEngine(processor, lambda index, request: WANDER[0])
     settings = config(max_new_tokens=reply_len + 1, rollout_max_response_len=budget, max_turns=8)
-    trajectory = await play(processor, engine, config=settings, seed=5)
+    trajectory = await play(processor, engine, envs, config=settings, seed=5)
     limits = [request.sampling.max_new_tokens for request in engine.requests]
     assert limits == [reply_len + 1, reply_len + 1, 3]
     assert trajectory.status is Status.TRUNCATED
@@ -150,60 +155,58 @@ async def test_the_generated_token_budget_clamps_and_then_ends_the_episode(proce
     assert len(trajectory.turn_rewards) == 2
 
 
-async def test_a_spent_generated_token_budget_ends_after_the_step(processor: VLProcessor) -> None:
+async def test_a_spent_generated_token_budget_ends_after_the_step(processor: VLProcessor, envs: Envs) -> None:
     reply_len = len(processor.tokenizer.encode(WANDER[0])) + 1
     settings = config(max_new_tokens=reply_len, rollout_max_response_len=reply_len, max_turns=8)
-    trajectory = await play(processor, ScriptedEngine(processor, wander), config=settings, seed=5)
+    trajectory = await play(processor, ScriptedEngine(processor, wander), envs, config=settings, seed=5)
     assert trajectory.status is Status.TRUNCATED and "generated-token budget" in (trajectory.error or "")
     assert len(trajectory.turn_rewards) == 1
     assert trajectory.loss_mask[-1] == 1, "the trajectory ends on its last generation"
 
 
-async def test_the_context_budget_ends_the_episode(processor: VLProcessor) -> None:
-    probe = await play(processor, ScriptedEngine(processor, wander), config=config(max_turns=2), seed=5)
+async def test_the_context_budget_ends_the_episode(processor: VLProcessor, envs: Envs) -> None:
+    probe = await play(processor, ScriptedEngine(processor, wander), envs, config=config(max_turns=2), seed=5)
     first_turn = probe.turn_index.index(1)
     context = first_turn + 10  # the second observation does not fit
     settings = config(max_new_tokens=16, rollout_max_response_len=32, rollout_max_context_len=context)
     engine = ScriptedEngine(processor, wander)
-    trajectory = await play(processor, engine, config=settings, seed=5)
+    trajectory = await play(processor, engine, envs, config=settings, seed=5)
     assert trajectory.status is Status.TRUNCATED and "context budget" in (trajectory.error or "")
     assert len(engine.requests) == 1 and len(trajectory.turn_rewards) == 1
 
 
-async def test_the_context_budget_clamps_max_new_tokens(processor: VLProcessor) -> None:
-    probe = await play(processor, ScriptedEngine(processor, wander), config=config(max_turns=1), seed=5)
+async def test_the_context_budget_clamps_max_new_tokens(processor: VLProcessor, envs: Envs) -> None:
+    probe = await play(processor, ScriptedEngine(processor, wander), envs, config=config(max_turns=1), seed=5)
     prompt = probe.loss_mask.index(1)
     settings = config(max_new_tokens=16, rollout_max_response_len=32, rollout_max_context_len=prompt + 2)
     engine = ScriptedEngine(processor, wander)
-    trajectory = await play(processor, engine, config=settings, seed=5)
+    trajectory = await play(processor, engine, envs, config=settings, seed=5)
     assert engine.requests[0].sampling.max_new_tokens == 2
     assert trajectory.status is Status.TRUNCATED and len(trajectory.train_ids) == prompt + 2
 
 
-async def test_an_engine_abort_gives_aborted_with_the_reason(processor: VLProcessor) -> None:
+async def test_an_engine_abort_gives_aborted_with_the_reason(processor: VLProcessor, envs: Envs) -> None:
     trajectory = await play(
-        processor, ScriptedEngine(processor, [TWO_MOVES], finish="abort"), options=CORRIDOR
+        processor, ScriptedEngine(processor, [TWO_MOVES], finish="abort"), envs, options=CORRIDOR
     )
     assert trajectory.status is Status.ABORTED and "scripted abort" in (trajectory.error or "")
     ran_out = await play(
-        processor, ScriptedEngine(processor, [WANDER[0]]), config=config(max_turns=3), seed=5
+        processor, ScriptedEngine(processor, [WANDER[0]]), envs, config=config(max_turns=3), seed=5
     )
     assert ran_out.status is Status.ABORTED and "no reply number 1" in (ran_out.error or "")
     assert sum(ran_out.loss_mask) == len(processor.tokenizer.encode(WANDER[0])) + 1
 
 
-async def test_a_dead_engine_is_aborted_within_its_retry_deadline(processor: VLProcessor) -> None:
+async def test_a_dead_engine_is_aborted_within_its_retry_deadline(processor: VLProcessor, envs: Envs) -> None:
     engine = SGLangEngine(f"http://127.0.0.1:{free_port()}", processor, retry_deadline_s=1.0)
     started = time.monotonic()
-    trajectory = await play(processor, engine, options=CORRIDOR)
+    trajectory = await play(processor, engine, envs, options=CORRIDOR)
     await engine.close()
     assert trajectory.status is Status.ABORTED and trajectory.error
     assert time.monotonic() - started < 15.0
 
 
-async def test_a_dead_env_server_fails_the_episode_with_its_error(
-    processor: VLProcessor, remotes: RemoteEnvs
-) -> None:
+async def test_a_dead_env_server_fails_the_episode_with_its_error(processor: VLProcessor, envs: Envs) -> None:
     with env_process("sokoban") as (url, proc):
 
         def kill_server_then_answer(index: int, request: GenerateRequest) -> str:
@@ -214,21 +217,23 @@ async def test_a_dead_env_server_fails_the_episode_with_its_error(
 
         engine = ScriptedEngine(processor, kill_server_then_answer)
         started = time.monotonic()
-        trajectory = await play(processor, engine, url, remotes, config=config(max_turns=4), seed=5)
+        trajectory = await play(processor, engine, envs, url, config=config(max_turns=4), seed=5)
     assert trajectory.status is Status.FAILED and "step failed" in (trajectory.error or "")
     assert len(trajectory.turn_rewards) == 1
     assert time.monotonic() - started < 15.0
 
 
-async def test_an_env_exception_fails_the_episode(processor: VLProcessor) -> None:
+async def test_an_env_exception_fails_the_episode(processor: VLProcessor, envs: Envs) -> None:
     engine = ScriptedEngine(processor, ["inc", "boom"])
-    trajectory = await play(processor, engine, "tests.envs.counter", options={"fail_on": "boom", "target": 5})
+    trajectory = await play(
+        processor, engine, envs, "tests.envs.counter", options={"fail_on": "boom", "target": 5}
+    )
     assert trajectory.status is Status.FAILED and "told to fail" in (trajectory.error or "")
     assert trajectory.turn_rewards == [1.0]
 
 
-async def test_the_episode_deadline_aborts_a_slow_episode(processor: VLProcessor) -> None:
-    handle = open_env("tests.envs.counter")
+async def test_the_episode_deadline_aborts_a_slow_episode(processor: VLProcessor, envs: Envs) -> None:
+    handle = await envs.open("tests.envs.counter")
     engine = ScriptedEngine(processor, lambda index, request: "inc")
     started = time.monotonic()
     slow = job("tests.envs.counter", options={"step_delay_s": 0.5, "target": 100})
@@ -239,10 +244,9 @@ async def test_the_episode_deadline_aborts_a_slow_episode(processor: VLProcessor
 
 
 async def test_cancellation_propagates_and_closes_the_session(
-    processor: VLProcessor, sokoban: tuple[str, Any], remotes: RemoteEnvs
+    processor: VLProcessor, sokoban: tuple[str, Any], envs: Envs
 ) -> None:
-    handle = open_env(sokoban[0], remotes)
-    assert isinstance(handle, RemoteEnvHandle)
+    handle = await envs.open(sokoban[0])
     engine = ScriptedEngine(processor, wander)
     slow_step = handle.step
 
@@ -259,24 +263,24 @@ async def test_cancellation_propagates_and_closes_the_session(
     with pytest.raises(asyncio.CancelledError):
         await task
     assert handle.session_id is None
-    assert await remotes.client(sokoban[0]).close(session_id) is False, "the session was already deleted"
+    assert await handle.sessions.close(session_id) is False, "the session was already deleted"
 
 
-async def test_bad_job_settings_fail_with_a_clear_error(processor: VLProcessor) -> None:
+async def test_bad_job_settings_fail_with_a_clear_error(processor: VLProcessor, envs: Envs) -> None:
     engine = ScriptedEngine(processor, [TWO_MOVES])
-    trajectory = await play(processor, engine, sampling={"max_tokens": 5})
+    trajectory = await play(processor, engine, envs, sampling={"max_tokens": 5})
     assert trajectory.status is Status.FAILED and "max_tokens" in (trajectory.error or "")
     assert trajectory.train_ids == [] and engine.requests == []
-    over = await play(processor, engine, sampling={"max_new_tokens": 5000})
+    over = await play(processor, engine, envs, sampling={"max_new_tokens": 5000})
     assert over.status is Status.FAILED and "max_new_tokens" in (over.error or "")
 
 
-async def test_a_failing_reward_function_fails_the_episode(processor: VLProcessor) -> None:
+async def test_a_failing_reward_function_fails_the_episode(processor: VLProcessor, envs: Envs) -> None:
     def broken(turn_rewards: Any, info: Any) -> float:
         raise KeyError("metrics")
 
     engine = ScriptedEngine(processor, [TWO_MOVES, TWO_MOVES])
-    handle = open_env("sokoban")
+    handle = await envs.open("sokoban")
     trajectory = await run_episode(
         handle, engine, processor, config(), job(options=CORRIDOR), reward_fn=broken
     )
@@ -294,11 +298,11 @@ def test_job_sampling_overrides_the_config() -> None:
 
 
 async def test_images_reach_the_engine_and_the_trajectory_in_order(
-    processor: VLProcessor, sokoban: tuple[str, Any], remotes: RemoteEnvs
+    processor: VLProcessor, sokoban: tuple[str, Any], envs: Envs
 ) -> None:
     engine = ScriptedEngine(processor, wander)
-    trajectory = await play(processor, engine, sokoban[0], remotes, config=config(max_turns=4), seed=11)
-    replay = LocalEnvHandle("sokoban")
+    trajectory = await play(processor, engine, envs, sokoban[0], config=config(max_turns=4), seed=11)
+    replay = await envs.open("sokoban")
     first, _ = await replay.reset(EpisodeJob(episode_id="replay", group_id="g", env="sokoban", seed=11))
     observed = image_urls(first)
     for index in range(3):
@@ -330,13 +334,13 @@ def pad_runs(ids: list[int], pad: int) -> list[int]:
 
 
 async def test_local_module_and_remote_server_give_the_same_trajectory(
-    processor: VLProcessor, sokoban: tuple[str, Any], remotes: RemoteEnvs
+    processor: VLProcessor, sokoban: tuple[str, Any], envs: Envs
 ) -> None:
     played = []
     for env in ("services.sokoban", sokoban[0]):
         engine = ScriptedEngine(processor, wander)
         played.append(
-            (await play(processor, engine, env, remotes, config=config(max_turns=3), seed=3)).to_dict()
+            (await play(processor, engine, envs, env, config=config(max_turns=3), seed=3)).to_dict()
         )
     local, remote = played
     for trajectory in played:

@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from typer.testing import CliRunner
 
 from cli.main import app
-from clients.http import RetryPolicy
+from services.env_api import load_env_factory
 from tests.test_env_handle import env_process
 from trainer.config import RolloutConfig
 from trainer.learner.logprobs import sequence_logprobs
@@ -29,7 +31,7 @@ from trainer.queue.memory import MemoryQueue
 from trainer.queue.worker import WorkerOptions, run_worker
 from trainer.rollout.engines.hf import HFEngine
 from trainer.rollout.engines.spec import EngineSpec
-from trainer.rollout.env_handle import RemoteEnvs
+from trainer.rollout.env_handle import Envs
 from trainer.rollout.job import group_jobs
 from trainer.rollout.runner import RolloutRunner, run_jobs
 from trainer.rollout.trajectory import Status, Trajectory
@@ -80,10 +82,10 @@ async def test_hf_episodes_are_token_exact_and_match_the_trainer_logprobs(
         *group_jobs(sokoban_url, [SMALL | {"seed": 1}], 2, sampling=one_token_replies(engine), prefix="stop"),
         *group_jobs(sokoban_url, [SMALL | {"seed": 2}], 2, prefix="length"),
     ]
-    remotes = RemoteEnvs(token="", retry=RetryPolicy(max_attempts=3, deadline_s=10.0))
-    runner = RolloutRunner(engine, engine.processor, config, remotes=remotes)
+    envs = Envs(token="", outage_s=10.0)
+    runner = RolloutRunner(engine, engine.processor, config, envs=envs)
     results = [Trajectory.from_dict(t) async for t in run_jobs(runner, jobs, concurrency=4)]
-    await remotes.aclose()
+    await envs.aclose()
     by_id = {t.episode_id: t for t in results}
     prefix = engine.processor.tokenizer.encode("<|im_start|>assistant\n")
     for trajectory in by_id.values():
@@ -169,3 +171,32 @@ def test_the_rollout_command_writes_trajectories_and_a_summary(tiny_qwen25: Path
         app, [*args[:5], "--episodes", "3", "--group-size", "2", "--out", str(out)], env={"COLUMNS": "200"}
     )
     assert bad.exit_code != 0 and "do not split into groups of 2" in bad.output
+
+
+def test_the_rollout_command_plays_an_envs_split_and_a_parquet_of_samples(
+    tiny_qwen25: Path, tmp_path: Path
+) -> None:
+    rows = [load_env_factory("geo3k").splits()["test"][index] for index in (5, 6)]
+    tasks = tmp_path / "tasks.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), tasks)
+    common = [
+        "rollout",
+        "--env",
+        "geo3k",
+        "--engine",
+        f"hf:{tiny_qwen25}",
+        "--episodes",
+        "2",
+        "--max-turns",
+        "1",
+    ]
+    played = {}
+    for name, flags in {"split": ["--task-split", "test"], "parquet": ["--tasks", str(tasks)]}.items():
+        out = tmp_path / f"{name}.jsonl"
+        done = CliRunner().invoke(app, [*common, *flags, "--out", str(out), "--max-new-tokens", "2"])
+        assert done.exit_code == 0, done.output
+        played[name] = [json.loads(line)["images"] for line in out.read_text().splitlines()]
+    assert played["split"][0] != played["split"][1], "groups play the split's rows 0 and 1"
+    assert all(images for images in played["split"] + played["parquet"])
+    both = CliRunner().invoke(app, [*common, "--task-split", "test", "--tasks", str(tasks), "--out", "x"])
+    assert both.exit_code != 0 and "not both" in both.output

@@ -68,25 +68,38 @@ def test_training_seeds_skip_the_eval_range(tiny_qwen25: Path, tmp_path: Path) -
     assert seeds == [0, 1, 2, 6, 7, 8, 9, 10]
 
 
-def test_dataset_rows_become_env_options_in_a_shuffled_resumable_order(tmp_path: Path) -> None:
+async def test_dataset_rows_become_samples_in_a_shuffled_resumable_order(tmp_path: Path) -> None:
+    from services.sokoban import ENV_FACTORY, SokobanEnv
     from services.sokoban.dataset import write_dataset
     from services.sokoban.options import SokobanOptions
 
     paths = write_dataset(tmp_path, n_train=3, n_test=1, base_seed=0, options=SokobanOptions(cell_size=16))
     cfg = TrainConfig.model_validate({"env": {"dataset": str(paths["train"]), "options": {"max_steps": 7}}})
-    source = PromptSource(cfg)
+    source = await PromptSource.create(cfg, "sokoban")
     starts = source.take(0, 6)
-    levels = [
-        str(start["options"]["initial_boxes"]) + str(start["options"]["initial_player"]) for start in starts
-    ]
+    levels = [str(start["sample"]["extra_info"]["env_config"]) for start in starts]
     assert sorted(levels[:3]) == sorted(levels[3:]) and len(set(levels[:3])) == 3, (
         "each epoch visits every row once"
     )
     assert source.take(4, 2) == starts[4:6]
     for start in starts:
-        assert "seed" not in start and start["options"]["max_steps"] == 7
-        SokobanOptions.model_validate(start["options"])
+        assert "seed" not in start and start["options"] == {"max_steps": 7}
+        sample = ENV_FACTORY.sample_model.model_validate(start["sample"])  # type: ignore[union-attr]
+        options = SokobanOptions.model_validate(start["options"])
+        env = ENV_FACTORY.create(options, None, sample)
+        assert isinstance(env, SokobanEnv) and env.options.max_steps == 7
 
     leaky = TrainConfig.model_validate({"env": {"dataset": str(paths["test"]), "eval_seeds": [0, 1000]}})
     with pytest.raises(ValueError, match="an eval seed"):
-        PromptSource(leaky)
+        await PromptSource.create(leaky, "sokoban")
+
+
+async def test_a_task_split_gives_task_ids_of_the_envs_own_split() -> None:
+    cfg = TrainConfig.model_validate({"env": {"name": "geo3k", "task_split": "train"}})
+    source = await PromptSource.create(cfg, "geo3k")
+    starts = source.take(0, 4)
+    assert all(start["task_id"].startswith("train/") for start in starts)
+    assert len({start["task_id"] for start in starts}) == 4
+    missing = TrainConfig.model_validate({"env": {"name": "geo3k", "task_split": "nope"}})
+    with pytest.raises(ValueError, match="nope"):
+        await PromptSource.create(missing, "geo3k")

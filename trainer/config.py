@@ -72,7 +72,13 @@ class EnvConfig(_Section):
     )
     options: dict[str, Any] = Field(default_factory=dict)
     dataset: Path | None = Field(
-        default=None, description="parquet of levels (extra_info.env_config per row) instead of seeds"
+        default=None, description="train on the rows of this parquet (samples of the env), instead of seeds"
+    )
+    task_split: str | None = Field(
+        default=None, description="train on the tasks of this split the env holds (SPLIT/INDEX), instead"
+    )
+    eval_split: str | None = Field(
+        default=None, description="evaluate on this split the env holds (e.g. test), instead of eval_seeds"
     )
     reward_path: str | None = None
     eval_seeds: tuple[int, int] = (100_000, 100_032)
@@ -92,6 +98,13 @@ class EnvConfig(_Section):
         if value[0] >= value[1]:
             raise ValueError(f"[start, stop) must have start < stop, got {list(value)}")
         return value
+
+    @model_validator(mode="after")
+    def _one_task_source(self) -> EnvConfig:
+        """Training tasks come from seeds, a parquet of samples or an env split (not both of the last two)."""
+        if self.dataset is not None and self.task_split is not None:
+            raise ValueError("give env.dataset or env.task_split, not both")
+        return self
 
     @property
     def eval_seed_range(self) -> range:
@@ -118,6 +131,9 @@ class RolloutConfig(_Section):
     local_workers: int = Field(default=1, ge=0, description="in-process rollout workers; 0: external ones")
     collect_timeout_s: float = Field(default=1800.0, gt=0, description="longest wait for one step's episodes")
     episode_timeout_s: float | None = Field(default=600.0, gt=0, description="deadline of one episode")
+    env_outage_s: float = Field(
+        default=60.0, gt=0, description="how long a call to an env server retries through an outage"
+    )
     namespace: str = Field(default="vistarl", min_length=1, pattern=r"^[\w.-]+$")
     max_staleness: int = Field(default=0, ge=0, description="policy versions a trajectory may lag behind")
     async_mode: bool = False

@@ -1,27 +1,48 @@
-"""Greedy evaluation on held-out levels: success rate, mean reward and mean turns over the eval seeds.
+"""Greedy evaluation on held-out tasks: success rate, mean reward, mean turns, and the env's benchmark scores.
 
-`evaluate` plays one episode per seed of `env.eval_seeds` (never used for training) through the
-run's stack with temperature 0, and saves each trajectory with its images. `random_moves` is the
-responder of a random-move agent (a `ScriptedEngine` that answers `<answer>…</answer>` with random
-moves), the baseline `vistarl eval --dummy` plays.
+`evaluate` plays one episode per held-out task through the run's stack with temperature 0: the first rows
+of `env.eval_split` (a split the env holds, such as Geo3k's or VSI's `test`) when it is set, else one level
+per seed of `env.eval_seeds` (seeds training never plays). It saves each trajectory with its images, and
+adds the env's own benchmark scores (`EnvFactory.benchmark`, e.g. VSI-Bench's per task and overall).
+
+`baseline_policy` turns an env's `random_reply` into the responder of a `ScriptedEngine`: the random
+player of `vistarl eval --dummy`.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from services.env_api import EnvFactory, EpisodeScore, load_env_factory
 from trainer.config import TrainConfig
 from trainer.rollout.engines.base import GenerateRequest
 from trainer.rollout.engines.scripted import Responder
+from trainer.rollout.env_handle import describe_env
 from trainer.rollout.job import group_jobs
+from trainer.rollout.processor import VLProcessor
 from trainer.rollout.trajectory import Trajectory
 from trainer.run_logging import save_trajectory
 from trainer.stack import Stack, episode_sampling
 
-__all__ = ["SOKOBAN_MOVES", "evaluate", "random_moves", "summarize"]
+__all__ = ["baseline_policy", "eval_starts", "evaluate", "summarize"]
 
-SOKOBAN_MOVES = ("Up", "Down", "Left", "Right")
+ENV_PREFIX = "env/"
+
+
+async def eval_starts(cfg: TrainConfig, env: str, limit: int | None = None) -> list[dict[str, Any]]:
+    """The held-out episode starts: rows of `env.eval_split` (their count asked of the env), else the eval
+    seeds; the first `limit` of them."""
+    split = cfg.env.eval_split
+    if split is None:
+        return [{"seed": seed, "options": dict(cfg.env.options)} for seed in cfg.env.eval_seed_range][:limit]
+    sizes = {info.name: info.size for info in (await describe_env(env)).datasets.splits}
+    if split not in sizes:
+        raise ValueError(f"env.eval_split {split!r} is not a split of the env (it has: {sorted(sizes)})")
+    count = min(sizes[split], limit or sizes[split])
+    return [{"task_id": f"{split}/{index}", "options": dict(cfg.env.options)} for index in range(count)]
 
 
 async def evaluate(
@@ -33,21 +54,26 @@ async def evaluate(
     out_dir: Path | None = None,
     max_episodes: int | None = None,
 ) -> dict[str, float]:
-    """Play the eval seeds greedily (the first `max_episodes` of them) and summarize as `eval/*` metrics.
+    """Play the held-out tasks greedily (the first `max_episodes`) and summarize them as `eval/*` metrics.
 
     Episodes that do not finish within `rollout.collect_timeout_s` count as missing.
     """
-    seeds = list(cfg.env.eval_seed_range)[:max_episodes]
-    starts = [{"seed": seed, "options": dict(cfg.env.options)} for seed in seeds]
+    starts = await eval_starts(cfg, stack.env, max_episodes)
     sampling = {**episode_sampling(cfg.rollout), "temperature": 0.0}
     jobs = group_jobs(stack.env, starts, 1, sampling=sampling, policy_version=version, prefix=key)
     await stack.submit(key, jobs)
     gathered = await stack.gather(key, cfg.rollout.collect_timeout_s)
-    trajectories = sorted(gathered.trajectories, key=lambda t: t.episode_id)
+    order = {job.episode_id: index for index, job in enumerate(jobs)}
+    trajectories = sorted(gathered.trajectories, key=lambda t: order[t.episode_id])
     if out_dir is not None:
-        for index, trajectory in enumerate(trajectories):
-            save_trajectory(trajectory, out_dir / f"episode-{index:03d}")
-    return {**summarize(trajectories), "eval/missing": float(gathered.missing)}
+        for trajectory in trajectories:
+            save_trajectory(trajectory, out_dir / f"episode-{order[trajectory.episode_id]:03d}")
+    factory = load_env_factory(cfg.env.name)
+    return {
+        **summarize(trajectories),
+        **benchmark_scores(trajectories, factory),
+        "eval/missing": float(gathered.missing),
+    }
 
 
 def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
@@ -65,16 +91,31 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
     }
 
 
-def random_moves(moves: tuple[str, ...] = SOKOBAN_MOVES, max_moves: int = 3) -> Responder:
-    """A responder answering `<answer>m1, m2</answer>` with 1..`max_moves` random moves.
+def benchmark_scores(trajectories: list[Trajectory], factory: EnvFactory) -> dict[str, float]:
+    """The env's benchmark over the played episodes, as `eval/benchmark/<name>` (none without a benchmark)."""
+    if factory.benchmark is None:
+        return {}
+    episodes = [
+        EpisodeScore(
+            labels=t.labels,
+            metrics={k.removeprefix(ENV_PREFIX): v for k, v in t.metrics.items() if k.startswith(ENV_PREFIX)},
+            reward=t.episode_reward,
+        )
+        for t in trajectories
+        if t.status.played
+    ]
+    return {f"eval/benchmark/{name}": value for name, value in factory.benchmark(episodes).items()}
 
-    Each reply is drawn from the request's sampling seed and prompt length, so an episode's moves do
+
+def baseline_policy(random_reply: Callable[[str, random.Random], str], processor: VLProcessor) -> Responder:
+    """A `ScriptedEngine` responder that plays `random_reply` on the conversation so far.
+
+    Each reply is drawn from the request's sampling seed and prompt length, so an episode's replies do
     not depend on how requests interleave.
     """
 
     def respond(index: int, request: GenerateRequest) -> str:
         rng = random.Random(f"{request.sampling.sampling_seed}-{len(request.engine_ids)}")
-        chosen = [rng.choice(moves) for _ in range(rng.randint(1, max_moves))]
-        return f"<answer>{', '.join(chosen)}</answer>"
+        return random_reply(processor.tokenizer.decode(request.engine_ids), rng)
 
     return respond

@@ -185,7 +185,7 @@ async def open_stack(
                 reward_fn=load_reward_fn(cfg.env.reward_path),
                 deadline_s=cfg.rollout.episode_timeout_s,
             )
-            stack.push_async_callback(runner.remotes.aclose)
+            stack.push_async_callback(runner.envs.aclose)
             await stack.enter_async_context(_workers(queue, runner, cfg.rollout.local_workers, cfg))
         yield Stack(queue, engine, env, max_staleness=cfg.rollout.max_staleness)
 

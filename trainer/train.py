@@ -46,6 +46,8 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 
+from services.datasets import ParquetSplit
+from services.env_api import TaskSplit
 from trainer.config import TrainConfig
 from trainer.eval import evaluate
 from trainer.learner.checkpoint import (
@@ -70,6 +72,7 @@ from trainer.learner.weight_sync import (
 from trainer.rollout.engines.base import Engine
 from trainer.rollout.engines.hf import HFEngine
 from trainer.rollout.engines.sglang import SGLangEngine
+from trainer.rollout.env_handle import describe_env
 from trainer.rollout.job import group_jobs
 from trainer.rollout.processor import VLProcessor
 from trainer.rollout.trajectory import Status, Trajectory
@@ -93,50 +96,66 @@ T = TypeVar("T")
 
 
 class PromptSource:
-    """Episode starts for training: procedural env seeds or dataset rows, addressed by a resumable position.
+    """Episode starts for training, addressed by a resumable position: one of
 
-    Seeds count up from 0 and jump over the eval range, so training never plays an eval level.
-    Dataset rows (the seed's processed schema) give `extra_info.env_config` as the env options (keys
-    of `env.options` win); they are visited in a shuffled order that changes every epoch, and a row
-    whose `extra_info.seed` lies in the eval range is an error.
+    - procedural env seeds, counting up from 0 and jumping over the eval range, so training never plays
+      an eval level (the default);
+    - the rows of a parquet of samples (`env.dataset`), sent whole as each episode's `sample`;
+    - the tasks of a split the env holds (`env.task_split`), sent as `task_id`s.
+
+    Rows and tasks are visited in a shuffled order that changes every epoch. `env.options` go with every
+    start; a dataset row whose `extra_info.seed` lies in the eval range is an error.
     """
 
-    def __init__(self, cfg: TrainConfig) -> None:
+    def __init__(self, cfg: TrainConfig, rows: TaskSplit | None = None, tasks: int = 0) -> None:
         self.options = dict(cfg.env.options)
         self.eval_seeds = cfg.env.eval_seed_range
         self.shuffle_seed = cfg.train.seed
-        self.rows = _dataset_configs(cfg.env.dataset, self.eval_seeds) if cfg.env.dataset else None
+        self.rows = rows
+        self.split = cfg.env.task_split
+        self.count = len(rows) if rows is not None else tasks
+
+    @classmethod
+    async def create(cls, cfg: TrainConfig, env: str) -> PromptSource:
+        """The source `cfg.env` asks for; a task split's size is asked of the env itself."""
+        if cfg.env.dataset is not None:
+            return cls(cfg, rows=_dataset_rows(cfg.env.dataset, cfg.env.eval_seed_range))
+        if cfg.env.task_split is not None:
+            sizes = {info.name: info.size for info in (await describe_env(env)).datasets.splits}
+            if not sizes.get(cfg.env.task_split):
+                raise ValueError(f"env.task_split {cfg.env.task_split!r}: the env's splits are {sizes}")
+            return cls(cfg, tasks=sizes[cfg.env.task_split])
+        return cls(cfg)
 
     def take(self, cursor: int, count: int) -> list[dict[str, Any]]:
         """The starts at positions `cursor .. cursor + count - 1`."""
         return [self._start(position) for position in range(cursor, cursor + count)]
 
     def _start(self, position: int) -> dict[str, Any]:
-        if self.rows is None:
+        if not self.count:
             seed = position if position < self.eval_seeds.start else position + len(self.eval_seeds)
             if seed in self.eval_seeds:
                 raise AssertionError(f"training seed {seed} lies in the eval range {self.eval_seeds}")
             return {"seed": seed, "options": self.options}
-        epoch, index = divmod(position, len(self.rows))
-        order = list(range(len(self.rows)))
+        epoch, index = divmod(position, self.count)
+        order = list(range(self.count))
         random.Random(self.shuffle_seed * SEED_STRIDE + epoch).shuffle(order)
-        return {"options": {**self.rows[order[index]], **self.options}}
+        if self.rows is not None:
+            return {"sample": self.rows[order[index]], "options": self.options}
+        return {"task_id": f"{self.split}/{order[index]}", "options": self.options}
 
 
-def _dataset_configs(path: Path, eval_seeds: range) -> list[dict[str, Any]]:
-    """The env configs of a parquet dataset's rows; refuses rows whose seed is an eval seed."""
-    table = pq.read_table(path, columns=["extra_info"]).to_pylist()
-    if not table:
+def _dataset_rows(path: Path, eval_seeds: range) -> ParquetSplit:
+    """The rows of a parquet of samples; refuses an empty file and rows whose seed is an eval seed."""
+    rows = ParquetSplit(path)
+    if not len(rows):
         raise ValueError(f"dataset {path} has no rows")
-    configs = []
-    for index, row in enumerate(table):
-        info = row["extra_info"] or {}
-        if info.get("seed") in eval_seeds:
-            raise ValueError(f"dataset {path} row {index} uses seed {info['seed']}, an eval seed")
-        if not isinstance(info.get("env_config"), dict):
-            raise ValueError(f"dataset {path} row {index} has no extra_info.env_config")
-        configs.append(dict(info["env_config"]))
-    return configs
+    if "extra_info" in pq.read_schema(path).names:
+        for index, row in enumerate(pq.read_table(path, columns=["extra_info"]).to_pylist()):
+            seed = (row["extra_info"] or {}).get("seed")
+            if seed in eval_seeds:
+                raise ValueError(f"dataset {path} row {index} uses seed {seed}, an eval seed")
+    return rows
 
 
 def step_jobs(
@@ -336,7 +355,7 @@ class _Run:
     async def _loop(self, stack: Stack, sync: WeightSync, logger: RunLogger) -> None:
         """Steps `state.step + 1 .. train.steps` (see the module docstring)."""
         cfg = self.cfg
-        prompts = PromptSource(cfg)
+        prompts = await PromptSource.create(cfg, stack.env)
         tag = uuid.uuid4().hex[:8]
 
         async def submit(step: int) -> None:

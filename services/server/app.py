@@ -2,7 +2,7 @@
 
 Endpoints (see docs/server.md): POST /reset, POST /step, POST /format, DELETE /sessions/{id},
 GET /info, GET /health, GET /ready, GET /metrics; MCP at /mcp; the browser playground at GET /play and
-GET /play/replay. The sessions and what runs them come from `runtime` (session rules in `sessions`,
+GET /play/replay. The sessions and what runs them come from `embedded` (session rules in `sessions`,
 tasks in `tasks`, where envs run in `env_pool`); error shapes live in `errors`, auth and the body limit
 in `security`, what the OpenAPI schema adds in `openapi`, the lean path of the env endpoints in
 `json_route`, tool calls as actions in `tool_calls`, the MCP tools in `mcp_tools`, the pages in `play`
@@ -29,12 +29,12 @@ from clients.protocol import (
     StepResponse,
 )
 from services.env_api import EnvFactory
+from services.server.embedded import EnvService
 from services.server.errors import install_error_handlers
 from services.server.json_route import JSONRoute
 from services.server.mcp_tools import EnvTools
 from services.server.openapi import METRICS_RESPONSES, READY_RESPONSES, errors, guarded_router
 from services.server.play import PLAY_PATHS, play_routes
-from services.server.runtime import EnvRuntime
 from services.server.security import OPEN_PATHS, RequestGuard, cors_options
 from services.server.settings import ServerSettings
 from services.server.tool_calls import ToolActions
@@ -42,17 +42,21 @@ from services.server.tool_calls import ToolActions
 
 def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) -> FastAPI:
     """A FastAPI app hosting sessions of `env_factory`, bounded and configured by `settings`."""
-    settings = settings or ServerSettings()
-    runtime = EnvRuntime.build(env_factory, settings)
-    manager, metrics, tasks = runtime.manager, runtime.metrics, runtime.tasks
+    service = EnvService(env_factory, settings)
+    settings, metrics, manager = service.settings, service.metrics, service.manager
     tool_actions = ToolActions(env_factory)
-    mcp = EnvTools(runtime)
+    mcp = EnvTools(service)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        """Run the sessions (env pool, reaper; drained on shutdown) and the MCP endpoint's task group."""
-        async with runtime.running(), mcp.http_running():
-            yield
+        """Start the env pool, the idle reaper and the MCP endpoint's task group; on shutdown drain, stop
+        the reaper and close every env."""
+        await service.start()
+        try:
+            async with mcp.http_running():
+                yield
+        finally:
+            await service.stop()
 
     app = FastAPI(
         title=f"vistarl environment: {env_factory.name}",
@@ -73,18 +77,6 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
     if settings.cors_origins:  # added last, so outermost: a preflight needs no token
         app.add_middleware(CORSMiddleware, **cors_options(settings.cors_origins))
     guarded = guarded_router(token_required=token is not None)
-
-    info = InfoResponse(
-        name=env_factory.name,
-        version=env_factory.version,
-        description=env_factory.description,
-        system_prompt=env_factory.system_prompt,
-        action_format=env_factory.action_format,
-        config_schema=env_factory.config_schema(),
-        limits=settings.limits(),
-        datasets=tasks.datasets(),
-        tools=env_factory.tools,
-    )
 
     async def reset(request: ResetRequest) -> bytes:
         """Start an episode; returns the session id and the first observation."""
@@ -122,7 +114,7 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
     @guarded.get("/info")
     async def get_info() -> InfoResponse:
         """What this env is, how to talk to it, the tasks it holds and the server's limits."""
-        return info
+        return service.info
 
     @app.get("/ready", responses=READY_RESPONSES)
     async def ready(response: Response) -> ReadyResponse:

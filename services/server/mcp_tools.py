@@ -28,8 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.routing import BaseRoute
 
 from clients.protocol import ErrorCode, Observation, ResetRequest, ResetResponse, StepRequest, StepResponse
+from services.server.embedded import EnvService
 from services.server.errors import ServiceError, describe_validation_errors
-from services.server.runtime import EnvRuntime
 from services.server.settings import ServerSettings
 
 MCP_PATH = "/mcp"
@@ -91,17 +91,17 @@ Handler = Callable[[Any], Awaitable[types.CallToolResult]]
 
 
 class EnvTools:
-    """The MCP server of one runtime's sessions."""
+    """The MCP server of one env service's sessions."""
 
-    def __init__(self, runtime: EnvRuntime) -> None:
-        self.runtime = runtime
-        self.manager = runtime.manager
-        factory = runtime.factory
+    def __init__(self, service: EnvService) -> None:
+        self.service = service
+        self.manager = service.manager
+        factory = service.factory
         self.tools: dict[str, tuple[type[_Arguments], Handler, types.Tool]] = {
             "start_episode": (
                 StartEpisode,
                 self._start,
-                _tool("start_episode", StartEpisode, _start_text(runtime)),
+                _tool("start_episode", StartEpisode, _start_text(service)),
             ),
             "act": (Act, self._act, _tool("act", Act, f"Take one turn: {factory.action_format}. {_ANSWERS}")),
             "observe": (SessionRef, self._observe, _tool("observe", SessionRef, _OBSERVE)),
@@ -164,7 +164,7 @@ class EnvTools:
 
     def _failure(self, code: ErrorCode, message: str) -> types.CallToolResult:
         """An `is_error` result, counted like the HTTP API's error answers."""
-        self.runtime.metrics.errors.labels(code=code.value).inc()
+        self.service.metrics.errors.labels(code=code.value).inc()
         return types.CallToolResult(
             content=[types.TextContent(text=f"{code.value}: {message}")], is_error=True
         )
@@ -192,10 +192,13 @@ class EnvTools:
         return types.CallToolResult(content=[types.TextContent(text=f"session {arguments.session_id} ended")])
 
 
-async def serve_stdio(runtime: EnvRuntime) -> None:
-    """Serve `runtime`'s sessions over stdio until the client leaves, then drain them."""
-    async with runtime.running():
-        await EnvTools(runtime).serve_stdio()
+async def serve_stdio(service: EnvService) -> None:
+    """Serve `service`'s sessions over stdio until the client leaves, then drain them."""
+    await service.start()
+    try:
+        await EnvTools(service).serve_stdio()
+    finally:
+        await service.stop()
 
 
 _ANSWERS = (
@@ -209,11 +212,11 @@ _HOW_TO_PLAY = (
 )
 
 
-def _start_text(runtime: EnvRuntime) -> str:
+def _start_text(service: EnvService) -> str:
     """`start_episode`'s description: the env, and the tasks and options it takes."""
-    splits = ", ".join(f"{split.name} ({split.size} rows)" for split in runtime.tasks.datasets().splits)
+    splits = ", ".join(f"{split.name} ({split.size} rows)" for split in service.info.datasets.splits)
     return (
-        f"Start a {runtime.factory.name} episode: {runtime.factory.description} Give at most one of seed, "
+        f"Start a {service.factory.name} episode: {service.factory.description} Give at most one of seed, "
         f"task_id ({'splits: ' + splits if splits else 'this server holds no datasets'}) or sample; options "
         "follow the env's schema. Returns the session_id and the first observation (text and images)."
     )

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from services.env_api import EnvFactory
+from services.sokoban.actions import random_reply
 from services.sokoban.env import SokobanEnv, build_env
 from services.sokoban.options import SokobanOptions
 from services.sokoban.prompt import ACTION_FORMAT, system_prompt
@@ -13,10 +16,29 @@ from services.sokoban.tools import TOOLS, tool_call_text
 __all__ = ["ENV_FACTORY", "SokobanEnv", "SokobanOptions", "build_env"]
 
 
+class SampleInfo(BaseModel):
+    """The `extra_info` of a processed-dataset row; `env_config` is the level and its settings."""
+
+    model_config = ConfigDict(extra="allow")
+
+    env_config: dict[str, Any]
+
+
+class SokobanSample(BaseModel):
+    """A row of the seed's processed dataset (what `vistarl data sokoban` writes), as a task."""
+
+    model_config = ConfigDict(extra="allow")
+
+    extra_info: SampleInfo
+
+
 def _create(options: BaseModel, seed: int | None, sample: BaseModel | None) -> SokobanEnv:
-    """The server's constructor: validated options plus the `/reset` seed (used by generated levels)."""
+    """The server's constructor: validated options plus the `/reset` seed (used by generated levels), or a
+    dataset row whose `env_config` the options override."""
     if not isinstance(options, SokobanOptions):
         raise TypeError(f"expected SokobanOptions, got {type(options).__name__}")
+    if sample is not None:
+        return build_env(sample=sample.model_dump(), **options.model_dump(exclude_unset=True))
     return SokobanEnv(options, seed)
 
 
@@ -33,6 +55,8 @@ ENV_FACTORY = EnvFactory(
     options_model=SokobanOptions,
     create=_create,
     restore=SokobanEnv.from_state,
+    sample_model=SokobanSample,
+    random_reply=random_reply,
     tools=TOOLS,
     tool_call_text=tool_call_text,
     import_path=__name__,

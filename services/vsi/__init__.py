@@ -8,6 +8,7 @@ from pydantic import BaseModel
 from services.env_api import EnvFactory
 from services.vsi.env import VsiEnv, build_env
 from services.vsi.options import VsiOptions
+from services.vsi.policy import benchmark, random_reply
 from services.vsi.prompt import ACTION_FORMAT, system_prompt
 from services.vsi.question import VsiQuestion
 from services.vsi.splits import splits
@@ -41,6 +42,8 @@ ENV_FACTORY = EnvFactory(
     action_format=ACTION_FORMAT,
     splits=splits,
     tools=TOOLS,
+    random_reply=random_reply,
+    benchmark=benchmark,
     tool_call_text=tool_call_text,
     import_path=__name__,
 )

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import random
+import re
+from collections.abc import Sequence
 
+from services.env_api import EpisodeScore
 from services.vsi.camera import Action
+from services.vsi.prompt import OPTIONS_HEADER
 from services.vsi.question import QuestionType, VsiQuestion, letter
+from services.vsi.scoring import aggregate
 
 ANSWER_PROBABILITY = 0.2
+OPTION_LINE = re.compile(r"^[A-Z]\. ")
 NUMERIC_RANGES: dict[QuestionType, tuple[float, float]] = {
     QuestionType.OBJECT_COUNTING: (1, 10),
     QuestionType.OBJECT_ABS_DISTANCE: (0.2, 6.0),
@@ -35,3 +41,22 @@ def random_answer(question: VsiQuestion, rng: random.Random) -> str:
     if question.question_type is QuestionType.OBJECT_COUNTING:
         return str(rng.randint(int(low), int(high)))
     return f"{rng.uniform(low, high):.1f}"
+
+
+def random_reply(conversation: str, rng: random.Random) -> str:
+    """The random player's reply to a conversation (`vistarl eval --dummy`): mostly a random action, now and
+    then an answer: a letter of the question's options when it lists some, else a number."""
+    if rng.random() >= ANSWER_PROBABILITY:
+        return f"<action>{rng.choice(list(Action)).value}</action>"
+    _, listed, options = conversation.rpartition(f"{OPTIONS_HEADER}\n")
+    count = sum(1 for line in options.splitlines() if OPTION_LINE.match(line)) if listed else 0
+    return f"<answer>{letter(rng.randrange(count)) if count else f'{rng.uniform(1, 20):.1f}'}</answer>"
+
+
+def benchmark(episodes: Sequence[EpisodeScore]) -> dict[str, float]:
+    """VSI-Bench's per-task and overall scores (x100) of finished episodes, by their question type."""
+    return aggregate(
+        (episode.labels["question_type"], episode.metrics.get("score", 0.0))
+        for episode in episodes
+        if "question_type" in episode.labels
+    )

@@ -12,6 +12,7 @@ from services.vsi.question import VsiQuestion
 ACTION_FORMAT = (
     "<action>NAME</action> with NAME one of " + ", ".join(a.value for a in Action) + "; or <answer>X</answer>"
 )
+OPTIONS_HEADER = "Options:"
 NUMERIC_POST_PROMPT = "Please answer the question using a single word or phrase."
 CHOICE_POST_PROMPT = "Answer with the option's letter from the given choices directly."
 
@@ -39,7 +40,7 @@ def question_block(question: VsiQuestion) -> str:
     if question.question_type.numeric:
         return f"{question.question}\n{NUMERIC_POST_PROMPT}"
     options = "\n".join(question.options or [])
-    return f"{question.question}\nOptions:\n{options}\n{CHOICE_POST_PROMPT}"
+    return f"{question.question}\n{OPTIONS_HEADER}\n{options}\n{CHOICE_POST_PROMPT}"
 
 
 def reset_text(question: VsiQuestion, tour_frames: int, max_turns: int) -> str:

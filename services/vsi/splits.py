@@ -1,8 +1,9 @@
 """The built-in question splits: `test` over the 288 VSI-Bench rooms, `train` over synthetic rooms.
 
-Both follow one cycle of 24 question types, three rows per task (one per relative-direction level), so
-each split is balanced across VSI-Bench's 8 tasks, and the k-th multiple-choice row of a type has its
-answer at letter k mod (options), which spreads the letters evenly. Test rows take each scene's drafts
+Both follow one cycle of 24 question types, three rows per task (one per relative-direction level) in
+three rounds of the 8 tasks, so each split is balanced across VSI-Bench's 8 tasks, and the k-th
+multiple-choice row of a type has its answer at letter k mod (options), which spreads the letters
+evenly. Test rows take each scene's drafts
 in turn (round r takes every scene's r-th draft, scenes in a fixed shuffled order), so the questions
 spread over the rooms. Train row i is built on its own synthetic rooms (`synth-(64·i + j)`, the first
 j that admits its type), on demand. No scene is in both splits: synthetic names never name a
@@ -25,8 +26,13 @@ from services.vsi.synth import synth_name
 from services.vsi.tasks import Draft, drafts
 
 CYCLE: tuple[QuestionType, ...] = tuple(
-    qt for qt in QuestionType for _ in range(1 if qt in DIRECTION_TYPES else len(DIRECTION_TYPES))
+    level if qt in DIRECTION_TYPES else qt
+    for level in DIRECTION_TYPES
+    for qt in QuestionType
+    if qt not in DIRECTION_TYPES or qt is DIRECTION_TYPES[0]
 )
+"""Three rounds of the 8 tasks, the relative-direction task at a different level each round, so any
+stretch of rows mixes the tasks."""
 TEST_CYCLES = 32
 """768 test rows: 96 per task."""
 TRAIN_CYCLES = 400

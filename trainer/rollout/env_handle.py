@@ -1,67 +1,65 @@
-"""One interface to an episode's environment, whether it runs in this process or behind an env server.
+"""One interface to an episode's environment, whether it runs behind an env server or in this process.
 
-`open_env(spec)` returns an `EnvHandle`: a `LocalEnvHandle` for a registered name or import path
-(`sokoban`, `services.sokoban`), a `RemoteEnvHandle` for an `http(s)://` URL. Both speak in the
-same OpenAI-style user messages (image parts as PNG data URLs, then the text), produced by the
-env's own `format_observation`, so the episode loop cannot tell them apart. Every env failure
-(an exception, a timeout, an unreachable or failing server) surfaces as `EnvError`.
+An env is named by an `http(s)://` URL (an env server, reached through a shared `AsyncEnvClient`) or by a
+registered name or import path (`sokoban`, `services.sokoban`: the same server code, an `EnvService`,
+run in this process). Either way an episode speaks the wire protocol's models: a job's task becomes a
+`ResetRequest` (seed, task id, sample, options), each reply a `StepRequest` with a request id, and the
+answers carry the env's own chat messages (image parts as PNG data URLs). So the episode loop cannot
+tell the two apart, and a task reaches the env the same way in process, over HTTP and through the queue.
+Every env failure (an exception, a timeout, an unreachable or failing server) surfaces as `EnvError`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Protocol, TypeVar
+import uuid
+from collections.abc import Iterator
+from typing import Any, Protocol
 
-import anyio
-import anyio.to_thread
-
-from clients.errors import EnvClientError
 from clients.http import AsyncEnvClient, RetryPolicy
-from clients.protocol import Message
-from services.env_api import ENV_MODULES, Env, EnvFactory, EnvObservation, load_env_factory
-from services.server.encoding import json_safe, message_to_wire
+from clients.protocol import (
+    ErrorCode,
+    InfoResponse,
+    Message,
+    ResetRequest,
+    ResetResponse,
+    StepRequest,
+    StepResponse,
+)
+from services.env_api import load_env_factory
+from services.server.embedded import EnvService
+from services.server.errors import ServiceError
+from services.server.settings import ServerSettings
 from trainer.rollout.job import EpisodeJob
 
-__all__ = [
-    "EnvError",
-    "EnvHandle",
-    "LocalEnvHandle",
-    "RemoteEnvHandle",
-    "RemoteEnvs",
-    "is_url",
-    "open_env",
-]
+__all__ = ["EnvError", "EnvHandle", "EnvSessions", "Envs", "describe_env", "is_url"]
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
-DEFAULT_ENV_TIMEOUT_S = 60.0
 
 
 class EnvError(RuntimeError):
     """The environment failed: it raised, overran its timeout, or its server failed or is unreachable."""
 
 
-class EnvHandle(Protocol):
-    """One episode's environment. `system_prompt` is valid once `reset` has returned."""
+class EnvSessions(Protocol):
+    """Where one env's sessions live: an env server, or an `EnvService` in this process."""
 
-    system_prompt: str
-
-    async def reset(self, job: EpisodeJob) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Start the job's episode: the first observation as a user message, and the env's info."""
+    async def describe(self) -> InfoResponse:
+        """The env's `/info`: its system prompt, action format, tasks and limits."""
         ...
 
-    async def step(self, text: str) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
-        """Send the model's response: the next observation's message, turn reward, done, info."""
+    async def reset(self, request: ResetRequest) -> ResetResponse:
+        """Start a session."""
         ...
 
-    async def close(self) -> None:
-        """End the episode and free its resources; never raises, safe to call twice."""
+    async def step(self, request: StepRequest) -> StepResponse:
+        """Step a session."""
+        ...
+
+    async def close(self, session_id: str) -> bool:
+        """End a session: True if it ended now, False if it was already gone."""
         ...
 
 
@@ -70,9 +68,159 @@ def is_url(spec: str) -> bool:
     return spec.startswith(("http://", "https://"))
 
 
-def message_dict(message: Message) -> dict[str, Any]:
-    """A wire message as the plain dict the tokenizer's chat template and the trajectory take."""
-    return message.model_dump(mode="json")
+class RemoteSessions:
+    """An env server's sessions, through a client shared by every episode on it; `/info` fetched once."""
+
+    def __init__(self, client: AsyncEnvClient) -> None:
+        self.client = client
+        self._info: InfoResponse | None = None
+
+    async def describe(self) -> InfoResponse:
+        if self._info is None:
+            self._info = await self.client.info()
+        return self._info
+
+    async def reset(self, request: ResetRequest) -> ResetResponse:
+        return await self.client.reset(
+            seed=request.seed,
+            task_id=request.task_id,
+            sample=request.sample,
+            options=request.options,
+            format=request.format,
+        )
+
+    async def step(self, request: StepRequest) -> StepResponse:
+        return await self.client.step(
+            request.session_id, request.action, request_id=request.request_id, format=request.format
+        )
+
+    async def close(self, session_id: str) -> bool:
+        return await self.client.close(session_id)
+
+
+class LocalSessions:
+    """An env's sessions in an `EnvService` of this process: the env server's own code, without HTTP."""
+
+    def __init__(self, service: EnvService) -> None:
+        self.service = service
+
+    async def describe(self) -> InfoResponse:
+        return self.service.info
+
+    async def reset(self, request: ResetRequest) -> ResetResponse:
+        return await self.service.reset(request)
+
+    async def step(self, request: StepRequest) -> StepResponse:
+        return await self.service.step(request)
+
+    async def close(self, session_id: str) -> bool:
+        try:
+            await self.service.close(session_id)
+        except ServiceError as exc:
+            if exc.code != ErrorCode.SESSION_NOT_FOUND:
+                raise
+            return False
+        return True
+
+
+class Envs:
+    """The envs one process plays: a shared client per env server URL, an `EnvService` per env module.
+
+    `timeout_s` bounds one env call (an attempt, for a server); `outage_s` how long a call to an env
+    server keeps retrying through an outage (connection refused, 503) before the episode fails.
+    """
+
+    def __init__(self, *, token: str | None = None, timeout_s: float = 60.0, outage_s: float = 60.0) -> None:
+        self.token = token
+        self.timeout_s = timeout_s
+        self.retry = RetryPolicy(max_attempts=1_000_000, max_delay=2.0, deadline_s=outage_s)
+        self._remote: dict[str, RemoteSessions] = {}
+        self._local: dict[str, LocalSessions] = {}
+        self._starting = asyncio.Lock()
+
+    async def open(self, spec: str) -> EnvHandle:
+        """A handle for one episode of the env `spec` names (a URL, a registered name or an import path)."""
+        if is_url(spec):
+            return EnvHandle(self._remote_sessions(spec.rstrip("/")))
+        async with self._starting:
+            if spec not in self._local:
+                try:
+                    settings = ServerSettings(env_workers=0, env_timeout_s=self.timeout_s)
+                    service = EnvService(load_env_factory(spec), settings)
+                except ValueError as exc:
+                    raise EnvError(str(exc)) from exc
+                await service.start()
+                self._local[spec] = LocalSessions(service)
+        return EnvHandle(self._local[spec])
+
+    def _remote_sessions(self, url: str) -> RemoteSessions:
+        if url not in self._remote:
+            client = AsyncEnvClient(url, token=self.token, timeout=self.timeout_s, retry=self.retry)
+            self._remote[url] = RemoteSessions(client)
+        return self._remote[url]
+
+    async def aclose(self) -> None:
+        """Close every client's connections and stop every in-process env service."""
+        remote, local = list(self._remote.values()), list(self._local.values())
+        self._remote, self._local = {}, {}
+        await asyncio.gather(
+            *(sessions.client.shutdown() for sessions in remote),
+            *(sessions.service.stop() for sessions in local),
+        )
+
+
+async def describe_env(spec: str) -> InfoResponse:
+    """The `/info` of the env `spec` names (its tasks, limits, prompts), from the server or in process."""
+    envs = Envs()
+    try:
+        return await (await envs.open(spec)).sessions.describe()
+    finally:
+        await envs.aclose()
+
+
+class EnvHandle:
+    """One episode's session on an env. `system_prompt` is valid once `reset` has returned."""
+
+    def __init__(self, sessions: EnvSessions) -> None:
+        self.sessions = sessions
+        self.system_prompt = ""
+        self.session_id: str | None = None
+
+    async def reset(self, job: EpisodeJob) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Start the job's task: the first observation as a user message, and the env's info."""
+        request = ResetRequest(
+            seed=job.seed, task_id=job.task_id, sample=job.sample, options=job.options, format=True
+        )
+        with _env_errors("reset"):
+            self.system_prompt = (await self.sessions.describe()).system_prompt
+            first = await self.sessions.reset(request)
+        self.session_id = first.session_id
+        return _required_message(first.message, "reset"), first.info
+
+    async def step(self, text: str) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
+        """Send the model's response: the next observation's message, turn reward, done, info.
+
+        The request id makes a retried step (after a lost answer) safe: the env steps once.
+        """
+        if self.session_id is None:
+            raise EnvError("step before reset")
+        request = StepRequest(
+            session_id=self.session_id, action=text, request_id=uuid.uuid4().hex, format=True
+        )
+        with _env_errors("step"):
+            result = await self.sessions.step(request)
+        return _required_message(result.message, "step"), result.reward, result.done, result.info
+
+    async def close(self) -> None:
+        """End the session; a failure (e.g. a dead server) is logged, never raised; safe to call twice."""
+        session_id, self.session_id = self.session_id, None
+        if session_id is None:
+            return
+        try:
+            with _env_errors("close"):
+                await self.sessions.close(session_id)
+        except EnvError as exc:
+            log.warning("could not close session %s: %s", session_id, exc)
 
 
 @contextlib.contextmanager
@@ -80,170 +228,14 @@ def _env_errors(what: str) -> Iterator[None]:
     """Re-raise any failure of an env call (but not cancellation) as `EnvError` naming the call."""
     try:
         yield
-    except EnvError:
-        raise
     except TimeoutError as exc:
         raise EnvError(f"env {what} timed out") from exc
     except Exception as exc:
         raise EnvError(f"env {what} failed: {type(exc).__name__}: {exc}") from exc
 
 
-class LocalEnvHandle:
-    """Runs an env package's hooks in a worker thread, encoding images as servers do."""
-
-    def __init__(self, module: str, *, timeout_s: float = DEFAULT_ENV_TIMEOUT_S) -> None:
-        self.factory: EnvFactory = load_env_factory(module)
-        package = importlib.import_module(ENV_MODULES.get(module, module))
-        self._build_env: Callable[..., Env] | None = getattr(package, "build_env", None)
-        self.system_prompt = self.factory.system_prompt
-        self.timeout_s = timeout_s
-        self._env: Env | None = None
-
-    async def reset(self, job: EpisodeJob) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Build an env from the job's options and seed (or a dataset `sample` via `build_env`); reset it."""
-        with _env_errors("reset"):
-            env = await self._in_thread(self._create, job.seed, dict(job.options), job.sample)
-            self._env = env
-            return await self._in_thread(_reset_and_format, env)
-
-    async def step(self, text: str) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
-        """Step the env with the response text, in a worker thread."""
-        if self._env is None:
-            raise EnvError("step before reset")
-        with _env_errors("step"):
-            return await self._in_thread(_step_and_format, self._env, text)
-
-    async def close(self) -> None:
-        """Close the env in a worker thread; a failing close is logged."""
-        env, self._env = self._env, None
-        if env is None:
-            return
-        try:
-            with _env_errors("close"):
-                await self._in_thread(env.close)
-        except EnvError as exc:
-            log.warning("%s", exc)
-
-    def _create(self, seed: int | None, options: dict[str, Any], sample: Mapping[str, Any] | None) -> Env:
-        """A fresh env: the server's constructor, or the package's `build_env` hook for a dataset sample."""
-        if sample is None:
-            return self.factory.create(self.factory.options_model.model_validate(options), seed, None)
-        if self._build_env is None:
-            raise EnvError(f"env {self.factory.name!r} has no build_env hook to take a dataset sample")
-        return self._build_env(sample=sample, **options)
-
-    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run blocking env code off the event loop; give up waiting after `timeout_s`."""
-        with anyio.fail_after(self.timeout_s):
-            return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
-
-
-def _format(env: Env, obs: EnvObservation) -> dict[str, Any]:
-    """The env's own message for an observation, with PIL images encoded as data URLs."""
-    return message_dict(message_to_wire(env.format_observation(obs)))
-
-
-def _reset_and_format(env: Env) -> tuple[dict[str, Any], dict[str, Any]]:
-    obs, info = env.reset()
-    return _format(env, obs), json_safe(info)
-
-
-def _step_and_format(env: Env, text: str) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
-    obs, done, info = env.step(text)
-    return _format(env, obs), float(info.get("reward", 0.0)), bool(done), json_safe(info)
-
-
-class RemoteEnvs:
-    """The env servers one process talks to: one shared `AsyncEnvClient` and cached `/info` per URL."""
-
-    def __init__(
-        self, *, token: str | None = None, timeout_s: float = 30.0, retry: RetryPolicy | None = None
-    ) -> None:
-        self.token = token
-        self.timeout_s = timeout_s
-        self.retry = retry
-        self._clients: dict[str, AsyncEnvClient] = {}
-        self._prompts: dict[str, str] = {}
-
-    def client(self, url: str) -> AsyncEnvClient:
-        """The shared client of `url`, created on first use."""
-        url = url.rstrip("/")
-        if url not in self._clients:
-            self._clients[url] = AsyncEnvClient(
-                url, token=self.token, timeout=self.timeout_s, retry=self.retry
-            )
-        return self._clients[url]
-
-    async def system_prompt(self, url: str) -> str:
-        """The server's system prompt from `/info`, fetched once per URL."""
-        url = url.rstrip("/")
-        if url not in self._prompts:
-            self._prompts[url] = (await self.client(url).info()).system_prompt
-        return self._prompts[url]
-
-    async def aclose(self) -> None:
-        """Close every client's connection pool."""
-        clients, self._clients = list(self._clients.values()), {}
-        await asyncio.gather(*(client.shutdown() for client in clients))
-
-
-class RemoteEnvHandle:
-    """An episode on an env server, through a shared client; the session is deleted by `close()`."""
-
-    def __init__(self, url: str, remotes: RemoteEnvs) -> None:
-        self.url = url
-        self.remotes = remotes
-        self.client = remotes.client(url)
-        self.system_prompt = ""
-        self.session_id: str | None = None
-
-    async def reset(self, job: EpisodeJob) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Fetch the system prompt (once per server) and `POST /reset` with `format=True`."""
-        if job.sample is not None:
-            raise EnvError("an env server takes options, not a dataset sample: pass the sample's env config")
-        with _env_errors("reset"):
-            self.system_prompt = await self.remotes.system_prompt(self.url)
-            first = await self.client.reset(seed=job.seed, options=job.options, format=True)
-        self.session_id = first.session_id
-        return _required_message(first.message, "reset"), first.info
-
-    async def step(self, text: str) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
-        """`POST /step` with `format=True`; safe to retry, since the client sends a request id."""
-        if self.session_id is None:
-            raise EnvError("step before reset")
-        with _env_errors("step"):
-            result = await self.client.step(self.session_id, text, format=True)
-        return _required_message(result.message, "step"), result.reward, result.done, result.info
-
-    async def close(self) -> None:
-        """Delete the session; a failure (e.g. a dead server) is logged, not raised."""
-        session_id, self.session_id = self.session_id, None
-        if session_id is None:
-            return
-        try:
-            await self.client.close(session_id)
-        except EnvClientError as exc:
-            log.warning("could not close session %s on %s: %s", session_id, self.url, exc)
-
-
 def _required_message(message: Message | None, what: str) -> dict[str, Any]:
-    """The formatted message a `format=True` call must return."""
+    """The formatted message a `format=True` call must return, as the plain dict the tokenizer takes."""
     if message is None:
-        raise EnvError(f"env server answered {what} without the formatted message")
-    return message_dict(message)
-
-
-def open_env(
-    spec: str, remotes: RemoteEnvs | None = None, *, timeout_s: float = DEFAULT_ENV_TIMEOUT_S
-) -> EnvHandle:
-    """A handle for one episode: remote (through `remotes`' shared client) for a URL, else in-process."""
-    if is_url(spec):
-        if remotes is None:
-            raise ValueError(
-                f"env {spec!r} is a server URL; pass the RemoteEnvs whose client should reach it"
-            )
-        return RemoteEnvHandle(spec, remotes)
-    try:
-        return LocalEnvHandle(spec, timeout_s=timeout_s)
-    except ValueError as exc:
-        raise EnvError(str(exc)) from exc
+        raise EnvError(f"env answered {what} without the formatted message")
+    return message.model_dump(mode="json")

@@ -171,6 +171,13 @@ class _Episode:
         numeric = [int(v) for v in self.versions if v.isdigit()]
         return min(numeric) if numeric else default
 
+    def labels(self) -> dict[str, str]:
+        """The env's own text metrics (a question type, a scene name), by name."""
+        env_metrics = self.info.get("metrics")
+        if not isinstance(env_metrics, Mapping):
+            return {}
+        return {str(name): value for name, value in env_metrics.items() if isinstance(value, str)}
+
     def metrics(self) -> dict[str, float]:
         """Rollout counts, finish reasons, and the env's own numeric metrics as `env/<name>`."""
         tracks = self.tracks
@@ -250,6 +257,7 @@ async def run_episode(
         turn_rewards=episode.turn_rewards,
         episode_reward=reward,
         metrics=episode.metrics(),
+        labels=episode.labels(),
         timings=timings,
     )
 

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 
 from trainer.config import RolloutConfig
 from trainer.rollout.engines.base import Engine
-from trainer.rollout.env_handle import EnvError, RemoteEnvs, open_env
+from trainer.rollout.env_handle import EnvError, Envs
 from trainer.rollout.episode import failed_trajectory, run_episode
 from trainer.rollout.job import EpisodeJob
 from trainer.rollout.processor import VLProcessor
@@ -24,7 +24,7 @@ __all__ = ["RolloutRunner", "run_jobs"]
 
 
 class RolloutRunner:
-    """Maps `job.env` through `env_urls` (else takes it as given) to an env handle, then runs the episode."""
+    """Maps `job.env` through `env_urls` (else takes it as given) to an env, then runs the episode on it."""
 
     def __init__(
         self,
@@ -35,7 +35,7 @@ class RolloutRunner:
         env_urls: Mapping[str, str] | None = None,
         reward_fn: RewardFn = env_reward,
         deadline_s: float | None = None,
-        remotes: RemoteEnvs | None = None,
+        envs: Envs | None = None,
     ) -> None:
         self.engine = engine
         self.encoder = TurnEncoder(processor)
@@ -43,14 +43,14 @@ class RolloutRunner:
         self.env_urls = dict(env_urls or {})
         self.reward_fn = reward_fn
         self.deadline_s = deadline_s
-        self.remotes = remotes or RemoteEnvs()
+        self.envs = envs or Envs(outage_s=self.config.env_outage_s)
 
     async def __call__(self, job: EpisodeJob) -> Trajectory:
         """Run one job; the trajectory has any status, FAILED when the env cannot even be opened."""
         started = time.perf_counter()
         try:
-            env = open_env(self.env_urls.get(job.env, job.env), self.remotes)
-        except (EnvError, ValueError) as exc:
+            env = await self.envs.open(self.env_urls.get(job.env, job.env))
+        except EnvError as exc:
             return failed_trajectory(job, str(exc), started)
         return await run_episode(
             env,
@@ -63,8 +63,8 @@ class RolloutRunner:
         )
 
     async def aclose(self) -> None:
-        """Close the env clients and the engine."""
-        await self.remotes.aclose()
+        """Close the env clients and services, and the engine."""
+        await self.envs.aclose()
         await self.engine.close()
 
 

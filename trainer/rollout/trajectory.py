@@ -60,6 +60,9 @@ class Trajectory:
     turn_rewards: list[float] = Field(default_factory=list)
     episode_reward: float = 0.0
     metrics: dict[str, float] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="the env's text metrics (a question type)"
+    )
     timings: dict[str, float] = Field(default_factory=dict)
 
     @model_validator(mode="after")

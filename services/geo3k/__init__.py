@@ -1,0 +1,72 @@
+"""The Geo3k environment (seed: slime's "VLM multi-turn, geo3k"): Python API and server factory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from services.env_api import EnvFactory
+from services.geo3k.env import Geo3kEnv, build_env
+from services.geo3k.options import Geo3kOptions
+from services.geo3k.prompt import ACTION_FORMAT, SYSTEM_PROMPT, random_reply
+from services.geo3k.sample import Geo3kSample
+from services.geo3k.splits import builtin_splits
+
+__all__ = ["ENV_FACTORY", "TOOLS", "Geo3kEnv", "Geo3kOptions", "Geo3kSample", "build_env"]
+
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calc_score",
+            "description": (
+                "Check an answer to the geometry problem against the reference answer. "
+                "Returns a score of 1.0 if it matches, else 0.0."
+            ),
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "answer": {
+                        "type": "string",
+                        "description": (
+                            "The answer: a number or a LaTeX expression such as 2\\sqrt{3} or \\frac{7}{2}, "
+                            "or the letter of a listed choice."
+                        ),
+                    }
+                },
+                "required": ["answer"],
+            },
+        },
+    }
+]
+
+
+def _create(options: BaseModel, seed: int | None, sample: BaseModel | None) -> Geo3kEnv:
+    """The server's constructor: validated options plus the task, a `/reset` seed or a validated sample."""
+    if not isinstance(options, Geo3kOptions):
+        raise TypeError(f"expected Geo3kOptions, got {type(options).__name__}")
+    if sample is not None and not isinstance(sample, Geo3kSample):
+        raise TypeError(f"expected a Geo3kSample, got {type(sample).__name__}")
+    return Geo3kEnv(options, seed, sample)
+
+
+ENV_FACTORY = EnvFactory(
+    name="geo3k",
+    version="1.0.0",
+    description=(
+        "Geo3k (seed rules): solve a geometry problem from its diagram, check answers with the calc_score "
+        "tool, and give the final answer in \\boxed{}; the reward is 1 for a correct final answer. Problems "
+        "come from a seed (built-in generator), a dataset row (Geometry3K schema), or the train/test splits."
+    ),
+    system_prompt=SYSTEM_PROMPT,
+    action_format=ACTION_FORMAT,
+    options_model=Geo3kOptions,
+    create=_create,
+    restore=Geo3kEnv.from_state,
+    sample_model=Geo3kSample,
+    splits=builtin_splits,
+    tools=TOOLS,
+    random_reply=random_reply,
+    import_path=__name__,
+)

@@ -1,0 +1,71 @@
+"""`EnvService`: one env's sessions, tasks and env pool, as a server holds them, with or without HTTP.
+
+`create_app` puts HTTP in front of an `EnvService`. The rollout calls one directly when an episode names
+its env by module instead of by URL, so an in-process episode goes through the server's own rules
+(tasks at reset, options, limits, idempotent steps, timeouts) rather than a second copy of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from clients.protocol import InfoResponse, ResetRequest, ResetResponse, StepRequest, StepResponse
+from services.env_api import EnvFactory
+from services.server.env_pool import create_pool
+from services.server.metrics import ServerMetrics
+from services.server.sessions import SessionManager
+from services.server.settings import ServerSettings
+from services.server.tasks import TaskCatalog
+
+__all__ = ["EnvService"]
+
+
+class EnvService:
+    """The parts of an env server below HTTP. `start()` before use, `stop()` after; `manager` answers
+    every env call with the JSON body the HTTP route sends."""
+
+    def __init__(self, factory: EnvFactory, settings: ServerSettings | None = None) -> None:
+        self.factory = factory
+        self.settings = settings or ServerSettings()
+        self.metrics = ServerMetrics()
+        self.tasks = TaskCatalog.build(factory, self.settings)
+        self.pool = create_pool(factory, self.settings, self.metrics)
+        self.manager = SessionManager(factory, self.settings, self.metrics, self.pool, self.tasks)
+        self.info = InfoResponse(
+            name=factory.name,
+            version=factory.version,
+            description=factory.description,
+            system_prompt=factory.system_prompt,
+            action_format=factory.action_format,
+            config_schema=factory.config_schema(),
+            limits=self.settings.limits(),
+            datasets=self.tasks.datasets(),
+            tools=factory.tools,
+        )
+        self._reaper: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Open the env pool and start the idle-session reaper."""
+        await self.pool.open()
+        self._reaper = asyncio.create_task(self.manager.run_reaper(), name="vistarl-session-reaper")
+
+    async def stop(self) -> None:
+        """Stop the reaper, then drain: refuse new episodes and close every env."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        await self.manager.shutdown()
+
+    async def reset(self, request: ResetRequest) -> ResetResponse:
+        """`POST /reset` without the HTTP: the same validation, task lookup and limits."""
+        return ResetResponse.model_validate_json(await self.manager.reset(request))
+
+    async def step(self, request: StepRequest) -> StepResponse:
+        """`POST /step` without the HTTP."""
+        return StepResponse.model_validate_json(await self.manager.step(request))
+
+    async def close(self, session_id: str) -> None:
+        """`DELETE /sessions/{id}` without the HTTP."""
+        await self.manager.close(session_id)

@@ -1,0 +1,66 @@
+"""Geo3k behind a real `vistarl serve geo3k` process, through the Python client: envs in server threads and
+in env worker processes (where grading starts its own processes)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from clients.errors import BadRequestError
+from clients.http import EnvClient
+from clients.images import decode_image
+from services.geo3k.generator import generate
+from services.geo3k.generator.diagram import IMAGE_SIZE
+from tests.servers import free_port, running_process, vistarl_cmd
+
+
+@pytest.fixture(scope="module", params=[0, 1], ids=["threads", "env-workers"])
+def client(request: pytest.FixtureRequest) -> Iterator[EnvClient]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = vistarl_cmd(
+        "serve", "geo3k", "--port", str(port), "--log-level", "warning", "--env-workers", str(request.param)
+    )
+    with (
+        running_process(command, ready_url=f"{url}/health", env={"VISTARL_API_TOKEN": ""}),
+        EnvClient(url, timeout=60.0) as c,
+    ):
+        yield c
+
+
+def tool_call(answer: str) -> str:
+    return (
+        "<tool_call>" + json.dumps({"name": "calc_score", "arguments": {"answer": answer}}) + "</tool_call>"
+    )
+
+
+def test_an_episode_over_http_ends_with_the_final_answer_reward(client: EnvClient) -> None:
+    answer = generate(31).answer
+    with client.episode(seed=31, format=True) as episode:
+        assert episode.info["seed"] == 31
+        (image,) = episode.observation.images
+        assert decode_image(image).size == (IMAGE_SIZE, IMAGE_SIZE)
+        assert episode.message is not None and episode.message.content[0].type == "image_url"
+        wrong = episode.step(tool_call(f"{answer} + 1"))
+        assert not wrong.done and wrong.info["outcome"] == "wrong" and wrong.observation.images == []
+        right = episode.step(tool_call(answer))
+        assert not right.done and "calc_score result: 1.0" in right.observation.text
+        final = episode.step(f"Answer: \\boxed{{{answer}}}")
+    assert final.done and final.reward == final.info["episode_reward"] == 1.0
+    assert final.info["tool_scores"] == [0.0, 1.0, None] and final.info["metrics"]["success"] is True
+
+
+def test_bad_options_are_422_naming_the_field(client: EnvClient) -> None:
+    with pytest.raises(BadRequestError) as caught:
+        client.reset(options={"max_turns": 0})
+    assert caught.value.status == 422 and "max_turns" in caught.value.message
+
+
+def test_info_publishes_the_options_schema(client: EnvClient) -> None:
+    info = client.info()
+    assert info.name == "geo3k" and "calc_score" in info.system_prompt
+    assert {"max_turns", "grade_timeout_s", "show_choices", "end_on_correct"} <= info.config_schema[
+        "properties"
+    ].keys()
