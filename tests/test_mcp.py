@@ -204,6 +204,13 @@ async def test_mcp_needs_the_token(url: str, headers: dict[str, str]) -> None:
     assert metric(url, 'vistarl_env_errors_total{code="unauthorized"}') >= refused + 2
 
 
+def test_a_loopback_server_refuses_other_hosts_on_mcp(url: str) -> None:
+    """DNS rebinding: a page of another name that resolves to 127.0.0.1 sends its own Host header."""
+    listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    rebound = httpx.post(f"{url}/mcp", json=listing, headers={**AUTH, "Host": "evil.example"})
+    assert rebound.status_code == 421
+
+
 async def test_stdio_serves_the_same_tools() -> None:
     command = StdioServerParameters(command=sys.executable, args=["-m", "cli.main", "mcp", "sokoban"])
     async with Client(command) as client:

@@ -19,7 +19,7 @@ from services.sokoban.solver import solve
 from tests.envs.serving import served
 from trainer.config import RolloutConfig
 from trainer.rollout.engines.scripted import ScriptedEngine
-from trainer.rollout.env_handle import open_env
+from trainer.rollout.env_handle import Envs
 from trainer.rollout.episode import run_episode
 from trainer.rollout.job import EpisodeJob
 from trainer.rollout.processor import VLProcessor
@@ -123,9 +123,10 @@ def trajectories(tiny_qwen25: Path) -> list[Trajectory]:
     ]
 
     async def play() -> list[Trajectory]:
-        return [
+        envs = Envs()
+        played = [
             await run_episode(
-                open_env("sokoban"),
+                await envs.open("sokoban"),
                 ScriptedEngine(processor, replies),
                 processor,
                 config,
@@ -133,6 +134,8 @@ def trajectories(tiny_qwen25: Path) -> list[Trajectory]:
             )
             for i, (replies, start) in enumerate(scripts)
         ]
+        await envs.aclose()
+        return played
 
     with ThreadPoolExecutor(1) as thread:  # this thread's event loop is playwright's
         return thread.submit(asyncio.run, play()).result()

@@ -136,5 +136,5 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
         return HealthResponse()
 
     app.include_router(guarded)
-    app.router.routes.extend([*mcp.http_routes(settings), *play_routes()])
+    app.router.routes.extend([*mcp.http_routes(), *play_routes()])
     return app

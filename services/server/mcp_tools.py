@@ -30,7 +30,6 @@ from starlette.routing import BaseRoute
 from clients.protocol import ErrorCode, Observation, ResetRequest, ResetResponse, StepRequest, StepResponse
 from services.server.embedded import EnvService
 from services.server.errors import ServiceError, describe_validation_errors
-from services.server.settings import ServerSettings
 
 MCP_PATH = "/mcp"
 
@@ -116,17 +115,20 @@ class EnvTools:
             on_call_tool=self._call_tool,
         )
 
-    def http_routes(self, settings: ServerSettings) -> list[BaseRoute]:
+    def http_routes(self) -> list[BaseRoute]:
         """The streamable HTTP endpoint at `/mcp`, for the env server's app (run `http_running` around it).
 
         Stateless: each request stands alone, so any replica can answer it; the env session id travels
-        in the tool arguments.
+        in the tool arguments. On a server bound to a loopback address the SDK's DNS-rebinding guard
+        accepts only loopback `Host` and `Origin` headers; elsewhere the bearer token is the guard.
         """
+        settings = self.service.settings
         app = self.server.streamable_http_app(
             streamable_http_path=MCP_PATH,
             stateless_http=True,
             json_response=True,
             max_request_body_size=settings.max_body_bytes,
+            host=settings.host,
         )
         return list(app.routes)
 
