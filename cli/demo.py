@@ -1,4 +1,7 @@
-"""`vistarl demo solver`: a scripted agent plays Sokoban against a real server, over HTTP, end to end.
+"""`vistarl demo learn`: a policy learns Sokoban on this machine, SFT on the solver's demonstrations then
+GRPO, with held-out success measured before, between and after (`make demo` runs it).
+
+`vistarl demo solver`: a scripted agent plays Sokoban against a real server, over HTTP, end to end.
 
 The command starts `vistarl serve sokoban` on a free port, lets an agent that knows the BFS solution send
 it as `<answer>..</answer>` turns of up to three moves through the Python client, prints each episode's
@@ -52,6 +55,54 @@ def _default(ctx: typer.Context) -> None:
     """Run `solver` with its defaults when no command is given."""
     if ctx.invoked_subcommand is None:
         solver_command()
+
+
+@demo_app.command("learn")
+def learn_command(
+    config: Annotated[
+        Path,
+        typer.Option(
+            "--config", exists=True, dir_okay=False, help="YAML config (configs/sokoban_demo.yaml)."
+        ),
+    ],
+    demos: Annotated[int, typer.Option("--demos", min=1, help="Solver demonstrations to imitate.")] = 600,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a config key: section.key=value; repeatable.")
+    ] = None,
+) -> None:
+    """SFT on solver demonstrations, then GRPO; prints held-out success before, after SFT and after RL."""
+    import asyncio
+
+    from services.server.encoding import message_to_wire
+    from services.sokoban.demos import demonstration
+    from services.sokoban.options import SokobanOptions
+    from trainer.config import ConfigError, load_config
+    from trainer.curriculum import run_curriculum
+
+    try:
+        cfg = load_config(config, set_ or [])
+        options = SokobanOptions.model_validate(cfg.env.options)
+    except (ConfigError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--config/--set") from None
+    root = Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    data = root / "demos.jsonl"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    console = Console()
+    with data.open("w", encoding="utf-8") as sink:
+        for seed in _training_seeds(demos, cfg.env.eval_seed_range):
+            record = demonstration(options, seed)
+            record["messages"] = [message_to_wire(m).model_dump(mode="json") for m in record["messages"]]
+            sink.write(json.dumps(record) + "\n")
+    console.print(f"wrote {demos} solver demonstrations to {data}")
+    cfg = cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"data": data})})
+    result = asyncio.run(run_curriculum(cfg, root, console))
+    console.print(f"runs, curves and saved episodes under {root}")
+    console.print(result.headline(), markup=False)
+
+
+def _training_seeds(count: int, eval_seeds: range) -> list[int]:
+    """The first `count` level seeds outside the held-out range."""
+    return [seed for seed in range(count + len(eval_seeds)) if seed not in eval_seeds][:count]
 
 
 @demo_app.command("solver")

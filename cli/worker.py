@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -30,9 +31,28 @@ def worker(
         str, typer.Option(envvar="VISTARL_NAMESPACE", help="Queue namespace (one per run).")
     ] = "default",
     engine: Annotated[
-        str | None, typer.Option(help="sglang:URL or hf:DIR, passed to the runner factory.")
+        str | None,
+        typer.Option(
+            help="sglang:URL (SGLang or its router), hf:URL (a `vistarl engine serve` server) or hf:DIR "
+            "(a checkpoint loaded in this process), passed to the runner factory."
+        ),
+    ] = None,
+    tokenizer: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            file_okay=False,
+            help="With an engine server: load the tokenizer and image processor from this local "
+            "checkpoint directory instead of the model path the server reports.",
+        ),
     ] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Episodes run at once.")] = 8,
+    take_max: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Jobs taken per read, so other workers get a share of a step; default concurrency/4."
+        ),
+    ] = None,
     env_url: Annotated[list[str] | None, typer.Option(help="NAME=URL of an env server; repeatable.")] = None,
     reward: Annotated[
         str | None, typer.Option(help="Episode reward function module[:function]; default: the env's own.")
@@ -66,6 +86,8 @@ def worker(
         "reward_path": reward,
         "runner": runner,
         "concurrency": concurrency,
+        "take_max": take_max,
+        "tokenizer": tokenizer,
         "lease_s": lease_s,
         "max_attempts": max_attempts,
         "metrics_port": metrics_port,

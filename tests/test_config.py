@@ -126,7 +126,10 @@ def test_malformed_override(item: str) -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["train.global_batch_size=5"], r"train\.global_batch_size \(5\) must divide"),
+        (
+            ["train.global_batch_size=5"],
+            r"train\.global_batch_size \(5\) must divide .*: set it to one of \[1, 2, 4, 8, 16\]",
+        ),
         (["rollout.n_samples_per_prompt=1", "train.global_batch_size=4"], r"n_samples_per_prompt >= 2"),
         (["rollout.max_new_tokens=4096"], r"rollout: max_new_tokens \(4096\) exceeds"),
         (["rollout.rollout_max_context_len=1000"], r"must be below rollout_max_context_len"),

@@ -4,7 +4,10 @@ OpenAI chat completions, and the agent loop of docs/agents.md against it and `vi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import re
 import subprocess
 import sys
 import time
@@ -16,6 +19,8 @@ import httpx
 import numpy as np
 import pytest
 import torch
+import uvicorn
+from fastapi import FastAPI
 from pydantic import ValidationError
 from transformers import AutoModelForImageTextToText, PreTrainedModel
 
@@ -31,24 +36,48 @@ from tests.vl_samples import noise_image
 from trainer.rollout.engines.base import EngineRequestError, EngineUnavailableError, GenerateRequest
 from trainer.rollout.engines.chat import ChatCompletionRequest, completion, generate_request
 from trainer.rollout.engines.hf import HFEngine
-from trainer.rollout.engines.loading import make_engine
+from trainer.rollout.engines.loading import load_engine, make_engine
 from trainer.rollout.engines.scripted import ScriptedEngine
 from trainer.rollout.engines.server import EngineServerSettings, create_app
 from trainer.rollout.engines.sglang import SGLangEngine
 from trainer.rollout.engines.sglang_api import SamplingParams
+from trainer.rollout.engines.spec import EngineSpec
 from trainer.rollout.processor import VLProcessor
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def served(tiny_qwen25: Path) -> Iterator[str]:
-    """`vistarl engine serve` on the tiny Qwen2.5-VL checkpoint, in its own process."""
+    """`vistarl engine serve` on the tiny Qwen2.5-VL checkpoint, in its own process, started in the
+    checkpoint's parent directory on a relative `--model`, as a compose service names it."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     args = vistarl_cmd(
-        "engine", "serve", "--model", str(tiny_qwen25), "--port", str(port), "--log-level", "warning"
+        "engine", "serve", "--model", tiny_qwen25.name, "--port", str(port), "--log-level", "warning"
     )
-    with running_process(args, ready_url=f"{url}/health_generate", timeout=180):
+    env = {"PYTHONPATH": str(ROOT)}
+    with running_process(
+        args, ready_url=f"{url}/health_generate", env=env, timeout=180, cwd=tiny_qwen25.parent
+    ):
         yield url
+
+
+@contextlib.asynccontextmanager
+async def serving(app: FastAPI) -> AsyncIterator[str]:
+    """Serve `app` with uvicorn in this event loop on a free loopback port; yields its URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and not task.done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert server.started, "uvicorn did not start"
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -167,9 +196,10 @@ async def test_update_weights_from_disk_bumps_weight_version(
     ids = user_turn(processor, "which weights?")
     before = await client.generate(GenerateRequest(engine_ids=ids, sampling=GREEDY))
     try:
-        version = await client.update_weights_from_disk(str(other))
+        version = await client.update_weights_from_disk(os.path.relpath(other, tiny_qwen25.parent))
         assert version != before.weight_version
-        assert (await client.model_info()).weight_version == version
+        info = await client.model_info()
+        assert (info.weight_version, info.model_path) == (version, str(other.resolve()))
         after = await client.generate(GenerateRequest(engine_ids=ids, sampling=GREEDY))
         assert after.weight_version == version
         assert not np.allclose(after.logprobs, before.logprobs, atol=1e-4)
@@ -181,6 +211,41 @@ async def test_update_weights_from_disk_bumps_weight_version(
     restored = await client.generate(GenerateRequest(engine_ids=ids, sampling=GREEDY))
     assert restored.weight_version == "restored"
     np.testing.assert_allclose(restored.logprobs, before.logprobs, atol=1e-6)
+
+
+async def test_a_worker_elsewhere_loads_the_processor_from_the_absolute_path_served(
+    served: str, tiny_qwen25: Path, processor: VLProcessor
+) -> None:
+    assert Path.cwd() != tiny_qwen25.parent, "this process must run elsewhere than the server"
+    async with httpx.AsyncClient() as http:
+        info = (await http.get(f"{served}/model_info")).json()
+    assert info["model_path"] == info["tokenizer_path"] == str(tiny_qwen25.resolve())
+    started = time.monotonic()
+    engine, loaded = await load_engine(EngineSpec.parse(f"hf:{served}"))
+    elapsed = time.monotonic() - started
+    await engine.close()
+    assert loaded.tokenizer.get_vocab() == processor.tokenizer.get_vocab()
+    assert elapsed < 20, f"loading the processor took {elapsed:.1f} s (a model-hub lookup takes ~50 s)"
+
+
+async def test_missing_checkpoints_fail_at_once_naming_the_path(
+    loaded: tuple[PreTrainedModel, VLProcessor], tiny_qwen25: Path, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    for missing in (str(tmp_path / "missing"), "Qwen/Qwen2.5-VL-3B-Instruct"):
+        with pytest.raises(FileNotFoundError, match=f"{re.escape(missing)}.*downloads nothing"):
+            VLProcessor.from_pretrained(missing)
+    elsewhere = HFEngine(*loaded, model_path="/srv/models/not-here")
+    async with serving(create_app(elsewhere)) as url:
+        spec = EngineSpec.parse(f"hf:{url}")
+        with pytest.raises(FileNotFoundError, match=r"serves '/srv/models/not-here'.*--tokenizer DIR"):
+            await load_engine(spec)
+        with pytest.raises(FileNotFoundError, match="missing"):
+            await load_engine(spec, tmp_path / "missing")
+        engine, told = await load_engine(spec, tiny_qwen25)
+        await engine.close()
+    assert told.tokenizer.get_vocab() == loaded[1].tokenizer.get_vocab()
+    assert time.monotonic() - started < 20, "no model-hub lookups (each takes ~50 s offline)"
 
 
 async def test_prompt_tokens_mismatch_becomes_an_abort_naming_both_counts(

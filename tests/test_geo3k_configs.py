@@ -24,5 +24,5 @@ def test_the_full_config_keeps_the_seed_budgets() -> None:
     cfg = load_config(CONFIGS / "geo3k.yaml", [])
     assert (cfg.rollout.rollout_batch_size, cfg.rollout.n_samples_per_prompt) == (64, 8)
     assert cfg.rollout.rollout_max_context_len == 4096 and cfg.model.arch == "qwen3_vl"
-    assert cfg.train.global_batch_size == cfg.rollout.samples_per_step
+    assert cfg.mini_batch_size == cfg.rollout.samples_per_step
     assert cfg.algo.advantage_estimator == "grpo" and not cfg.algo.use_kl

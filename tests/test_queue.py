@@ -60,7 +60,7 @@ async def test_job_goes_through_and_stats_follow(make_queue: QueueMaker) -> None
     [first] = await queue.take("w1", 1, 0.5)
     assert first.job == job("a")
     stats = await queue.stats()
-    assert (stats.pending, stats.in_flight, stats.workers) == (1, 1, 1)
+    assert (stats.pending, stats.in_flight) == (1, 1)
 
     await queue.complete([(first, trajectory_for(first.job, episode_reward=1.0).to_msgpack())])
     stats = await queue.stats()
@@ -110,19 +110,34 @@ async def test_jobs_of_a_silent_worker_are_reclaimed_as_worker_lost(make_queue: 
     queue = make_queue(lease_s=0.5, max_attempts=2)
     await queue.enqueue([job("a")])
     await queue.take("dead-worker", 1, 0.5)
-    assert await queue.reclaim("live-worker") == 0
+    assert await queue.reclaim("live-worker") == {}
 
     await asyncio.sleep(0.6)
-    assert await queue.reclaim("live-worker") == 1
+    assert await queue.reclaim("live-worker") == {"dead-worker": 1}
     [retry] = await queue.take("live-worker", 1, 0.5)
     assert retry.job.attempt == 2
-    assert "worker lost" in retry.job.errors[0]
+    assert retry.job.errors[0].startswith("attempt 1: worker lost: dead-worker sent no heartbeat")
 
     await asyncio.sleep(0.6)
-    assert await queue.reclaim("another-worker") == 1
+    assert await queue.reclaim("another-worker") == {"live-worker": 1}
     [letter] = await queue.dead_letters()
     assert letter.attempts == 2
-    assert letter.error.startswith("worker lost")
+    assert letter.error.startswith("worker lost: live-worker")
+
+
+async def test_workers_are_those_heartbeating_within_their_lease(make_queue: QueueMaker) -> None:
+    queue = make_queue(lease_s=0.5)
+    assert (await queue.stats()).workers == 0
+    for consumer in ("idle", "killed", "leaving"):
+        await queue.heartbeat(consumer, [])
+    assert (await queue.stats()).workers == 3
+    await queue.forget_consumer("leaving")
+    assert (await queue.stats()).workers == 2
+
+    await asyncio.sleep(0.3)
+    await queue.heartbeat("idle", [])
+    await asyncio.sleep(0.3)
+    assert (await queue.stats()).workers == 1
 
 
 async def test_heartbeats_keep_a_lease_and_report_a_lost_one(make_queue: QueueMaker) -> None:
@@ -132,10 +147,10 @@ async def test_heartbeats_keep_a_lease_and_report_a_lost_one(make_queue: QueueMa
     for _ in range(8):
         await asyncio.sleep(0.2)
         assert await queue.heartbeat("w1", [delivery.entry_id]) == {delivery.entry_id}
-        assert await queue.reclaim("w2") == 0
+        assert await queue.reclaim("w2") == {}
 
     await asyncio.sleep(1.1)
-    assert await queue.reclaim("w2") == 1
+    assert await queue.reclaim("w2") == {"w1": 1}
     assert await queue.heartbeat("w1", [delivery.entry_id]) == set()
 
 

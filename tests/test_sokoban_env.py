@@ -42,8 +42,8 @@ def test_defaults_match_the_seed() -> None:
 
 
 def test_solution_length_bounds_set_difficulty() -> None:
-    env = build_env(seed=3, min_solution_len=12, max_solution_len=14)
-    assert env.optimal_moves is not None and 12 <= env.optimal_moves <= 14
+    env = build_env(seed=3, min_solution_len=9, max_solution_len=10)
+    assert env.optimal_moves is not None and 9 <= env.optimal_moves <= 10
 
 
 def test_initial_fields_round_trip() -> None:
@@ -75,7 +75,10 @@ def test_boxoban_source_accepts_names_with_or_without_txt() -> None:
         ({"min_solution_len": 20, "max_solution_len": 10}, "min_solution_len"),
         ({"grid_size": 4}, "grid_size"),
         ({"grid_size": [6, 11]}, "grid_size"),
-        ({"num_boxes": 4}, "num_boxes"),
+        ({"num_boxes": 5}, "num_boxes"),
+        ({"grid_size": 5, "num_boxes": 3}, "num_boxes"),
+        ({"min_solution_len": 11}, "min_solution_len"),
+        ({"num_boxes": 3, "max_steps": 10}, "max_steps"),
         ({"render_mode": "ascii"}, "render_mode"),
         ({"cell_size": 4}, "cell_size"),
         ({"max_step": 10}, "max_step"),

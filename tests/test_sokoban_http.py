@@ -9,7 +9,7 @@ import pytest
 from clients.errors import BadRequestError
 from clients.http import EnvClient
 from clients.images import decode_image
-from services.sokoban.game import Level
+from services.sokoban.game import Game, Level
 from services.sokoban.solver import solve
 from tests.servers import free_port, running_process, vistarl_cmd
 
@@ -49,13 +49,26 @@ def test_an_episode_over_http_ends_with_the_episode_reward(client: EnvClient) ->
         ({"num_boxes": 9}, "num_boxes"),
         ({"xsb": "#####\n#@x.#\n#####"}, "xsb"),
         ({"boxoban": {"file": "hard_000", "index": 5000}}, "index"),
-        ({"grid_size": 5, "min_solution_len": 90}, "relax the bounds"),
+        ({"grid_size": 5, "min_solution_len": 90}, "min_solution_len"),
+        ({"grid_size": 5, "num_boxes": 3}, "larger grid_size"),
     ],
 )
 def test_bad_options_are_422_naming_the_problem(client: EnvClient, options: dict, field: str) -> None:
     with pytest.raises(BadRequestError) as caught:
         client.reset(options=options)
     assert caught.value.status == 422 and field in caught.value.message
+
+
+@pytest.mark.parametrize(("num_boxes", "seeds"), [(3, range(1, 9)), (4, range(1, 5))])
+def test_every_seed_of_a_10x10_config_gets_a_level(client: EnvClient, num_boxes: int, seeds: range) -> None:
+    """Issue 15: {"grid_size": 10, "num_boxes": 3} was refused for seeds 2 and 3; Boxoban is 10x10 with 4."""
+    for seed in seeds:
+        with client.episode(seed=seed, options={"grid_size": 10, "num_boxes": num_boxes}) as episode:
+            level = Level.from_xsb(episode.info["level"])
+            assert level.shape == (10, 10) and len(level.boxes) == num_boxes
+            moves = solve(level).moves
+            assert moves is not None and Game(level).play(moves)
+            assert 1 <= episode.info["optimal_moves"] <= len(moves)
 
 
 def test_info_publishes_the_options_schema(client: EnvClient) -> None:

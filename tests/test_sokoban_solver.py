@@ -1,17 +1,18 @@
-"""Solvers, generator and Boxoban levels: optimality, solvability, and every vendored level parsing."""
+"""Solvers and Boxoban levels: optimality (the A* agrees with the BFS), solvability, and every vendored
+level parsing."""
 
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from services.sokoban.boxoban import BOXOBAN_FILES, boxoban_levels, parse_boxoban
-from services.sokoban.game import DIRECTIONS, Game, Level, LevelError
-from services.sokoban.generator import GenerationError, generate_level
-from services.sokoban.solver import solve, solve_bfs, solve_push_search
+from services.sokoban.game import DIRECTIONS, FLOOR, TARGET, WALL, Game, Level, LevelError
+from services.sokoban.solver import solve, solve_bfs, solve_optimal, solve_push_search
 
 # The box goes up, then left: the player walks below it, pushes, then walks round to its right side.
 DETOUR = "######\n# .  #\n#  $ #\n#@   #\n######"
@@ -67,25 +68,44 @@ def test_push_search_gives_up_on_deadlocked_levels() -> None:
     assert solve_push_search(corner).status == "unsolvable"
 
 
-@settings(max_examples=30, deadline=None)
-@given(
-    seed=st.integers(min_value=0, max_value=2**31 - 1),
-    side=st.integers(min_value=5, max_value=7),
-    num_boxes=st.integers(min_value=1, max_value=2),
-)
-def test_generated_levels_are_solvable_and_deterministic(seed: int, side: int, num_boxes: int) -> None:
-    generated = generate_level(seed, (side, side), num_boxes, wall_fraction=0.1, max_moves=60)
-    level = generated.level
-    assert level.shape == (side, side) and len(level.boxes) == num_boxes == len(level.targets)
-    assert not Game(level).solved
-    assert Game(level).play(generated.solution)
-    assert 1 <= len(generated.solution) <= 60
-    assert generate_level(seed, (side, side), num_boxes, wall_fraction=0.1, max_moves=60) == generated
+@st.composite
+def random_levels(draw: st.DrawFn) -> Level:
+    """A small level with random walls and random distinct cells for targets, boxes and player (most
+    are unsolvable, which the solvers must agree on too)."""
+    rng = random.Random(draw(st.integers(min_value=0, max_value=2**31 - 1)))
+    side, num_boxes = draw(st.integers(5, 7)), draw(st.integers(1, 2))
+    grid = [
+        [
+            WALL if r in (0, side - 1) or c in (0, side - 1) or rng.random() < 0.15 else FLOOR
+            for c in range(side)
+        ]
+        for r in range(side)
+    ]
+    free = [(r, c) for r in range(side) for c in range(side) if grid[r][c] == FLOOR]
+    assume(len(free) > 2 * num_boxes)
+    cells = rng.sample(free, 2 * num_boxes + 1)
+    for r, c in cells[:num_boxes]:
+        grid[r][c] = TARGET
+    return Level(tuple(map(tuple, grid)), frozenset(cells[num_boxes:-1]), cells[-1])
 
 
-def test_generator_reports_unmeetable_bounds() -> None:
-    with pytest.raises(GenerationError, match="relax the bounds"):
-        generate_level(0, (4, 4), 1, min_moves=50, max_moves=60)
+@settings(max_examples=150, deadline=None)
+@given(level=random_levels())
+def test_optimal_search_agrees_with_the_bfs(level: Level) -> None:
+    bfs, optimal = solve_bfs(level), solve_optimal(level)
+    assert optimal.status == bfs.status
+    if bfs.moves is not None:
+        assert optimal.moves is not None and len(optimal.moves) == len(bfs.moves)
+        assert Game(level).play(optimal.moves)
+
+
+def test_optimal_search_reports_its_bounds() -> None:
+    level = Level.from_xsb(DETOUR)
+    assert solve_optimal(level, max_moves=5).status == "limit"
+    moves = solve_optimal(level, max_moves=6).moves
+    assert moves is not None and len(moves) == 6 and Game(level).play(moves)
+    boxoban = boxoban_levels("hard_000")[0]
+    assert solve_optimal(boxoban, max_states=50).status == "limit"
 
 
 def test_all_boxoban_levels_parse() -> None:

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from PIL import Image
 from typer.testing import CliRunner
 
 from cli.main import app
-from tests.servers import vistarl_cmd
+from tests.servers import free_port, vistarl_cmd
+from trainer.config import load_config
+from trainer.rollout.engines.base import EngineUnavailableError
+from trainer.run_logging import failure_places
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "sokoban_tiny.yaml"
 
@@ -53,3 +60,64 @@ def test_a_bad_override_is_a_usage_error_naming_the_key() -> None:
     result = CliRunner().invoke(app, ["train", "--config", str(CONFIG), "--set", "train.stepz=1"])
     assert result.exit_code == 2
     assert "train.stepz" in result.output and "steps" in result.output
+
+
+@contextlib.contextmanager
+def dropping_server() -> Iterator[str]:
+    """A loopback port that reads each request and closes the connection unanswered, like an engine
+    that dies under the call; yields its URL."""
+    listener = socket.create_server(("127.0.0.1", free_port()))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                connection, _ = listener.accept()
+                with connection:
+                    connection.settimeout(2.0)
+                    with contextlib.suppress(OSError):
+                        connection.recv(65536)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        listener.close()
+
+
+def test_an_engine_that_cannot_be_reached_is_a_clean_error(tiny_qwen25: Path, tmp_path: Path) -> None:
+    with dropping_server() as engine_url:
+        overrides = [
+            f"model.path={tiny_qwen25}",
+            f"train.run_dir={tmp_path / 'run'}",
+            "train.steps=1",
+            f"rollout.engine=hf:{engine_url}",
+            "env.url=http://127.0.0.1:1",  # the weights go to the engine before any episode starts
+        ]
+        args = ["train", "--config", str(CONFIG), *(arg for o in overrides for arg in ("--set", o))]
+        result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1
+    assert not isinstance(result.exception, EngineUnavailableError), "a traceback, not a clean error"
+    assert "training failed" in result.output and f"{engine_url}/update_weights_from_disk" in result.output
+
+
+def test_a_step_without_episodes_points_where_their_failures_are(tmp_path: Path) -> None:
+    served_here = failure_places(load_config(CONFIG, []), tmp_path)
+    assert served_here.startswith(str(tmp_path / "env-server.log"))
+    assert "warnings above" in served_here
+    external = load_config(
+        CONFIG,
+        [
+            "env.url=http://envs:8000",
+            "rollout.queue=redis://redis:6379/0",
+            "rollout.local_workers=0",
+            "rollout.namespace=run-7",
+        ],
+    )
+    elsewhere = failure_places(external, tmp_path)
+    assert "env-server.log" not in elsewhere and "http://envs:8000" in elsewhere
+    assert "vistarl queue dlq --namespace run-7" in elsewhere

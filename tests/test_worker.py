@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 from prometheus_client import generate_latest
 
 from tests.runners import scripted_episode, trajectory_for
 from tests.test_queue import QueueMaker, job, make_queue
 from trainer.queue.base import EpisodeQueue
 from trainer.queue.consumer import ResultConsumer
+from trainer.queue.redis import RedisQueue
 from trainer.queue.worker import EpisodeRunner, Worker, load_runner_factory
 from trainer.rollout.engines.spec import EngineSpec
 from trainer.rollout.job import EpisodeJob
@@ -141,14 +145,61 @@ async def test_heartbeats_keep_a_long_episode_while_another_worker_polls(make_qu
     assert metric(owner, "vistarl_worker_episodes_lost_total") == 0
 
 
-async def test_jobs_of_a_vanished_worker_are_rerun_as_attempt_two(make_queue: QueueMaker) -> None:
+async def test_jobs_of_a_vanished_worker_are_rerun_as_attempt_two(
+    make_queue: QueueMaker, caplog: pytest.LogCaptureFixture
+) -> None:
     queue = make_queue(lease_s=0.5)
     await queue.enqueue([job("a"), job("b")])
     assert len(await queue.take("vanished", 2, 0.5)) == 2
-    async with running(worker_on(queue)) as worker:
-        results = await ResultConsumer(queue).collect(2, timeout_s=10)
+    with caplog.at_level(logging.INFO, logger="trainer.queue.worker"):
+        async with running(worker_on(queue)) as worker:
+            results = await ResultConsumer(queue).collect(2, timeout_s=10)
     assert sorted((r.episode_id, r.attempt) for r in results) == [("a", 2), ("b", 2)]
     assert metric(worker, "vistarl_worker_episodes_reclaimed_total") == 2
+    [reclaim] = [r for r in caplog.records if "reclaimed" in r.getMessage()]
+    assert reclaim.levelno == logging.INFO and reclaim.getMessage().endswith(": 2 from vanished")
+
+
+async def test_a_step_spreads_over_the_idle_workers(redis_url: str) -> None:
+    namespace = f"spread-{uuid.uuid4().hex[:10]}"
+    ran: dict[str, list[str]] = {"w1": [], "w2": []}
+
+    def recording(name: str) -> EpisodeRunner:
+        async def run(episode: EpisodeJob) -> Trajectory:
+            ran[name].append(episode.episode_id)
+            await asyncio.sleep(0.2)
+            return trajectory_for(episode)
+
+        return run
+
+    async with contextlib.AsyncExitStack() as stack:
+        queues = [await stack.enter_async_context(RedisQueue(redis_url, namespace)) for _ in ran]
+        for queue, name in zip(queues, ran, strict=True):
+            await stack.enter_async_context(
+                running(worker_on(queue, recording(name), consumer=name, concurrency=16))
+            )
+        await _blocked_readers(redis_url, 2)
+        await queues[0].enqueue([job(f"e{i}") for i in range(8)])
+        results = await ResultConsumer(queues[0]).collect(8, timeout_s=10)
+
+    assert sorted(r.episode_id for r in results) == sorted(ran["w1"] + ran["w2"])
+    assert len(results) == 8
+    assert ran["w1"] and ran["w2"], f"one worker took the whole step: {ran}"
+
+
+async def _blocked_readers(redis_url: str, count: int, timeout_s: float = 10.0) -> None:
+    """Wait until `count` clients of the Redis wait in a blocking XREADGROUP (idle workers)."""
+    raw = aioredis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            clients = await raw.client_list()
+            if sum(1 for c in clients if c["cmd"] == "xreadgroup" and "b" in c["flags"]) >= count:
+                return
+            await asyncio.sleep(0.02)
+    finally:
+        await raw.aclose()
+    raise TimeoutError(f"{count} workers did not wait on the queue within {timeout_s} s")
 
 
 async def test_a_lost_lease_cancels_the_episode_and_the_job_runs_again(make_queue: QueueMaker) -> None:

@@ -157,21 +157,26 @@ async def test_sigkill_mid_episode_reruns_the_lost_jobs_and_delivers_each_once(r
             (_, survivor_metrics),
         ]:
             async with RedisQueue(redis_url, ns) as queue:
+                await eventually(lambda: _workers_are(queue, 2))  # idle, and alive
                 raw = aioredis.Redis.from_url(redis_url)
                 slow = {"target": 3, "step_delay_s": 0.3}
                 await queue.enqueue([job(f"e{i}", options=slow) for i in range(6)])
                 await eventually(lambda: episodes_held_by(queue, raw, "victim"))
                 await asyncio.sleep(0.3)
                 os.killpg(victim.pid, signal.SIGKILL)
+                killed_at = time.monotonic()
                 victim.wait(timeout=10)
                 killed = await episodes_held_by(queue, raw, "victim")
                 await raw.aclose()
+                await eventually(lambda: _workers_are(queue, 1))
+                counted_dead_s = time.monotonic() - killed_at
 
                 results = await ResultConsumer(queue).collect(6, timeout_s=60)
                 stats = await queue.stats()
             reclaimed = metric_value(survivor_metrics, "vistarl_worker_episodes_reclaimed_total")
 
     assert killed
+    assert counted_dead_s < 2 * 1.5, "a killed worker stops counting once its 1.5 s lease runs out"
     assert sorted(r.episode_id for r in results) == [f"e{i}" for i in range(6)]
     assert {r.episode_id: r.attempt for r in results} == {
         f"e{i}": 2 if f"e{i}" in killed else 1 for i in range(6)
@@ -219,13 +224,17 @@ async def test_sigterm_finishes_short_episodes_and_hands_back_long_ones(redis_ur
             await raw.aclose()
 
     assert (result.episode_id, result.attempt) == ("short", 1)
-    assert (stats.pending, stats.in_flight) == (1, 0)
+    assert (stats.pending, stats.in_flight, stats.workers) == (1, 0, 0)
     assert (handed_back.job.episode_id, handed_back.job.attempt, handed_back.job.errors) == ("long", 1, [])
     assert b"leaving" not in consumers
 
 
 async def _in_flight_is(queue: RedisQueue, count: int) -> bool:
     return (await queue.stats()).in_flight == count
+
+
+async def _workers_are(queue: RedisQueue, count: int) -> bool:
+    return (await queue.stats()).workers == count
 
 
 def test_queue_cli_reports_stats_and_requeues_dead_letters(redis_url: str) -> None:
@@ -285,3 +294,7 @@ def test_worker_cli_rejects_bad_flags_clearly() -> None:
     assert bad_runner.exit_code == 2 and "cannot import" in bad_runner.stderr
     bad_namespace = worker_cli(*NOOP_RUNNER, "--namespace", "two words")
     assert bad_namespace.exit_code == 2 and "namespace" in bad_namespace.stderr
+    no_tokenizer = worker_cli(*NOOP_RUNNER, "--tokenizer", "/no/such/checkpoint")
+    assert no_tokenizer.exit_code == 2 and "/no/such/checkpoint" in no_tokenizer.stderr
+    no_take = worker_cli(*NOOP_RUNNER, "--take-max", "0")
+    assert no_take.exit_code == 2 and "--take-max" in no_take.stderr

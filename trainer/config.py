@@ -231,7 +231,9 @@ class TrainLoopConfig(_Section):
     """The training loop: length, batch sizes, seed, checkpoints and the run directory."""
 
     steps: int = Field(default=100, ge=1)
-    global_batch_size: int = Field(default=16, ge=1, description="trajectories per optimizer step")
+    global_batch_size: int | None = Field(
+        default=None, ge=1, description="trajectories per optimizer step; None: a whole step's (on-policy)"
+    )
     micro_batch_tokens: int = Field(
         default=16384, ge=1, description="token budget of one micro-batch per rank"
     )
@@ -272,6 +274,7 @@ class SFTConfig(_Section):
     )
     epochs: int = Field(default=1, ge=1)
     batch_size: int = Field(default=16, ge=1, description="trajectories per optimizer step")
+    lr: float | None = Field(default=None, gt=0, description="the SFT learning rate; None: optim.lr")
     min_reward: float | None = Field(
         default=None, description="keep only trajectories whose episode reward is at least this"
     )
@@ -297,14 +300,21 @@ class TrainConfig(_Section):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     log: LogConfig = Field(default_factory=LogConfig)
 
+    @property
+    def mini_batch_size(self) -> int:
+        """Trajectories per optimizer step: `train.global_batch_size`, else all of a step's."""
+        return self.train.global_batch_size or self.rollout.samples_per_step
+
     @model_validator(mode="after")
     def _cross_section(self) -> TrainConfig:
         """Batch sizes fit together, group baselines have a group, and the modes fit the stack."""
         samples = self.rollout.samples_per_step
-        if samples % self.train.global_batch_size:
+        if samples % self.mini_batch_size:
+            divisors = [d for d in range(1, samples + 1) if samples % d == 0]
             raise ValueError(
                 f"train.global_batch_size ({self.train.global_batch_size}) must divide "
-                f"rollout.rollout_batch_size * rollout.n_samples_per_prompt ({samples})"
+                f"rollout.rollout_batch_size * rollout.n_samples_per_prompt ({samples}): set it to one of "
+                f"{divisors}, or leave it out for one optimizer step per rollout batch"
             )
         if self.algo.advantage_estimator in GROUP_ESTIMATORS and self.rollout.n_samples_per_prompt < 2:
             raise ValueError(

@@ -31,9 +31,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch.utils.tensorboard import SummaryWriter
 
 from clients.images import decode_image
+from trainer.config import TrainConfig
 from trainer.rollout.trajectory import Trajectory
+from trainer.stack import ENV_SERVER_LOG
 
-__all__ = ["CURVE_FILE", "METRICS_FILE", "RunLogger", "read_metrics", "save_trajectory"]
+__all__ = ["CURVE_FILE", "METRICS_FILE", "RunLogger", "failure_places", "read_metrics", "save_trajectory"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,21 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def failure_places(cfg: TrainConfig, run_dir: Path) -> str:
+    """Where the reasons of a run's failed episodes are, for an error that sends the user to look: the
+    env's log if this run serves the env (else where the env runs), and the failed attempts."""
+    if cfg.env.url is not None:
+        env = f"the logs of the env server at {cfg.env.url}"
+    elif cfg.env.serve:
+        env = str(run_dir / ENV_SERVER_LOG)
+    else:
+        env = "the rollout workers' logs (the env runs inside them)"
+    if cfg.rollout.queue is None:
+        return f"{env} and the failed-attempt warnings above"
+    dlq = f"vistarl queue dlq --namespace {cfg.rollout.namespace} --redis-url <rollout.queue>"
+    return f"{env} and the dead letters ({dlq})"
 
 
 def save_trajectory(trajectory: Trajectory, out_dir: Path) -> Path:

@@ -105,7 +105,8 @@ def batches(count: int, cfg: TrainConfig) -> Iterator[tuple[int, list[int]]]:
 
 def run_sft(cfg: TrainConfig, *, name: str = "sft", console: Console | None = None) -> SFTResult:
     """Fine-tune `model.path` on `sft.data` as the module docstring says; returns on every rank."""
-    if cfg.sft.data is None:
+    data_path = cfg.sft.data
+    if data_path is None:
         raise ValueError("sft.data is not set: give the JSONL of demonstrations or trajectories to imitate")
     init_distributed()
     rank = dist.get_rank() if is_distributed() else 0
@@ -113,8 +114,10 @@ def run_sft(cfg: TrainConfig, *, name: str = "sft", console: Console | None = No
     chosen = {"run_dir": str(resolve_run_dir(cfg, name, resume=False))} if rank == 0 else None
     run_dir = Path(share(chosen, device)["run_dir"])
     torch.manual_seed(cfg.train.seed)
+    if cfg.sft.lr is not None:
+        cfg = cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"lr": cfg.sft.lr})})
     processor = VLProcessor.from_pretrained(cfg.model.path)
-    data = load_sft_data(cfg.sft.data, TurnEncoder(processor), cfg.sft.min_reward)
+    data = load_sft_data(data_path, TurnEncoder(processor), cfg.sft.min_reward)
     trainer = PolicyTrainer(cfg, Models(load_actor(cfg.model.path), None, None), processor, device)
     total = cfg.sft.epochs * math.ceil(len(data) / cfg.sft.batch_size)
     logger = None
@@ -127,7 +130,7 @@ def run_sft(cfg: TrainConfig, *, name: str = "sft", console: Console | None = No
             wandb_project=cfg.log.wandb_project,
             console=console or Console(),
         )
-        logger.note(f"SFT on {len(data)} trajectories from {cfg.sft.data}; run directory: {run_dir}")
+        logger.note(f"SFT on {len(data)} trajectories from {data_path}; run directory: {run_dir}")
     try:
         for step, (epoch, indices) in enumerate(batches(len(data), cfg), 1):
             metrics = trainer.imitate([data[i] for i in indices])

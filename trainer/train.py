@@ -76,8 +76,8 @@ from trainer.rollout.env_handle import describe_env
 from trainer.rollout.job import group_jobs
 from trainer.rollout.processor import VLProcessor
 from trainer.rollout.trajectory import Status, Trajectory
-from trainer.run_logging import RunLogger
-from trainer.stack import DTYPES, ENV_SERVER_LOG, Gathered, Stack, episode_sampling, open_stack
+from trainer.run_logging import RunLogger, failure_places
+from trainer.stack import DTYPES, Gathered, Stack, episode_sampling, open_stack
 
 __all__ = [
     "PromptSource",
@@ -376,7 +376,7 @@ class _Run:
                 raise RuntimeError(
                     f"step {step}: no episode finished within rollout.collect_timeout_s="
                     f"{cfg.rollout.collect_timeout_s:g} s ({gathered.missing} missing, "
-                    f"{gathered.stale} stale); see {self.run_dir / ENV_SERVER_LOG} and the dead letters"
+                    f"{gathered.stale} stale); see {failure_places(cfg, self.run_dir)}"
                 )
             last = step == cfg.train.steps
             if cfg.rollout.async_mode and not last:

@@ -21,6 +21,7 @@ from typing_extensions import Self
 
 from services.sokoban.boxoban import boxoban_file_name, boxoban_levels
 from services.sokoban.game import Level, LevelError
+from services.sokoban.generator import CELLS_PER_BOX, MAX_BOXES, limits
 
 RenderMode = Literal["vision", "text", "both"]
 GridSide = Annotated[int, Field(ge=5, le=10)]
@@ -62,14 +63,16 @@ class SokobanOptions(BaseModel):
     """Generator seed; drawn at random when omitted."""
     grid_size: GridSide | tuple[GridSide, GridSide] = 6
     """Side (or [rows, cols]) of a generated level, border walls included."""
-    num_boxes: int = Field(default=1, ge=1, le=3)
-    """Boxes (and targets) of a generated level."""
+    num_boxes: int = Field(default=1, ge=1, le=MAX_BOXES)
+    """Boxes (and targets) of a generated level; at most one per 4 interior cells."""
     wall_fraction: float = Field(default=0.05, ge=0.0, le=0.5)
     """Chance of an interior wall per cell of a generated level."""
     min_solution_len: int = Field(default=1, ge=1)
-    """Fewest moves the optimal solution of a generated level may have."""
+    """Fewest moves the optimal solution of a generated level may have (at most 5/4 of the interior's
+    rows plus columns, less one per box after the first: 20 on 10x10 with one box)."""
     max_solution_len: int | None = Field(default=None, ge=1)
-    """Most moves the optimal solution of a generated level may have (default: max_steps)."""
+    """Most moves the optimal solution of a generated level may have (default: max_steps; at least
+    5 per box after the first, plus one)."""
     xsb: str | None = Field(default=None, max_length=4096)
     """A level as XSB text."""
     initial_base_grid: list[list[int]] | None = None
@@ -165,6 +168,7 @@ class SokobanOptions(BaseModel):
             )
 
     def _check_generator(self) -> None:
+        """Refuse what no seed could meet: the bounds in order, and within the generator's `limits`."""
         if self.max_solution_len is not None and self.max_solution_len > self.max_steps:
             raise ValueError(
                 f"max_solution_len: {self.max_solution_len} exceeds max_steps {self.max_steps}, "
@@ -173,6 +177,26 @@ class SokobanOptions(BaseModel):
         if self.min_solution_len > self.max_moves:
             raise ValueError(
                 f"min_solution_len: {self.min_solution_len} exceeds the upper bound {self.max_moves}"
+            )
+        rows, cols = self.shape
+        bounds = limits(self.shape, self.num_boxes)
+        if self.num_boxes > bounds.max_boxes:
+            raise ValueError(
+                f"num_boxes: a {rows}x{cols} grid holds at most {bounds.max_boxes} box(es) with room to "
+                f"move ({(rows - 2) * (cols - 2)} interior cells, {CELLS_PER_BOX} per box); use fewer boxes "
+                "or a larger grid_size"
+            )
+        if self.min_solution_len > bounds.longest_min_moves:
+            raise ValueError(
+                f"min_solution_len: {self.min_solution_len} is beyond what a {rows}x{cols} grid gives "
+                f"every seed with {self.num_boxes} box(es) (at most {bounds.longest_min_moves} moves); lower "
+                "it, or use fewer boxes or a larger grid_size (sides up to 10)"
+            )
+        if self.max_moves < bounds.shortest_max_moves:
+            field = "max_solution_len" if self.max_solution_len is not None else "max_steps"
+            raise ValueError(
+                f"{field}: {self.max_moves} moves is too few for {self.num_boxes} boxes (a level needs "
+                f"at least {bounds.shortest_max_moves}); raise {field} or use fewer boxes"
             )
 
 

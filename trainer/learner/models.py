@@ -35,9 +35,9 @@ Grid = torch.Tensor | Sequence[Sequence[int]]
 
 
 def load_lm(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
-    """The full HF image-text-to-text model of a checkpoint directory, with SDPA attention."""
+    """The full HF image-text-to-text model of a checkpoint directory (never a hub), with SDPA attention."""
     model: PreTrainedModel = AutoModelForImageTextToText.from_pretrained(
-        str(path), dtype=dtype, attn_implementation="sdpa"
+        str(path), dtype=dtype, attn_implementation="sdpa", local_files_only=True
     )
     return model
 

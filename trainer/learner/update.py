@@ -4,7 +4,7 @@
 takes a step's trajectories (the same list on every rank), keeps the trainable ones (`Trajectory.trainable`:
 COMPLETED or TRUNCATED with at least one generated token) in episode-id order, and
 
-1. shuffles them (reproducibly per step) into `samples_per_step / global_batch_size` mini-batches,
+1. shuffles them (reproducibly per step) into `samples_per_step / mini_batch_size` mini-batches,
    each split into micro-batches of at most `train.micro_batch_tokens` tokens balanced across
    ranks, and packs this rank's micro-batches;
 2. recomputes old logprobs (and reference logprobs, critic values) without gradients, and the
@@ -223,8 +223,8 @@ class PolicyTrainer:
         }
 
     def _mini_batches(self, step: int, count: int) -> list[list[int]]:
-        """Trajectory indices, shuffled per step, in `samples_per_step / global_batch_size` parts."""
-        parts = self.cfg.rollout.samples_per_step // self.cfg.train.global_batch_size
+        """Trajectory indices, shuffled per step, in `samples_per_step / mini_batch_size` parts."""
+        parts = self.cfg.rollout.samples_per_step // self.cfg.mini_batch_size
         generator = torch.Generator().manual_seed(self.cfg.train.seed * SEED_STRIDE + step)
         order = torch.randperm(count, generator=generator).tolist()
         return [chunk for chunk in (order[i::parts] for i in range(parts)) if chunk]

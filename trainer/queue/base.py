@@ -13,6 +13,7 @@ import asyncio
 import re
 import time
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -70,7 +71,7 @@ class QueueStats(BaseModel):
     dead: int = Field(description="in the dead-letter stream")
     results: int = Field(description="published trajectories the trainer has not consumed yet")
     lag_s: float = Field(description="age of the oldest undelivered job; 0 when none waits")
-    workers: int = Field(description="consumers active within the last three leases")
+    workers: int = Field(description="workers alive now: each heartbeats within its lease")
 
 
 class QueueUnavailable(ConnectionError):
@@ -94,13 +95,14 @@ class StreamKeys:
     jobs: str
     results: str
     dlq: str
+    workers: str
     seen_prefix: str
 
     @classmethod
     def for_namespace(cls, namespace: str) -> StreamKeys:
-        """Key names `vistarl:{namespace}:jobs|results|dlq|seen:<episode_id>`."""
+        """Key names `vistarl:{namespace}:jobs|results|dlq|workers|seen:<episode_id>`."""
         base = f"vistarl:{namespace}"
-        return cls(f"{base}:jobs", f"{base}:results", f"{base}:dlq", f"{base}:seen:")
+        return cls(f"{base}:jobs", f"{base}:results", f"{base}:dlq", f"{base}:workers", f"{base}:seen:")
 
 
 def pack(value: Any) -> bytes:
@@ -188,7 +190,8 @@ class EpisodeQueue(ABC):
 
     @abstractmethod
     async def heartbeat(self, consumer: str, entry_ids: Sequence[str]) -> set[str]:
-        """Renew the lease on `entry_ids`; return those still unacknowledged (the rest were lost)."""
+        """Mark `consumer` alive for a lease and renew the lease on `entry_ids`; return those still
+        unacknowledged (the rest were lost). Workers call it every `lease_s / 3`, idle or not."""
 
     @abstractmethod
     async def complete(self, done: Sequence[tuple[Delivery, bytes]]) -> None:
@@ -219,16 +222,19 @@ class EpisodeQueue(ABC):
         for delivery in deliveries:
             await self._requeue(delivery.entry_id, delivery.job)
 
-    async def reclaim(self, consumer: str) -> int:
-        """Take over jobs whose worker stopped heartbeating for a lease and fail them as "worker lost"."""
-        stale = await self._claim_stale(consumer)
-        for delivery in stale:
-            await self.fail(delivery, f"worker lost: no heartbeat within the {self.lease_s:g} s lease")
-        return len(stale)
+    async def reclaim(self, consumer: str) -> dict[str, int]:
+        """Take over jobs whose worker stopped heartbeating for a lease and fail them as "worker lost";
+        returns how many were taken from each lost worker."""
+        taken: Counter[str] = Counter()
+        for delivery, owner in await self._claim_stale(consumer):
+            error = f"worker lost: {owner} sent no heartbeat within the {self.lease_s:g} s lease"
+            await self.fail(delivery, error)
+            taken[owner] += 1
+        return dict(taken)
 
     @abstractmethod
     async def forget_consumer(self, consumer: str) -> None:
-        """Drop a departing worker's name from the group, if it holds no jobs."""
+        """A departing worker: no longer alive, and its name leaves the group if it holds no jobs."""
 
     # --- operators -----------------------------------------------------------------------------
 
@@ -285,8 +291,9 @@ class EpisodeQueue(ABC):
         """If dead letter `dead_id` exists: delete it and append `job` to the jobs stream."""
 
     @abstractmethod
-    async def _claim_stale(self, consumer: str) -> list[Delivery]:
-        """Transfer to `consumer` the unacknowledged jobs idle for longer than the lease."""
+    async def _claim_stale(self, consumer: str) -> list[tuple[Delivery, str]]:
+        """Transfer to `consumer` the unacknowledged jobs idle for longer than the lease, each with the
+        consumer that held it."""
 
     @abstractmethod
     async def _dead_page(self, after: str, count: int) -> list[DeadLetter]:

@@ -37,7 +37,7 @@ class WorkerRunner:
     async def _ready(self) -> RolloutRunner:
         async with self._loading:
             if self._runner is None:
-                engine, processor = await load_engine(self.engine_spec)
+                engine, processor = await load_engine(self.engine_spec, self.options.tokenizer)
                 self._runner = RolloutRunner(
                     engine, processor, env_urls=self.options.env_urls, reward_fn=self.reward_fn
                 )

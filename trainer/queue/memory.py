@@ -94,17 +94,16 @@ class MemoryQueue(EpisodeQueue):
         self._results = _Stream(self._next_id)
         self._dead: dict[str, bytes] = {}
         self._seen: OrderedDict[str, tuple[str, float]] = OrderedDict()
-        self._consumers: dict[str, float] = {}
+        self._alive: dict[str, float] = {}  # consumer -> when its last heartbeat's lease runs out
 
     async def take(self, consumer: str, count: int, block_s: float) -> list[Delivery]:
-        self._consumers[consumer] = time.monotonic()
         if not self._jobs.undelivered:
             await self._jobs.wait(block_s)
         return await self._deliveries(self._jobs.deliver(consumer, count))
 
     async def heartbeat(self, consumer: str, entry_ids: Sequence[str]) -> set[str]:
         now = time.monotonic()
-        self._consumers[consumer] = now
+        self._alive[consumer] = now + self.lease_s
         kept = {entry_id for entry_id in entry_ids if entry_id in self._jobs.leases}
         for entry_id in kept:
             self._jobs.leases[entry_id] = _Lease(consumer, now)
@@ -116,8 +115,7 @@ class MemoryQueue(EpisodeQueue):
             self._jobs.ack(delivery.entry_id)
 
     async def forget_consumer(self, consumer: str) -> None:
-        if all(lease.consumer != consumer for lease in self._jobs.leases.values()):
-            self._consumers.pop(consumer, None)
+        self._alive.pop(consumer, None)
 
     async def stats(self) -> QueueStats:
         now = time.monotonic()
@@ -129,7 +127,7 @@ class MemoryQueue(EpisodeQueue):
             dead=len(self._dead),
             results=len(self._results.entries),
             lag_s=max(0.0, time.time() - entry_time(oldest)) if oldest else 0.0,
-            workers=sum(1 for seen in self._consumers.values() if now - seen < 3 * self.lease_s),
+            workers=sum(1 for until in self._alive.values() if until > now),
         )
 
     async def close(self) -> None:
@@ -162,15 +160,17 @@ class MemoryQueue(EpisodeQueue):
         self._jobs.add(pack(job.model_dump()))
         return True
 
-    async def _claim_stale(self, consumer: str) -> list[Delivery]:
+    async def _claim_stale(self, consumer: str) -> list[tuple[Delivery, str]]:
         now = time.monotonic()
-        stale = [
-            entry_id for entry_id, lease in self._jobs.leases.items() if now - lease.since >= self.lease_s
-        ]
-        for entry_id in stale:
+        owners = {
+            entry_id: lease.consumer
+            for entry_id, lease in self._jobs.leases.items()
+            if now - lease.since >= self.lease_s
+        }
+        for entry_id in owners:
             self._jobs.leases[entry_id] = _Lease(consumer, now)
-        self._consumers[consumer] = now
-        return await self._deliveries([(entry_id, self._jobs.entries[entry_id]) for entry_id in stale])
+        deliveries = await self._deliveries([(entry_id, self._jobs.entries[entry_id]) for entry_id in owners])
+        return [(delivery, owners[delivery.entry_id]) for delivery in deliveries]
 
     async def _dead_page(self, after: str, count: int) -> list[DeadLetter]:
         floor = _EntryIds.order(after) if after else (-1, -1)

@@ -59,13 +59,30 @@ end
 return removed
 """
 
-# Delete a consumer from a group only when it holds no pending entries (DELCONSUMER would drop them).
+# A departing worker: drop it from the live workers (KEYS[2]) at once, and delete it from the group only
+# when it holds no pending entries (DELCONSUMER would drop them).
 _FORGET_SCRIPT = """
+redis.call('ZREM', KEYS[2], ARGV[2])
 if #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2]) == 0 then
   redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
   return 1
 end
 return 0
+"""
+
+# The live workers, a sorted set KEYS[1] of consumer -> the time its lease runs out. The scores are in
+# Redis's own clock (TIME), so the clocks of the workers' hosts do not matter; XINFO CONSUMERS cannot
+# tell liveness (Redis 7.0 creates no consumer for a read that found nothing, and its `idle` ignores
+# such reads). Drops the expired, then (if ARGV[1] is a consumer) renews ARGV[1] for ARGV[2] ms.
+# Returns how many are alive.
+_ALIVE_SCRIPT = """
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ms)
+if ARGV[1] ~= '' then
+  redis.call('ZADD', KEYS[1], ms + tonumber(ARGV[2]), ARGV[1])
+end
+return redis.call('ZCARD', KEYS[1])
 """
 
 # Append ARGV[2..] as entries with field ARGV[1] to stream KEYS[1].
@@ -114,6 +131,7 @@ _RESULT_FIELD = b"t"
 _DEAD_FIELD = b"d"
 _MAX_BLOCK_S = 5.0
 _ADD_BATCH = 1000  # jobs per enqueue script call, so one call never holds Redis for long
+_RECLAIM_BATCH = 1000  # stale jobs taken over per reclaim round; the next round takes the rest
 
 
 def _redis_call(
@@ -166,6 +184,7 @@ class RedisQueue(EpisodeQueue):
         )
         self._move = self._redis.register_script(_MOVE_SCRIPT)
         self._forget = self._redis.register_script(_FORGET_SCRIPT)
+        self._alive = self._redis.register_script(_ALIVE_SCRIPT)
         self._add_script = self._redis.register_script(_ADD_SCRIPT)
         self._publish = self._redis.register_script(_PUBLISH_SCRIPT)
         self._settle = self._redis.register_script(_SETTLE_SCRIPT)
@@ -191,6 +210,7 @@ class RedisQueue(EpisodeQueue):
 
     @_redis_call
     async def heartbeat(self, consumer: str, entry_ids: Sequence[str]) -> set[str]:
+        await self._alive(keys=[self.keys.workers], args=[consumer, int(self.lease_s * 1000)])
         if not entry_ids:
             return set()
         claimed = await self._redis.xclaim(
@@ -209,7 +229,7 @@ class RedisQueue(EpisodeQueue):
 
     @_redis_call
     async def forget_consumer(self, consumer: str) -> None:
-        await self._forget(keys=[self.keys.jobs], args=[WORKERS_GROUP, consumer])
+        await self._forget(keys=[self.keys.jobs, self.keys.workers], args=[WORKERS_GROUP, consumer])
 
     @_redis_call
     async def stats(self) -> QueueStats:
@@ -219,13 +239,12 @@ class RedisQueue(EpisodeQueue):
             pipe.xlen(self.keys.dlq)
             pipe.xlen(self.keys.results)
             pipe.xinfo_groups(self.keys.jobs)
-            pipe.xinfo_consumers(self.keys.jobs, WORKERS_GROUP)
-            jobs, pending, dead, results, groups, consumers = await pipe.execute()
+            jobs, pending, dead, results, groups = await pipe.execute()
         last_delivered = next(
             (_text(g["last-delivered-id"]) for g in groups if _text(g["name"]) == WORKERS_GROUP), "0-0"
         )
         oldest: Any = await self._redis.xrange(self.keys.jobs, min=f"({last_delivered}", count=1)
-        active_ms = 3 * self.lease_s * 1000
+        alive = await self._alive(keys=[self.keys.workers], args=["", 0])
         return QueueStats(
             namespace=self.namespace,
             pending=jobs - pending["pending"],
@@ -233,7 +252,7 @@ class RedisQueue(EpisodeQueue):
             dead=dead,
             results=results,
             lag_s=max(0.0, time.time() - entry_time(_text(oldest[0][0]))) if oldest else 0.0,
-            workers=sum(1 for c in consumers if c["idle"] < active_ms),
+            workers=alive,
         )
 
     async def close(self) -> None:
@@ -276,17 +295,21 @@ class RedisQueue(EpisodeQueue):
         return bool(await self._move(keys=[source, target], args=args))
 
     @_redis_call
-    async def _claim_stale(self, consumer: str) -> list[Delivery]:
-        entries: list[tuple[str, bytes]] = []
-        cursor: bytes | str = "0-0"
-        for _ in range(10):
-            cursor, claimed, *_ = await self._redis.xautoclaim(
-                self.keys.jobs, WORKERS_GROUP, consumer, int(self.lease_s * 1000), cursor, count=100
-            )
-            entries += [(_text(i), fields[_JOB_FIELD]) for i, fields in claimed if fields]
-            if _text(cursor) == "0-0":
-                break
-        return await self._deliveries(entries)
+    async def _claim_stale(self, consumer: str) -> list[tuple[Delivery, str]]:
+        """XPENDING IDLE names the stale entries and their owners; XCLAIM with the same minimum idle
+        time then takes only those still stale, so an owner's heartbeat in between keeps its job."""
+        lease_ms = int(self.lease_s * 1000)
+        stale: Any = await self._redis.xpending_range(
+            self.keys.jobs, WORKERS_GROUP, "-", "+", _RECLAIM_BATCH, idle=lease_ms
+        )
+        if not stale:
+            return []
+        owners = {_text(row["message_id"]): _text(row["consumer"]) for row in stale}
+        claimed: Any = await self._redis.xclaim(
+            self.keys.jobs, WORKERS_GROUP, consumer, lease_ms, list(owners)
+        )
+        entries = [(_text(i), fields[_JOB_FIELD]) for i, fields in claimed if fields]
+        return [(delivery, owners[delivery.entry_id]) for delivery in await self._deliveries(entries)]
 
     @_redis_call
     async def _dead_page(self, after: str, count: int) -> list[DeadLetter]:

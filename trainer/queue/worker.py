@@ -1,9 +1,11 @@
 """Rollout workers: take episode jobs from the queue, run them with an episode runner, publish trajectories.
 
-A worker holds at most `concurrency` jobs. It renews their leases every `lease_s / 3`, reclaims the
-jobs of workers that stopped heartbeating, and publishes finished trajectories in batches (publish
-and ack in one atomic call). On shutdown it stops taking jobs, gives running episodes a grace
-period, and hands the rest back to the queue without counting a failed attempt.
+A worker holds at most `concurrency` jobs and takes at most `take_max` per read, so the jobs of one
+step spread over the workers that wait for them. Every `lease_s / 3` it heartbeats (which keeps it
+counted as alive, and renews the leases of its jobs); it reclaims the jobs of workers that stopped
+heartbeating, and publishes finished trajectories in batches (publish and ack in one atomic call).
+On shutdown it stops taking jobs, gives running episodes a grace period, and hands the rest back to
+the queue without counting a failed attempt.
 
 What an episode *is* belongs to the runner: any `async (EpisodeJob) -> Trajectory`, built by a factory
 that receives the `WorkerOptions` (`vistarl worker` passes `trainer.queue.episode_runner`'s unless
@@ -23,6 +25,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -60,6 +63,12 @@ class EpisodeRunner(Protocol):
     async def __call__(self, job: EpisodeJob, /) -> Trajectory: ...
 
 
+def default_take_max(concurrency: int) -> int:
+    """Jobs taken per read by default: a quarter of the slots, so a step's jobs reach several workers
+    while reads stay batched (docs/queue.md, "The life of a job")."""
+    return max(1, concurrency // 4)
+
+
 def default_consumer_name() -> str:
     """A worker's name in the consumer group: host and process id, unique among live workers."""
     return f"{socket.gethostname()}-{os.getpid()}"
@@ -73,10 +82,14 @@ class WorkerOptions(BaseModel):
     redis_url: str | None = None
     namespace: str = Field(default="default", pattern=NAMESPACE_PATTERN)
     engine: EngineSpec | None = None
+    tokenizer: Path | None = Field(
+        default=None, description="with an engine server: the local checkpoint to load the processor from"
+    )
     env_urls: dict[str, str] = Field(default_factory=dict, description="env name -> server URL")
     reward_path: str | None = Field(default=None, description="episode reward function, module[:function]")
     runner: str | None = Field(default=None, description="runner factory module:function; None: the default")
     concurrency: int = Field(default=8, ge=1)
+    take_max: int | None = Field(default=None, ge=1, description="jobs per read; None: concurrency // 4")
     lease_s: float = Field(default=30.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
@@ -157,6 +170,7 @@ class Worker:
         *,
         consumer: str | None = None,
         concurrency: int = 8,
+        take_max: int | None = None,
         shutdown_grace_s: float = 30.0,
         max_outage_s: float = 120.0,
         metrics: WorkerMetrics | None = None,
@@ -169,6 +183,7 @@ class Worker:
         self.runner = runner
         self.consumer = consumer or default_consumer_name()
         self.concurrency = concurrency
+        self.take_max = take_max or default_take_max(concurrency)
         self.shutdown_grace_s = shutdown_grace_s
         self.max_outage_s = max_outage_s
         self.metrics = metrics or WorkerMetrics()
@@ -182,7 +197,8 @@ class Worker:
         self.metrics.running.set_function(lambda: len(self._running))
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Work until `stop` is set, then drain; raises if the queue stays unreachable past `max_outage_s`."""
+        """Work until `stop` is set, then drain and leave the group; raises if the queue stays unreachable
+        past `max_outage_s`."""
         self._background = [
             asyncio.create_task(self._heartbeat_loop()),
             asyncio.create_task(self._reclaim_loop()),
@@ -193,16 +209,19 @@ class Worker:
             await self._watching(self._drain())
         finally:
             await _cancel([*self._background, *self._running.values()])
+        with contextlib.suppress(QueueUnavailable):  # after the last heartbeat, which would revive it
+            await self.queue.forget_consumer(self.consumer)
 
     async def _consume(self, stop: asyncio.Event) -> None:
-        """Take jobs while there is room and `stop` is not set."""
+        """Take jobs, at most `take_max` at a time, while there is room and `stop` is not set."""
         while not stop.is_set():
             free = self.concurrency - len(self._held)
             if free <= 0:
                 self._slot_freed.clear()
                 await _first_of(stop.wait(), self._slot_freed.wait())
                 continue
-            take = functools.partial(self.queue.take, self.consumer, free, self.block_s)
+            count = min(free, self.take_max)
+            take = functools.partial(self.queue.take, self.consumer, count, self.block_s)
             for delivery in await self._retrying(take):
                 self._start(delivery)
 
@@ -247,17 +266,15 @@ class Worker:
             self._slot_freed.set()
 
     async def _heartbeat_loop(self) -> None:
-        """Renew the leases of held jobs every `lease_s / 3`; cancel running episodes whose lease was lost."""
+        """Heartbeat from the start and every `lease_s / 3`, idle or not; cancel running episodes whose
+        lease was lost."""
         while True:
-            await asyncio.sleep(self.queue.lease_s / 3)
             held = list(self._held)
-            if not held:
-                continue
             try:
                 kept = await self.queue.heartbeat(self.consumer, held)
             except QueueUnavailable as exc:
                 log.warning("heartbeat failed: %s", exc)
-                continue
+                kept = set(held)  # a lease is lost only when the queue says so
             for entry_id in set(held) - kept:
                 task = self._running.pop(entry_id, None)
                 if task is not None:
@@ -266,15 +283,21 @@ class Worker:
                     self._held.pop(entry_id, None)
                     self.metrics.lost.inc()
                     self._slot_freed.set()
+            await asyncio.sleep(self.queue.lease_s / 3)
 
     async def _reclaim_loop(self) -> None:
         """Every half lease (jittered), take over and retry the jobs of workers that stopped heartbeating."""
         while True:
             await asyncio.sleep(self.queue.lease_s / 2 * random.uniform(0.8, 1.2))
             try:
-                self.metrics.reclaimed.inc(await self.queue.reclaim(self.consumer))
+                taken = await self.queue.reclaim(self.consumer)
             except QueueUnavailable as exc:
                 log.warning("reclaim failed: %s", exc)
+                continue
+            if taken:
+                self.metrics.reclaimed.inc(sum(taken.values()))
+                owners = ", ".join(f"{count} from {owner}" for owner, count in sorted(taken.items()))
+                log.info("reclaimed the jobs of workers that stopped heartbeating: %s", owners)
 
     async def _drain(self) -> None:
         """Give running episodes `shutdown_grace_s`, hand the unfinished back, and publish what finished."""
@@ -293,8 +316,6 @@ class Worker:
             await self._retrying(functools.partial(self.queue.release, released))
             self.metrics.released.inc(len(released))
         await self._outcomes.join()
-        with contextlib.suppress(QueueUnavailable):
-            await self.queue.forget_consumer(self.consumer)
 
     async def _watching(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work`, but stop at once with the error of any background loop that died."""
@@ -373,15 +394,17 @@ async def run_worker(
         runner,
         consumer=options.consumer,
         concurrency=options.concurrency,
+        take_max=options.take_max,
         shutdown_grace_s=options.shutdown_grace_s,
         max_outage_s=options.max_outage_s,
         metrics=metrics,
     )
     log.info(
-        "worker %s consuming namespace %r (concurrency %d)",
+        "worker %s consuming namespace %r (concurrency %d, at most %d per read)",
         worker.consumer,
         queue.namespace,
         worker.concurrency,
+        worker.take_max,
     )
     try:
         await worker.run(stop)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,9 +83,11 @@ class VLProcessor:
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> VLProcessor:
-        """Load from a checkpoint directory (tiny or real Qwen2.5-VL / Qwen3-VL)."""
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-        image_processor = AutoImageProcessor.from_pretrained(str(path), backend="pil")
+        """Load from a local checkpoint directory (tiny or real Qwen2.5-VL / Qwen3-VL); never from a hub,
+        so a missing directory fails at once instead of waiting on the network."""
+        directory = checkpoint_dir(path)
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        image_processor = AutoImageProcessor.from_pretrained(directory, backend="pil", local_files_only=True)
         return cls(tokenizer, image_processor)
 
     def grid_for_size(self, height: int, width: int) -> Grid:
@@ -126,6 +129,18 @@ class VLProcessor:
         pil = [load_image(img) for img in images]
         out = self.image_processor(images=pil, return_tensors="pt")  # type: ignore[operator]
         return PixelInputs(pixel_values=out["pixel_values"], image_grid_thw=out["image_grid_thw"])
+
+
+def checkpoint_dir(path: str | Path) -> str:
+    """`path` as an absolute checkpoint directory (symlinks kept, as other hosts may mount them);
+    FileNotFoundError naming it if there is none here."""
+    directory = Path(os.path.abspath(Path(path).expanduser()))
+    if not directory.is_dir():
+        raise FileNotFoundError(
+            f"checkpoint directory {str(path)!r} does not exist here ({directory}); vistarl loads models "
+            "from local directories only and downloads nothing"
+        )
+    return str(directory)
 
 
 def load_image(image: ImageLike) -> Image.Image:

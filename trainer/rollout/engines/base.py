@@ -30,8 +30,10 @@ class EngineRequestError(EngineError, ValueError):
     """The request cannot be served as given (bad ids, images, params or credentials); do not resend it."""
 
 
-class EngineUnavailableError(EngineError):
-    """A control call (health aside) got no answer from the engine within its retry deadline."""
+class EngineUnavailableError(EngineError, ConnectionError):
+    """A control call (health aside) got no answer from the engine within its retry deadline.
+
+    A `ConnectionError`, so the commands report it as they report any unreachable service."""
 
 
 class GenerateRequest(BaseModel):

@@ -31,7 +31,7 @@ from transformers import AutoModelForImageTextToText, PreTrainedModel
 from clients.errors import ImageError
 from trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
 from trainer.rollout.engines.sglang_api import TOP_K_ALL, FinishReason, PauseMode, SamplingParams
-from trainer.rollout.processor import PixelInputs, VLProcessor
+from trainer.rollout.processor import PixelInputs, VLProcessor, checkpoint_dir
 
 log = logging.getLogger(__name__)
 
@@ -129,10 +129,15 @@ class HFEngine:
         dtype: torch.dtype | None = None,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     ) -> HFEngine:
-        """Load model and processor from a checkpoint directory; fp32 on CPU, bf16 on GPU by default."""
-        model = _load_model(path, device, dtype or (torch.float32 if device == "cpu" else torch.bfloat16))
-        processor = VLProcessor.from_pretrained(path)
-        return cls(model, processor, max_batch_size=max_batch_size, model_path=str(path))
+        """Load model and processor from a checkpoint directory; fp32 on CPU, bf16 on GPU by default.
+
+        `model_path` is the directory's absolute path, which servers report to workers elsewhere."""
+        directory = checkpoint_dir(path)
+        model = _load_model(
+            directory, device, dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
+        )
+        processor = VLProcessor.from_pretrained(directory)
+        return cls(model, processor, max_batch_size=max_batch_size, model_path=directory)
 
     @property
     def weight_version(self) -> str:
@@ -213,11 +218,12 @@ class HFEngine:
         """Load an HF checkpoint directory of the same architecture and swap its weights in."""
         dtype = next(self.model.parameters()).dtype
         try:
-            loaded = await asyncio.to_thread(_load_model, model_path, "cpu", dtype)
+            directory = checkpoint_dir(model_path)
+            loaded = await asyncio.to_thread(_load_model, directory, "cpu", dtype)
         except (OSError, ValueError) as exc:
             raise EngineRequestError(f"cannot load a checkpoint from {model_path}: {exc}") from exc
         version = await self.update_weights(loaded.state_dict(), weight_version)
-        self.model_path = model_path
+        self.model_path = directory
         return version
 
     def _copy_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -520,6 +526,8 @@ def _eos_ids(model: PreTrainedModel, processor: VLProcessor) -> frozenset[int]:
 
 
 def _load_model(path: str | Path, device: str, dtype: torch.dtype) -> PreTrainedModel:
-    """A Qwen-VL checkpoint through the same `from_pretrained` path a downloaded one uses."""
-    model: PreTrainedModel = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype)
+    """A Qwen-VL checkpoint through the same `from_pretrained` path a downloaded one uses (local only)."""
+    model: PreTrainedModel = AutoModelForImageTextToText.from_pretrained(
+        str(path), dtype=dtype, local_files_only=True
+    )
     return model.to(device).eval()

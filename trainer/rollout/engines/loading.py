@@ -28,9 +28,10 @@ def make_engine(spec: str | EngineSpec, processor: VLProcessor | None = None, **
     return HFEngine.from_pretrained(spec.target, **options)
 
 
-async def load_engine(spec: EngineSpec) -> tuple[Engine, VLProcessor]:
+async def load_engine(spec: EngineSpec, tokenizer: Path | None = None) -> tuple[Engine, VLProcessor]:
     """The engine of `spec` and the policy's processor: the checkpoint's for `hf:DIR`; for a server,
-    the one at the model path its `/model_info` reports (checked against its tokenizer path, if other)."""
+    the one in `tokenizer` if given, else the one at the model path its `/model_info` reports (checked
+    against its tokenizer path, if other), which must be a directory here: nothing is downloaded."""
     if not spec.is_server:
         if not Path(spec.target).is_dir():
             raise ValueError(f"engine checkpoint directory {spec.target} does not exist")
@@ -38,12 +39,26 @@ async def load_engine(spec: EngineSpec) -> tuple[Engine, VLProcessor]:
         return engine, engine.processor
     server = SGLangEngine(spec.target)
     try:
-        info = await server.model_info()
-        processor = await asyncio.to_thread(VLProcessor.from_pretrained, info.model_path)
-        if info.tokenizer_path not in (None, info.model_path):
-            await asyncio.to_thread(check_engine_alignment, info.tokenizer_path, processor.tokenizer)
+        processor = await _server_processor(server, tokenizer)
     except BaseException:
         await server.close()
         raise
     server.processor = processor
     return server, processor
+
+
+async def _server_processor(server: SGLangEngine, tokenizer: Path | None) -> VLProcessor:
+    """The processor for an engine server: from `tokenizer`, or from the paths its `/model_info` gives."""
+    if tokenizer is not None:
+        return await asyncio.to_thread(VLProcessor.from_pretrained, tokenizer)
+    info = await server.model_info()
+    try:
+        processor = await asyncio.to_thread(VLProcessor.from_pretrained, info.model_path)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(
+            f"the engine at {server.url} serves {info.model_path!r}, which is not readable here: "
+            "mount it at that path, or name a local copy of its tokenizer (vistarl worker --tokenizer DIR)"
+        ) from exc
+    if info.tokenizer_path not in (None, info.model_path):
+        await asyncio.to_thread(check_engine_alignment, info.tokenizer_path, processor.tokenizer)
+    return processor
