@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[server,train,dev]'
 	bash scripts/ensure-gl.sh $(PY)
+	bash scripts/ensure-chromium.sh
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -19,9 +19,9 @@ def _root() -> None:
 
 def _register() -> None:
     """Attach every command group. Heavy imports (torch) stay inside the commands themselves."""
-    from cli import data, demo, engine, model, queue, rollout, serve, sokoban, train, vsi, worker
+    from cli import data, demo, engine, mcp, model, queue, rollout, serve, sokoban, train, vsi, worker
 
-    for group in (serve, sokoban, vsi, data, demo, model, engine, rollout, worker, queue, train):
+    for group in (serve, mcp, sokoban, vsi, data, demo, model, engine, rollout, worker, queue, train):
         group.register(app)
 
 

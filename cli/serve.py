@@ -7,28 +7,43 @@ import logging
 import signal
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from services.server.settings import ServerSettings
+
+MaxSessions = Annotated[
+    int | None, typer.Option(help="Live sessions before new episodes get 503. (env VISTARL_MAX_SESSIONS)")
+]
+SessionTtl = Annotated[
+    float | None, typer.Option(help="Idle seconds before a session expires. (env VISTARL_SESSION_TTL_S)")
+]
+DataPaths = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--data",
+        help="A dataset whose splits the server also serves, as task ids SPLIT/INDEX: a directory of "
+        "<split>.parquet files or one parquet file named for its split. Repeatable.",
+    ),
+]
+LogLevel = Annotated[str | None, typer.Option(help="Log level. (env VISTARL_LOG_LEVEL)")]
 
 
 def serve(
     env: Annotated[str, typer.Argument(help="A registered env name (sokoban) or an import path.")],
     host: Annotated[str | None, typer.Option(help="Interface to bind. (env VISTARL_HOST)")] = None,
     port: Annotated[int | None, typer.Option(help="TCP port. (env VISTARL_PORT)")] = None,
-    max_sessions: Annotated[
-        int | None, typer.Option(help="Live sessions before resets get 503. (env VISTARL_MAX_SESSIONS)")
-    ] = None,
-    session_ttl: Annotated[
-        float | None, typer.Option(help="Idle seconds before a session expires. (env VISTARL_SESSION_TTL_S)")
-    ] = None,
+    max_sessions: MaxSessions = None,
+    session_ttl: SessionTtl = None,
     reaper_interval: Annotated[
         float | None, typer.Option(help="Seconds between reaper rounds. (env VISTARL_REAPER_INTERVAL_S)")
     ] = None,
     max_body_bytes: Annotated[
         int | None, typer.Option(help="Request body limit in bytes. (env VISTARL_MAX_BODY_BYTES)")
     ] = None,
-    log_level: Annotated[str | None, typer.Option(help="uvicorn log level. (env VISTARL_LOG_LEVEL)")] = None,
+    log_level: LogLevel = None,
     access_log: Annotated[
         bool | None,
         typer.Option(help="Log one line per request. (env VISTARL_ACCESS_LOG)", show_default=False),
@@ -40,14 +55,7 @@ def serve(
             "threads of the server process. (env VISTARL_ENV_WORKERS)"
         ),
     ] = None,
-    data: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--data",
-            help="A dataset whose splits the server also serves, as task ids SPLIT/INDEX: a directory of "
-            "<split>.parquet files or one parquet file named for its split. Repeatable.",
-        ),
-    ] = None,
+    data: DataPaths = None,
     cors_origin: Annotated[
         list[str] | None,
         typer.Option(
@@ -64,7 +72,6 @@ def serve(
 
     from services.env_api import load_env_factory
     from services.server.app import create_app
-    from services.server.settings import ServerSettings
 
     flags: dict[str, Any] = {
         "host": host,
@@ -81,13 +88,13 @@ def serve(
         "cors_origins": cors_origin,
     }
     try:
-        settings = ServerSettings(**{name: value for name, value in flags.items() if value is not None})
+        settings = settings_from(flags)
         app = create_app(load_env_factory(env), settings)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     _collect_garbage_less_often()
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    logging.basicConfig(level="DEBUG" if settings.log_level == "trace" else settings.log_level.upper())
+    log_to_stderr(settings.log_level)
     uvicorn.run(
         app,
         host=settings.host,
@@ -100,6 +107,19 @@ def serve(
         timeout_keep_alive=settings.keep_alive_s,
         timeout_graceful_shutdown=int(settings.shutdown_timeout_s),
     )
+
+
+def settings_from(flags: dict[str, Any]) -> ServerSettings:
+    """Server settings from the flags given; a flag left out (None) falls back to `VISTARL_*` or the
+    default. A ValueError names a bad value."""
+    from services.server.settings import ServerSettings
+
+    return ServerSettings(**{name: value for name, value in flags.items() if value is not None})
+
+
+def log_to_stderr(level: str) -> None:
+    """The root logger at `level` (uvicorn's names; `trace` logs everything), writing to stderr."""
+    logging.basicConfig(level="DEBUG" if level == "trace" else level.upper())
 
 
 def _collect_garbage_less_often() -> None:

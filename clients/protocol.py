@@ -88,11 +88,40 @@ class ResetResponse(BaseModel):
     message: Message | None = None
 
 
+class ToolCall(_Strict):
+    """A call of one of the env's tools (`tools` in `/info`), as chat-completion APIs return it in
+    `tool_calls[i].function`: `arguments` is a JSON object, or the JSON text of one."""
+
+    name: str = Field(min_length=1, max_length=256)
+    arguments: dict[str, Any] | str = Field(default_factory=dict)
+
+
+def _action_optional(schema: dict[str, Any]) -> None:
+    """`StepRequest`'s published schema: `action` may be left out when a `tool_call` is sent."""
+    schema["required"] = [name for name in schema["required"] if name != "action"]
+
+
 class StepRequest(_Strict):
+    """One turn: the response text as `action`, or instead a `tool_call` of the env's tools, which the
+    server turns into the response text it stands for."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_action_optional)
+
     session_id: str = Field(min_length=1, max_length=128)
     action: str
+    tool_call: ToolCall | None = None
     request_id: str | None = Field(default=None, min_length=1, max_length=128)
     format: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _action_or_tool_call(cls, data: Any) -> Any:
+        """A tool call stands for the action, so it comes without one (or with an empty one)."""
+        if not isinstance(data, dict) or data.get("tool_call") is None:
+            return data
+        if data.get("action"):
+            raise ValueError("give the turn as action or as tool_call, not both")
+        return {**data, "action": ""}
 
 
 class StepResponse(BaseModel):

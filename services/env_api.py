@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -74,6 +75,12 @@ def user_message(obs: EnvObservation) -> dict[str, Any]:
     return {"role": "user", "content": [*images, {"type": "text", "text": obs["text"]}]}
 
 
+def tool_call_markup(name: str, arguments: Mapping[str, Any]) -> str:
+    """The response text of a tool call in the `<tool_call>` form Qwen's chat templates write: the
+    `tool_call_text` of an env whose own response format is that form (docs/agents.md)."""
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': dict(arguments)})}</tool_call>"
+
+
 @dataclass(frozen=True)
 class EpisodeScore:
     """A finished episode as a benchmark sees it: the env's text metrics, numeric metrics and reward."""
@@ -113,6 +120,9 @@ class EnvFactory:
     """The splits the env holds built in, by name; called once per process, on first use."""
     tools: list[dict[str, Any]] = field(default_factory=list)
     """The env's actions as OpenAI function-tool schemas, for chat-completion agents."""
+    tool_call_text: Callable[[str, Mapping[str, Any]], str] = tool_call_markup
+    """The response text that a call of one of `tools` stands for (its arguments already valid against
+    the tool's schema); `/step` with a `tool_call` steps with it. A ValueError names what is wrong."""
     random_reply: Callable[[str, random.Random], str] | None = None
     """A baseline policy (`vistarl eval --dummy`): a random valid reply, given the conversation's text."""
     benchmark: Callable[[Sequence[EpisodeScore]], dict[str, float]] | None = None

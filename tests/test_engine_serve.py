@@ -1,14 +1,19 @@
-"""`SGLangEngine` against `vistarl engine serve` over real HTTP; the app's guards; a dead engine."""
+"""`SGLangEngine` against `vistarl engine serve` over real HTTP; the app's guards; a dead engine; its
+OpenAI chat completions, and the agent loop of docs/agents.md against it and `vistarl serve sokoban`."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -20,12 +25,19 @@ from pydantic import ValidationError
 from transformers import AutoModelForImageTextToText, PreTrainedModel
 
 from clients.images import encode_image
+from clients.protocol import ToolCall
 from devtools.tiny_checkpoint import build_model
+from services.env_api import load_env_factory
+from services.server.tool_calls import ToolActions
+from services.sokoban.actions import parse_actions
+from tests.envs.serving import served as env_served
 from tests.servers import free_port, running_process, vistarl_cmd
 from tests.vl_samples import noise_image
 from trainer.rollout.engines.base import EngineRequestError, EngineUnavailableError, GenerateRequest
+from trainer.rollout.engines.chat import ChatCompletionRequest, completion, generate_request
 from trainer.rollout.engines.hf import HFEngine
 from trainer.rollout.engines.loading import load_engine, make_engine
+from trainer.rollout.engines.scripted import ScriptedEngine
 from trainer.rollout.engines.server import EngineServerSettings, create_app
 from trainer.rollout.engines.sglang import SGLangEngine
 from trainer.rollout.engines.sglang_api import SamplingParams
@@ -295,3 +307,130 @@ async def test_make_engine_parses_specs(tiny_qwen25: Path, processor: VLProcesso
     for bad in ("hf", "vllm:http://x", "sglang:/some/dir", "sglang:"):
         with pytest.raises(ValueError):
             make_engine(bad)
+
+
+# --- /v1/chat/completions and the agent loop of docs/agents.md -----------------------------------
+
+CORRIDOR = {"xsb": "########\n#@ $  .#\n########"}
+ACT = {
+    "type": "function",
+    "function": {
+        "name": "act",
+        "description": "Make moves.",
+        "parameters": {"type": "object", "properties": {"moves": {"type": "array"}}, "required": ["moves"]},
+    },
+}
+
+
+def chat_body(**fields: Any) -> dict[str, Any]:
+    image = pictures(3, (56, 56))[0]
+    user = {
+        "role": "user",
+        "content": [{"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": "go"}],
+    }
+    return {
+        "messages": [{"role": "system", "content": "Play."}, user],
+        "max_tokens": 4,
+        "temperature": 0,
+        **fields,
+    }
+
+
+async def test_a_chat_completion_is_the_template_render_generated(
+    served: str, client: SGLangEngine, processor: VLProcessor
+) -> None:
+    body = chat_body()
+    async with httpx.AsyncClient(base_url=served, timeout=60) as http:
+        answer = (await http.post("/v1/chat/completions", json=body)).json()
+    rendered = processor.tokenizer.apply_chat_template(
+        body["messages"], tokenize=False, add_generation_prompt=True
+    )
+    ids = processor.tokenizer.encode(rendered, add_special_tokens=False)
+    images = [body["messages"][1]["content"][0]["image_url"]["url"]]
+    sampling = SamplingParams(max_new_tokens=4, temperature=0.0, skip_special_tokens=False)
+    direct = await client.generate(GenerateRequest(engine_ids=ids, images=images, sampling=sampling))
+    choice = answer["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": direct.text, "tool_calls": None}
+    assert choice["finish_reason"] == "length"
+    assert answer["usage"] == {
+        "prompt_tokens": direct.prompt_tokens,
+        "completion_tokens": 4,
+        "total_tokens": direct.prompt_tokens + 4,
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "mentions"),
+    [
+        ({"logprobs": True}, "logprobs"),
+        ({"n": 2}, "n"),
+        ({"messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "https://x/a.png"}}],
+                    }
+                ]
+            },
+            "messages.0.content.0.image_url.url",
+        ),
+    ],
+)
+async def test_a_bad_chat_request_is_a_400_naming_it(
+    served: str, change: dict[str, Any], mentions: str
+) -> None:
+    async with httpx.AsyncClient(base_url=served, timeout=60) as http:
+        answer = await http.post("/v1/chat/completions", json=chat_body(**change))
+    assert answer.status_code == 400
+    assert mentions in answer.json()["error"]["message"]
+
+
+async def test_tools_reach_the_template_and_tool_call_blocks_come_back(tiny_qwen3: Path) -> None:
+    processor = VLProcessor.from_pretrained(tiny_qwen3)  # Qwen3-VL's template has a tools section
+    offered = generate_request(processor, ChatCompletionRequest.model_validate(chat_body(tools=[ACT])))
+    hidden = generate_request(
+        processor, ChatCompletionRequest.model_validate(chat_body(tools=[ACT], tool_choice="none"))
+    )
+    assert '"name": "act"' in processor.tokenizer.decode(offered.engine_ids)
+    assert '"name": "act"' not in processor.tokenizer.decode(hidden.engine_ids)
+    reply = 'Push it.\n<tool_call>\n{"name": "act", "arguments": {"moves": ["Right", "Right"]}}\n</tool_call>'
+    result = await ScriptedEngine(processor, [reply]).generate(offered)
+    answer = completion(result, "tiny", with_tools=True)
+    message = answer.choices[0].message
+    assert answer.choices[0].finish_reason == "tool_calls" and message.content == "Push it."
+    assert message.tool_calls is not None and len(message.tool_calls) == 1
+    call = message.tool_calls[0].function
+    assert call.name == "act" and json.loads(call.arguments) == {"moves": ["Right", "Right"]}
+    action = ToolActions(load_env_factory("sokoban")).action(ToolCall(**call.model_dump()))
+    assert parse_actions(action) == ["right", "right"]
+    follow_up = chat_body(tools=[ACT])
+    follow_up["messages"] += [
+        {"role": "assistant", "content": None, "tool_calls": [message.tool_calls[0].model_dump()]},
+        {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "reward 1.02, done True"},
+    ]
+    rendered = generate_request(processor, ChatCompletionRequest.model_validate(follow_up))
+    assert "reward 1.02, done True" in processor.tokenizer.decode(rendered.engine_ids)
+
+
+def test_the_agent_loop_of_the_docs_plays_with_the_served_engine(served: str, tmp_path: Path) -> None:
+    doc = (Path(__file__).parents[1] / "docs" / "agents.md").read_text()
+    script = tmp_path / "agent.py"
+    script.write_text(doc.split("```python\n", 1)[1].split("```", 1)[0])
+    with env_served("sokoban") as env_url:
+        args = [
+            str(script),
+            env_url,
+            served,
+            "--options",
+            json.dumps(CORRIDOR),
+            "--turns",
+            "2",
+            "--max-tokens",
+            "8",
+        ]
+        run = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.count("turn: reward") == 2
+        assert httpx.get(f"{env_url}/ready").json()["active_sessions"] == 0

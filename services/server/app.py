@@ -1,10 +1,12 @@
 """The environment server: `create_app(env_factory, settings)` serves one env over the wire protocol.
 
 Endpoints (see docs/server.md): POST /reset, POST /step, POST /format, DELETE /sessions/{id},
-GET /info, GET /health, GET /ready, GET /metrics. Session rules live in `sessions`, tasks in `tasks`,
-where envs run in `env_pool`, error shapes in `errors`, auth and the body limit in `security`, what the
-OpenAPI schema adds in `openapi`, the lean path of the env endpoints in `json_route` (all in
-`services.server`); this module only wires them together.
+GET /info, GET /health, GET /ready, GET /metrics; MCP at /mcp; the browser playground at GET /play and
+GET /play/replay. The sessions and what runs them come from `embedded` (session rules in `sessions`,
+tasks in `tasks`, where envs run in `env_pool`); error shapes live in `errors`, auth and the body limit
+in `security`, what the OpenAPI schema adds in `openapi`, the lean path of the env endpoints in
+`json_route`, tool calls as actions in `tool_calls`, the MCP tools in `mcp_tools`, the pages in `play`
+(all in `services.server`); this module only wires them together.
 """
 
 from __future__ import annotations
@@ -30,22 +32,29 @@ from services.env_api import EnvFactory
 from services.server.embedded import EnvService
 from services.server.errors import install_error_handlers
 from services.server.json_route import JSONRoute
+from services.server.mcp_tools import EnvTools
 from services.server.openapi import METRICS_RESPONSES, READY_RESPONSES, errors, guarded_router
-from services.server.security import RequestGuard, cors_options
+from services.server.play import PLAY_PATHS, play_routes
+from services.server.security import OPEN_PATHS, RequestGuard, cors_options
 from services.server.settings import ServerSettings
+from services.server.tool_calls import ToolActions
 
 
 def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) -> FastAPI:
     """A FastAPI app hosting sessions of `env_factory`, bounded and configured by `settings`."""
     service = EnvService(env_factory, settings)
     settings, metrics, manager = service.settings, service.metrics, service.manager
+    tool_actions = ToolActions(env_factory)
+    mcp = EnvTools(service)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        """Start the env pool and the idle reaper; on shutdown drain, stop the reaper and close every env."""
+        """Start the env pool, the idle reaper and the MCP endpoint's task group; on shutdown drain, stop
+        the reaper and close every env."""
         await service.start()
         try:
-            yield
+            async with mcp.http_running():
+                yield
         finally:
             await service.stop()
 
@@ -58,7 +67,13 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
     )
     install_error_handlers(app, metrics)
     token = None if settings.api_token is None else settings.api_token.get_secret_value()
-    app.add_middleware(RequestGuard, max_bytes=settings.max_body_bytes, metrics=metrics, token=token)
+    app.add_middleware(
+        RequestGuard,
+        max_bytes=settings.max_body_bytes,
+        metrics=metrics,
+        token=token,
+        open_paths=OPEN_PATHS | PLAY_PATHS,
+    )
     if settings.cors_origins:  # added last, so outermost: a preflight needs no token
         app.add_middleware(CORSMiddleware, **cors_options(settings.cors_origins))
     guarded = guarded_router(token_required=token is not None)
@@ -68,8 +83,8 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
         return await manager.reset(request)
 
     async def step(request: StepRequest) -> bytes:
-        """Apply one action to a session."""
-        return await manager.step(request)
+        """Apply one action (the response text, or a call of one of the env's tools) to a session."""
+        return await manager.step(tool_actions.resolve(request))
 
     async def format_observation(request: FormatRequest) -> bytes:
         """Turn an observation into the env's chat message."""
@@ -121,4 +136,5 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
         return HealthResponse()
 
     app.include_router(guarded)
+    app.router.routes.extend([*mcp.http_routes(), *play_routes()])
     return app

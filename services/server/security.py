@@ -23,16 +23,18 @@ from services.server.errors import error_response
 from services.server.metrics import ServerMetrics
 
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+MCP_HEADERS = ("mcp-protocol-version", "mcp-session-id", "mcp-method", "mcp-name", "last-event-id")
 
 
 def cors_options(origins: list[str]) -> dict[str, Any]:
     """Starlette `CORSMiddleware` options for browser pages of `origins` (docs/server.md, "Browsers"):
-    the methods and headers of the env API, and `Retry-After` readable by the page."""
+    the methods and headers of the env API and of MCP's streamable HTTP, and `Retry-After` and MCP's
+    session header readable by the page."""
     return {
         "allow_origins": origins,
         "allow_methods": ["GET", "POST", "DELETE"],
-        "allow_headers": ["authorization", "content-type"],
-        "expose_headers": ["retry-after"],
+        "allow_headers": [*MCP_HEADERS, "authorization", "content-type"],
+        "expose_headers": ["retry-after", "mcp-session-id"],
     }
 
 

@@ -34,14 +34,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class Session:
-    """One live episode (its env lives in the pool): whether it ended, and the answers kept for retries,
-    each with a digest of the action it answered."""
+    """One live episode (its env lives in the pool): whether it ended, its last answer (what MCP's
+    `observe` shows), and the answers kept for retries, each with a digest of the action it answered."""
 
     id: str
     done: bool = False
     closed: bool = False
     last_active: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_answer: bytes = b""
     answers: OrderedDict[str, tuple[bytes, bytes]] = field(default_factory=OrderedDict)
 
     def remember(self, request_id: str, action: str, answer: bytes, limit: int) -> None:
@@ -163,7 +164,7 @@ class SessionManager:
         await self._reserve(session_id)
         try:
             answer = await self.pool.start(session_id, Task(options, request.seed, sample), request.format)
-            await self.store.put(Session(id=session_id))
+            await self.store.put(Session(id=session_id, last_answer=answer))
         finally:
             self._reserved.discard(session_id)
         self.metrics.resets.inc()
@@ -194,12 +195,21 @@ class SessionManager:
             self.metrics.step_seconds.observe(time.perf_counter() - started)
             self.metrics.steps.inc()
             session.done = done
+            session.last_answer = answer
             if request.request_id is not None:
                 session.remember(
                     request.request_id, request.action, answer, self.settings.idempotency_cache_size
                 )
             await self.store.put(session)
         return answer
+
+    async def observe(self, session_id: str) -> bytes:
+        """The session's last answer (its reset's or its last step's body); 404 if unknown."""
+        session = await self._session(session_id)
+        async with session.lock:
+            if session.closed:
+                raise _not_found(session_id)
+            return session.last_answer
 
     async def format(self, request: FormatRequest) -> bytes:
         """Format a client's observation as a chat message; its images are decoded within the limits."""

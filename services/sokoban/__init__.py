@@ -11,6 +11,7 @@ from services.sokoban.actions import random_reply
 from services.sokoban.env import SokobanEnv, build_env
 from services.sokoban.options import SokobanOptions
 from services.sokoban.prompt import ACTION_FORMAT, system_prompt
+from services.sokoban.tools import TOOLS, tool_call_text
 
 __all__ = ["ENV_FACTORY", "SokobanEnv", "SokobanOptions", "build_env"]
 
@@ -56,5 +57,7 @@ ENV_FACTORY = EnvFactory(
     restore=SokobanEnv.from_state,
     sample_model=SokobanSample,
     random_reply=random_reply,
+    tools=TOOLS,
+    tool_call_text=tool_call_text,
     import_path=__name__,
 )

@@ -12,7 +12,7 @@ from services.vsi.policy import benchmark, random_reply
 from services.vsi.prompt import ACTION_FORMAT, system_prompt
 from services.vsi.question import VsiQuestion
 from services.vsi.splits import splits
-from services.vsi.tools import TOOLS
+from services.vsi.tools import TOOLS, tool_call_text
 
 __all__ = ["ENV_FACTORY", "VsiEnv", "VsiOptions", "VsiQuestion", "build_env"]
 
@@ -44,5 +44,6 @@ ENV_FACTORY = EnvFactory(
     tools=TOOLS,
     random_reply=random_reply,
     benchmark=benchmark,
+    tool_call_text=tool_call_text,
     import_path=__name__,
 )

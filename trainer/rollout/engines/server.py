@@ -5,8 +5,9 @@ through `SGLangEngine` exactly as they drive SGLang. Endpoints: `POST /generate`
 `GET /health_generate`, `GET /model_info`, `POST /update_weights_from_disk`, `POST /flush_cache`,
 `POST /abort_request`, `POST /pause_generation`, `POST /continue_generation`. Bodies and answers
 are the shared models of `trainer.rollout.engines.sglang_api`; like SGLang 0.5.23, an invalid body (an
-unknown `sampling_params` key, say) gets 400. The body-size limit and the optional bearer token
-(`VISTARL_API_TOKEN`) are the env servers' own guards.
+unknown `sampling_params` key, say) gets 400. `POST /v1/chat/completions` is a minimal OpenAI-compatible
+chat completion for agents (`trainer.rollout.engines.chat`, docs/agents.md). The body-size limit and
+the optional bearer token (`VISTARL_API_TOKEN`) are the env servers' own guards.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from services.server.errors import (
 from services.server.metrics import ServerMetrics
 from services.server.security import RequestGuard
 from trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
+from trainer.rollout.engines.chat import ChatCompletion, ChatCompletionRequest, completion, generate_request
 from trainer.rollout.engines.hf import DEFAULT_MAX_BATCH_SIZE, HFEngine
 from trainer.rollout.engines.sglang_api import (
     AbortBody,
@@ -91,6 +93,19 @@ def create_app(engine: HFEngine, settings: EngineServerSettings | None = None) -
             raise ServiceError(ErrorCode.BAD_REQUEST, str(exc)) from exc
         answer = _sglang_answer(result, body.return_logprob)
         return JSONResponse(answer.model_dump(mode="json", exclude_none=True))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest) -> ChatCompletion:
+        """OpenAI's chat completion (no streaming, one choice): the messages and tools through the
+        checkpoint's chat template, then the engine; `<tool_call>` blocks come back as `tool_calls`."""
+        try:
+            request = generate_request(engine.processor, body)
+            result = await engine.generate(request)
+        except (ValueError, EngineRequestError) as exc:
+            raise ServiceError(ErrorCode.BAD_REQUEST, str(exc)) from exc
+        if result.aborted:
+            raise ServiceError(ErrorCode.INTERNAL, f"generation aborted: {result.finish_reason.message}")
+        return completion(result, engine.model_path, with_tools=bool(body.offered_tools()))
 
     @app.get("/health")
     async def health() -> Response:

@@ -1,0 +1,73 @@
+"""Tool calls as actions: a `/step` with a `tool_call` of one of the env's `tools` steps with the response
+text the call stands for (`EnvFactory.tool_call_text`), so a chat-completion agent passes the model's
+tool calls through unchanged (docs/agents.md).
+
+A call naming no tool of the env, or whose arguments are not a JSON object valid against the tool's
+parameter schema, is a 422 `validation_error` naming what is wrong; nothing steps.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from clients.protocol import ErrorCode, StepRequest, ToolCall
+from services.env_api import EnvFactory
+from services.server.errors import ServiceError
+
+
+class ToolActions:
+    """Turns the calls of one env's tools into its response text, checking them against the schemas."""
+
+    def __init__(self, factory: EnvFactory) -> None:
+        self.factory = factory
+        self.validators = {
+            tool["function"]["name"]: Draft202012Validator(tool["function"].get("parameters", {}))
+            for tool in factory.tools
+        }
+
+    def resolve(self, request: StepRequest) -> StepRequest:
+        """`request` with the text of its tool call as the action; unchanged when it has none."""
+        if request.tool_call is None:
+            return request
+        action = self.action(request.tool_call)
+        return request.model_copy(update={"action": action, "tool_call": None})
+
+    def action(self, call: ToolCall) -> str:
+        """The response text of `call`, or a 422 naming the unknown tool or the bad argument."""
+        validator = self.validators.get(call.name)
+        if validator is None:
+            known = ", ".join(self.validators) or "none"
+            raise _invalid(f"tool_call.name: {self.factory.name} has no tool {call.name!r} (tools: {known})")
+        arguments = _arguments(call)
+        errors = sorted(validator.iter_errors(arguments), key=lambda error: list(error.absolute_path))
+        if errors:
+            raise _invalid("; ".join(_describe(error.absolute_path, error.message) for error in errors))
+        try:
+            return self.factory.tool_call_text(call.name, arguments)
+        except ValueError as exc:
+            raise _invalid(f"tool_call: {exc}") from None
+
+
+def _arguments(call: ToolCall) -> dict[str, Any]:
+    """The call's arguments as an object: given as one, or as its JSON text (an empty text is `{}`)."""
+    if isinstance(call.arguments, dict):
+        return call.arguments
+    try:
+        parsed = json.loads(call.arguments or "{}")
+    except json.JSONDecodeError as exc:
+        raise _invalid(f"tool_call.arguments: not JSON ({exc})") from None
+    if not isinstance(parsed, dict):
+        raise _invalid(f"tool_call.arguments: expected a JSON object, got {type(parsed).__name__}")
+    return parsed
+
+
+def _describe(path: Any, message: str) -> str:
+    """One schema error, located under `tool_call.arguments`."""
+    return ".".join(["tool_call.arguments", *(str(part) for part in path)]) + f": {message}"
+
+
+def _invalid(message: str) -> ServiceError:
+    return ServiceError(ErrorCode.VALIDATION_ERROR, message)

@@ -1,0 +1,192 @@
+"""The browser playground in a real browser: Debian's chromium driven by playwright. `/play` of a real
+`vistarl serve sokoban` with a token is played to the end by clicking (moves from the Sokoban solver);
+`/play/replay` steps through trajectories written by the real rollout path (`run_episode`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from clients.images import decode_image
+from services.sokoban.game import Level
+from services.sokoban.solver import solve
+from tests.envs.serving import served
+from trainer.config import RolloutConfig
+from trainer.rollout.engines.scripted import ScriptedEngine
+from trainer.rollout.env_handle import Envs
+from trainer.rollout.episode import run_episode
+from trainer.rollout.job import EpisodeJob
+from trainer.rollout.processor import VLProcessor
+from trainer.rollout.trajectory import Trajectory
+from trainer.run_logging import save_trajectory
+
+CHROMIUM = Path("/usr/bin/chromium")
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TOKEN = "play-token"
+KEYS = {"Up": "ArrowUp", "Down": "ArrowDown", "Left": "ArrowLeft", "Right": "ArrowRight"}
+WAIT_MS = 5000
+CORRIDOR = {"xsb": "########\n#@ $  .#\n########"}
+
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="no /usr/bin/chromium (scripts/ensure-chromium.sh)"
+)
+expect.set_options(timeout=WAIT_MS)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    """A fresh page; the test fails if a script on it throws."""
+    opened = browser.new_page()
+    opened.set_default_timeout(WAIT_MS)
+    script_errors: list[Exception] = []
+    opened.on("pageerror", lambda error: script_errors.append(error))
+    yield opened
+    opened.close()
+    assert not script_errors
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    with served("sokoban", env={"VISTARL_API_TOKEN": TOKEN}) as base:
+        yield base
+
+
+def test_a_sokoban_level_is_played_to_the_end_by_clicking(page: Page, url: str) -> None:
+    page.goto(f"{url}/play")
+    expect(page.locator("#error")).to_contain_text("unauthorized")  # no token typed yet
+    page.fill("#token", TOKEN)
+    page.click("#connect")
+    expect(page.locator("#env-name")).to_have_text("sokoban")
+    page.fill("#seed", "11")
+    page.click("#reset")
+    expect(page.locator("#images img")).to_have_count(1)
+    level = Level.from_xsb(json.loads(page.locator("#info").text_content() or "")["level"])
+    moves = [move.capitalize() for move in solve(level).moves or ()]
+    assert moves
+    for turn, move in enumerate(moves, start=1):
+        if turn % 2:
+            page.click(f'#tools button[data-value="{move}"]')
+        else:
+            page.keyboard.press(KEYS[move])
+        expect(page.locator("#turn")).to_have_text(str(turn))
+    expect(page.locator("#done")).to_be_visible()
+    expect(page.locator("#log tr")).to_have_count(len(moves))
+    assert json.loads(page.locator("#info").text_content() or "")["success"] is True
+    expect(page.locator('#tools button[data-value="Up"]')).to_be_disabled()
+
+
+def test_a_typed_action_and_an_error_show_on_the_page(page: Page, url: str) -> None:
+    page.goto(f"{url}/play")
+    page.fill("#token", TOKEN)
+    page.click("#connect")
+    page.click("text=Options (JSON)")
+    page.fill("#options", json.dumps(CORRIDOR))
+    page.click("#reset")
+    page.fill("#action", "<answer>Right, Right</answer>")
+    page.click("#send")
+    expect(page.locator("#turn")).to_have_text("1")
+    expect(page.locator("#reward")).to_have_text("0.02")
+    page.fill("#options", '{"grid_size": 99}')
+    page.click("#reset")
+    expect(page.locator("#error")).to_contain_text("invalid_options: options.grid_size")
+
+
+@pytest.fixture(scope="module")
+def trajectories(tiny_qwen25: Path) -> list[Trajectory]:
+    """A solved two-turn episode and an unsolved three-turn one, from the real episode loop."""
+    processor = VLProcessor.from_pretrained(tiny_qwen25)
+    config = RolloutConfig(max_turns=3, max_new_tokens=64)
+    scripts = [
+        (["<answer>Right, Right</answer>"] * 2, {"options": CORRIDOR}),
+        (["<answer>Up</answer>", "<answer>Down</answer>", "<answer>Left</answer>"], {"seed": 5}),
+    ]
+
+    async def play() -> list[Trajectory]:
+        envs = Envs()
+        played = [
+            await run_episode(
+                await envs.open("sokoban"),
+                ScriptedEngine(processor, replies),
+                processor,
+                config,
+                EpisodeJob(episode_id=f"e{i}", group_id="g", env="sokoban", **start),
+            )
+            for i, (replies, start) in enumerate(scripts)
+        ]
+        await envs.aclose()
+        return played
+
+    with ThreadPoolExecutor(1) as thread:  # this thread's event loop is playwright's
+        return thread.submit(asyncio.run, play()).result()
+
+
+def replies(trajectory: Trajectory) -> list[str]:
+    """The assistant texts, one per turn."""
+    return [message["content"] for message in trajectory.messages if message["role"] == "assistant"]
+
+
+def tokens_of_turn(trajectory: Trajectory, turn: int) -> tuple[int, int]:
+    """Context and generated tokens of one turn, counted from the trajectory's aligned tracks."""
+    marks = [m for t, m in zip(trajectory.turn_index, trajectory.loss_mask, strict=True) if t == turn]
+    return marks.count(0), marks.count(1)
+
+
+def test_a_rollout_jsonl_is_replayed_turn_by_turn(
+    page: Page, url: str, trajectories: list[Trajectory], tmp_path: Path
+) -> None:
+    path = tmp_path / "rollout.jsonl"
+    path.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in trajectories))
+    page.goto(f"{url}/play/replay")
+    page.set_input_files("#files", str(path))
+    expect(page.locator("#trajectory option")).to_have_count(2)
+    for index, trajectory in enumerate(trajectories):
+        page.select_option("#trajectory", str(index))
+        expect(page.locator("#status")).to_have_text(trajectory.status.value)
+        expect(page.locator("#turn-count")).to_have_text(str(len(trajectory.turn_rewards)))
+        for turn, reward in enumerate(trajectory.turn_rewards):
+            expect(page.locator("#turn")).to_have_text(str(turn + 1))
+            expect(page.locator("#turn-reward")).to_have_text(f"{round(reward, 4):g}")
+            context, generated = tokens_of_turn(trajectory, turn)
+            expect(page.locator("#context-tokens")).to_have_text(str(context))
+            expect(page.locator("#generated-tokens")).to_have_text(str(generated))
+            expect(page.locator("#messages .assistant pre")).to_have_text(replies(trajectory)[turn])
+            page.keyboard.press("ArrowRight")
+    page.click("#prev")  # back to turn 2 of the last trajectory, whose observation is its second image
+    images = page.locator("#messages img")
+    expect(images).to_have_count(1)
+    assert images.get_attribute("src") == trajectories[-1].images[1]
+
+
+def test_a_run_sample_is_replayed_with_its_image_files(
+    page: Page, url: str, trajectories: list[Trajectory], tmp_path: Path
+) -> None:
+    folder = save_trajectory(trajectories[0], tmp_path / "e0").parent
+    page.goto(f"{url}/play/replay")
+    page.set_input_files("#files", sorted(str(f) for f in folder.iterdir()))
+    expect(page.locator("#turn-count")).to_have_text("2")
+    image = page.locator("#messages img")
+    expect(image).to_have_count(1)
+    assert (image.get_attribute("src") or "").startswith("blob:")
+    shown = image.evaluate("img => [img.naturalWidth, img.naturalHeight]")
+    assert tuple(shown) == decode_image(trajectories[0].images[0]).size
