@@ -118,9 +118,10 @@ def test_the_worker_answers_every_call_in_order_and_survives_bad_ones() -> None:
     answers = list(unpacker)
     assert [a[0] for a in answers] == [1, 2, 3, 4, 5, 6]
     assert answers[0][1] is False and answers[0][2][0] == "internal_error" and "bogus" in answers[0][2][1]
-    assert json.loads(answers[1][2])["observation"]["text"].startswith("count=5")
-    done, body = answers[2][2]
-    assert done is False and json.loads(body)["message"]["role"] == "user"
+    body, state = answers[1][2]
+    assert json.loads(body)["observation"]["text"].startswith("count=5") and state is None
+    done, body, state = answers[2][2]
+    assert done is False and json.loads(body)["message"]["role"] == "user" and state is None
     assert answers[3][1] is False and answers[3][2][0] == "internal_error"
     assert answers[4][1] is False and answers[4][2] == [
         "invalid_options",
