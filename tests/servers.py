@@ -18,6 +18,7 @@ import httpx
 from services.server.launch import free_port, stop_process
 
 __all__ = [
+    "children",
     "env_server",
     "free_port",
     "metric",
@@ -41,6 +42,14 @@ def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen[bytes] | N
                 return
         time.sleep(0.05)
     raise TimeoutError(f"{url} did not answer within {timeout}s")
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of `pid` (a server's env workers), from /proc."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> bool:

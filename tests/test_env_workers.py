@@ -7,7 +7,6 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import msgpack
@@ -21,16 +20,9 @@ from services.server.env_worker import serve
 from services.server.settings import ServerSettings
 from tests.envs.counter import ENV_FACTORY
 from tests.envs.serving import COUNTER_ENV, counter_process
+from tests.servers import children
 
 TIMEOUT = 30.0
-
-
-def children(pid: int) -> list[int]:
-    """The child processes of `pid` (its env workers), from /proc."""
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(child) for child in (task / "children").read_text().split()]
-    return found
 
 
 def metric(http: httpx.Client, name: str) -> float:
@@ -66,7 +58,8 @@ def test_a_dead_worker_loses_only_its_sessions_and_is_replaced() -> None:
         assert sorted(a.status_code for a in answers) == [200, 500]  # one session per worker
         lost_answer = next(a for a in answers if a.status_code == 500)
         lost = sessions[answers.index(lost_answer)]
-        assert "exited" in lost_answer.json()["error"]["message"]
+        message = lost_answer.json()["error"]["message"]  # it died during the call, or before it
+        assert "exited" in message or "is not running" in message
         assert http.post("/step", json={"session_id": lost, "action": "inc"}).status_code == 404
         kept = sessions[1 - answers.index(lost_answer)]
         assert (

@@ -9,6 +9,8 @@ session moves between both kinds of env pool.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,8 +19,8 @@ import httpx
 import pytest
 
 from clients.protocol import StepResponse
-from tests.envs.serving import counter_server
-from tests.servers import metric, wait_until
+from tests.envs.serving import counter_process, counter_server
+from tests.servers import children, metric, wait_until
 from tests.wire import assert_error, reset, step
 
 TIMEOUT = 30.0
@@ -131,3 +133,16 @@ def test_a_session_deleted_on_one_replica_is_gone_on_the_other(on: dict[str, htt
     gone = on["a"].post("/step", json={"session_id": session, "action": "inc"})
     assert_error(gone, 404, "session_not_found", session)
     assert held_on_a() == before  # the 404 released a's env too
+
+
+def test_with_the_store_a_dead_env_worker_loses_no_session(redis_url: str) -> None:
+    """The envs of a killed env worker are restored from Redis in a live worker: every session goes on
+    (docs/server.md, "Env worker processes")."""
+    flags = ("--session-store", redis_url, "--env-workers", "2")
+    with counter_process(*flags) as (url, proc), httpx.Client(base_url=url, timeout=TIMEOUT) as http:
+        sessions = [reset(http, options={"target": 10}).session_id for _ in range(2)]  # one per worker
+        assert [count(step(http, session)) for session in sessions] == [1, 1]
+        os.kill(children(proc.pid)[0], signal.SIGKILL)
+        assert wait_until(lambda: metric(url, "vistarl_env_worker_restarts_total") == 1)
+        assert [count(step(http, session)) for session in sessions] == [2, 2]
+        assert metric(url, "vistarl_env_restored_sessions_total") == 1
