@@ -1,33 +1,37 @@
 """Sokoban environment-server benchmark: the in-process floor, then HTTP throughput and latency.
 
     .venv/bin/python -m benchmarks.env_server [--seconds 10] [--concurrency 1 16 64 256] [--env-workers 0 2]
+        [--session-store memory redis]
 
 (a) In process: `SokobanEnv.step` + render + PNG encode, one core, steps per second (the floor).
 (b) Over HTTP against a `vistarl serve sokoban --env-workers W` process, for each W (0: envs in the
-    server's threads; W > 0: W env worker processes): N virtual users on one `AsyncEnvClient` in one
-    asyncio client process, each playing episodes back to back (reset, step until done, close). Steps
-    per second and client-side p50 / p99 latency of /step, after a warm-up.
+    server's threads; W > 0: W env worker processes) and each session store (`memory`: the server's
+    own; `redis`: `--session-store` on a private redis-server this benchmark starts, without
+    persistence, so every step also stores the env's state and answer there): N virtual users on one
+    `AsyncEnvClient` in one asyncio client process, each playing episodes back to back (reset, step
+    until done, close). Steps per second and client-side p50 / p99 latency of /step, after a warm-up.
 Both sides use the same moves (a fixed Up/Right/Down/Left walk on default 6x6 levels). Prints a
 markdown table. Its CPU columns are the CPU time per step of the processes doing the env work (this
 one in process; the server and its env workers over HTTP) and of the client, which stay meaningful on
-a busy machine where wall-clock rates do not.
+a busy machine where wall-clock rates do not. The redis-server's own CPU is not counted in them.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from benchmarks.client_concurrency import process_cpu_s, process_tree_cpu_s
 from clients.http import AsyncEnvClient, RetryPolicy
 from clients.images import encode_image
 from services.sokoban import SokobanEnv, SokobanOptions
-from tests.servers import free_port, running_process, vistarl_cmd
+from tests.servers import free_port, redis_server, running_process, vistarl_cmd
 
 ACTIONS = tuple(f"<answer>{move}</answer>" for move in ("Up", "Right", "Down", "Left"))
 
@@ -38,6 +42,7 @@ class Figures:
 
     mode: str
     env_workers: int | None
+    store: str | None
     concurrency: int
     steps_per_s: float
     cpu_ms_per_step: float | None
@@ -63,13 +68,14 @@ def in_process(seconds: float) -> Figures:
             env = SokobanEnv(options)
             env.reset()
     cpu_ms = 1e3 * (time.process_time() - cpu_started) / steps
-    return Figures("in-process", None, 1, steps / (time.perf_counter() - started), cpu_ms)
+    return Figures("in-process", None, None, 1, steps / (time.perf_counter() - started), cpu_ms)
 
 
 async def over_http(
-    url: str, server_pid: int, env_workers: int, concurrency: int, seconds: float, warmup: float
+    url: str, server_pid: int, setting: tuple[int, str], concurrency: int, seconds: float, warmup: float
 ) -> Figures:
-    """Run `concurrency` virtual users for warmup + seconds; count the steps that finish after the warm-up.
+    """Run `concurrency` virtual users for warmup + seconds against the server at `url` (its `setting`: env
+    workers and session store); count the steps that finish after the warm-up.
 
     The users share one `AsyncEnvClient`, as the episodes of a rollout worker do: its aiohttp pool costs
     about 0.3 ms of client CPU per step at any concurrency, so the client does not measure itself.
@@ -86,7 +92,7 @@ async def over_http(
     cuts = statistics.quantiles(latencies, n=100)
     return Figures(
         "HTTP",
-        env_workers,
+        *setting,
         concurrency,
         len(latencies) / seconds,
         _ms_per_step(await server_cpu, len(latencies)),
@@ -136,15 +142,16 @@ def markdown(rows: list[Figures], floor: float) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 
     lines = [
-        "| mode | env workers | concurrency | steps/s | % of floor | p50 ms | p99 ms | CPU ms/step "
-        "| of which server process | client CPU ms/step |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| mode | env workers | session store | concurrency | steps/s | % of floor | p50 ms | p99 ms "
+        "| CPU ms/step | of which server process | client CPU ms/step |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         workers = "-" if r.env_workers is None else r.env_workers
         cells = [
             r.mode,
             workers,
+            r.store or "-",
             r.concurrency,
             f"{r.steps_per_s:.0f}",
             f"{100 * r.steps_per_s / floor:.0f}%",
@@ -165,10 +172,32 @@ def main() -> None:
     parser.add_argument(
         "--env-workers", type=int, nargs="+", default=[0, 2], help="Server settings to measure, in turn."
     )
+    parser.add_argument(
+        "--session-store",
+        nargs="+",
+        choices=["memory", "redis"],
+        default=["memory"],
+        help="Session stores to measure, in turn: the server's own, or a private redis-server.",
+    )
     args = parser.parse_args()
 
     rows = [in_process(args.seconds)]
-    for env_workers in args.env_workers:
+    for store in args.session_store:
+        for env_workers in args.env_workers:
+            with serving(env_workers, store, 2 * max(args.concurrency)) as (url, pid):
+                for concurrency in args.concurrency:
+                    setting = (env_workers, store)
+                    figures = over_http(url, pid, setting, concurrency, args.seconds, args.warmup)
+                    rows.append(asyncio.run(figures))
+    print(markdown(rows, rows[0].steps_per_s))
+
+
+@contextlib.contextmanager
+def serving(env_workers: int, store: str, max_sessions: int) -> Iterator[tuple[str, int]]:
+    """`vistarl serve sokoban` with these settings (and its own redis-server for the `redis` store) until the
+    block ends; yields its URL and pid."""
+    with contextlib.ExitStack() as stack:
+        store_flags = [] if store == "memory" else ["--session-store", stack.enter_context(redis_server())]
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         command = vistarl_cmd(
@@ -179,15 +208,15 @@ def main() -> None:
             "--log-level",
             "warning",
             "--max-sessions",
-            str(2 * max(args.concurrency)),
+            str(max_sessions),
             "--env-workers",
             str(env_workers),
+            *store_flags,
         )
-        with running_process(command, ready_url=f"{url}/health", env={"VISTARL_API_TOKEN": ""}) as server:
-            for concurrency in args.concurrency:
-                figures = over_http(url, server.pid, env_workers, concurrency, args.seconds, args.warmup)
-                rows.append(asyncio.run(figures))
-    print(markdown(rows, rows[0].steps_per_s))
+        server = stack.enter_context(
+            running_process(command, ready_url=f"{url}/health", env={"VISTARL_API_TOKEN": ""})
+        )
+        yield url, server.pid
 
 
 if __name__ == "__main__":
