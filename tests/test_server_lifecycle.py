@@ -165,6 +165,10 @@ def test_bad_settings_are_refused_by_the_cli() -> None:
     done = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
     assert "max_sessions" in done.stderr
+    not_redis = vistarl_cmd("serve", COUNTER_ENV, "--session-store", "http://redis:6379")
+    done = subprocess.run(not_redis, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert "session_store: expected a Redis URL" in done.stderr
     unknown = subprocess.run(vistarl_cmd("serve", "no_such_env"), capture_output=True, text=True, timeout=60)
     assert unknown.returncode == 2
     assert "unknown environment" in unknown.stderr
