@@ -13,7 +13,8 @@
 Both sides use the same moves (a fixed Up/Right/Down/Left walk on default 6x6 levels). Prints a
 markdown table. Its CPU columns are the CPU time per step of the processes doing the env work (this
 one in process; the server and its env workers over HTTP) and of the client, which stay meaningful on
-a busy machine where wall-clock rates do not. The redis-server's own CPU is not counted in them.
+a busy machine where wall-clock rates do not. With the `redis` store, the redis-server's CPU per step
+(from its `INFO cpu`) is a column of its own.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+
+import redis
 
 from benchmarks.client_concurrency import process_cpu_s, process_tree_cpu_s
 from clients.http import AsyncEnvClient, RetryPolicy
@@ -50,6 +53,7 @@ class Figures:
     p99_ms: float | None = None
     client_cpu_ms_per_step: float | None = None
     server_process_cpu_ms_per_step: float | None = None
+    store_cpu_ms_per_step: float | None = None
 
 
 def in_process(seconds: float) -> Figures:
@@ -72,21 +76,22 @@ def in_process(seconds: float) -> Figures:
 
 
 async def over_http(
-    url: str, server_pid: int, setting: tuple[int, str], concurrency: int, seconds: float, warmup: float
+    server: Server, setting: tuple[int, str], concurrency: int, seconds: float, warmup: float
 ) -> Figures:
-    """Run `concurrency` virtual users for warmup + seconds against the server at `url` (its `setting`: env
-    workers and session store); count the steps that finish after the warm-up.
+    """Run `concurrency` virtual users for warmup + seconds against `server` (its `setting`: env workers
+    and session store); count the steps that finish after the warm-up.
 
     The users share one `AsyncEnvClient`, as the episodes of a rollout worker do: its aiohttp pool costs
     about 0.3 ms of client CPU per step at any concurrency, so the client does not measure itself.
     """
     retry = RetryPolicy(deadline_s=warmup + seconds + 60.0)
-    async with AsyncEnvClient(url, token="", timeout=60.0, retry=retry) as client:
+    async with AsyncEnvClient(server.url, token="", timeout=60.0, retry=retry) as client:
         start = time.perf_counter()
         measure_from, stop_at = start + warmup, start + warmup + seconds
-        server_cpu = asyncio.create_task(_cpu_between(server_pid, measure_from, stop_at, process_tree_cpu_s))
-        front_cpu = asyncio.create_task(_cpu_between(server_pid, measure_from, stop_at, process_cpu_s))
+        server_cpu = asyncio.create_task(_cpu_between(server.pid, measure_from, stop_at, process_tree_cpu_s))
+        front_cpu = asyncio.create_task(_cpu_between(server.pid, measure_from, stop_at, process_cpu_s))
         client_cpu = asyncio.create_task(_cpu_between(os.getpid(), measure_from, stop_at, process_cpu_s))
+        store_cpu = asyncio.create_task(_cpu_between(0, measure_from, stop_at, server.store_cpu_s))
         per_user = await asyncio.gather(*(_user(client, measure_from, stop_at) for _ in range(concurrency)))
     latencies = sorted(latency for user in per_user for latency in user)
     cuts = statistics.quantiles(latencies, n=100)
@@ -100,6 +105,7 @@ async def over_http(
         cuts[98] * 1e3,
         _ms_per_step(await client_cpu, len(latencies)),
         _ms_per_step(await front_cpu, len(latencies)),
+        _ms_per_step(await store_cpu, len(latencies)),
     )
 
 
@@ -143,8 +149,8 @@ def markdown(rows: list[Figures], floor: float) -> str:
 
     lines = [
         "| mode | env workers | session store | concurrency | steps/s | % of floor | p50 ms | p99 ms "
-        "| CPU ms/step | of which server process | client CPU ms/step |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| CPU ms/step | of which server process | client CPU ms/step | Redis CPU ms/step |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         workers = "-" if r.env_workers is None else r.env_workers
@@ -158,6 +164,7 @@ def markdown(rows: list[Figures], floor: float) -> str:
         ]
         cells += [ms(r.p50_ms), ms(r.p99_ms), ms(r.cpu_ms_per_step, 2)]
         cells += [ms(r.server_process_cpu_ms_per_step, 2), ms(r.client_cpu_ms_per_step, 2)]
+        cells += [ms(r.store_cpu_ms_per_step, 2)]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 
@@ -184,20 +191,37 @@ def main() -> None:
     rows = [in_process(args.seconds)]
     for store in args.session_store:
         for env_workers in args.env_workers:
-            with serving(env_workers, store, 2 * max(args.concurrency)) as (url, pid):
+            with serving(env_workers, store, 2 * max(args.concurrency)) as server:
                 for concurrency in args.concurrency:
                     setting = (env_workers, store)
-                    figures = over_http(url, pid, setting, concurrency, args.seconds, args.warmup)
+                    figures = over_http(server, setting, concurrency, args.seconds, args.warmup)
                     rows.append(asyncio.run(figures))
     print(markdown(rows, rows[0].steps_per_s))
 
 
+@dataclass(frozen=True)
+class Server:
+    """A server under test: its URL, its pid, and how to read its session store's CPU seconds."""
+
+    url: str
+    pid: int
+    store_cpu_s: Callable[[int], float | None]
+
+
+def redis_cpu_s(url: str) -> float:
+    """CPU seconds (user + system) that the redis-server at `url` has used, from its `INFO cpu`."""
+    with redis.Redis.from_url(url) as client:
+        info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 @contextlib.contextmanager
-def serving(env_workers: int, store: str, max_sessions: int) -> Iterator[tuple[str, int]]:
+def serving(env_workers: int, store: str, max_sessions: int) -> Iterator[Server]:
     """`vistarl serve sokoban` with these settings (and its own redis-server for the `redis` store) until the
-    block ends; yields its URL and pid."""
+    block ends."""
     with contextlib.ExitStack() as stack:
-        store_flags = [] if store == "memory" else ["--session-store", stack.enter_context(redis_server())]
+        redis_url = None if store == "memory" else stack.enter_context(redis_server())
+        store_flags = [] if redis_url is None else ["--session-store", redis_url]
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         command = vistarl_cmd(
@@ -216,7 +240,7 @@ def serving(env_workers: int, store: str, max_sessions: int) -> Iterator[tuple[s
         server = stack.enter_context(
             running_process(command, ready_url=f"{url}/health", env={"VISTARL_API_TOKEN": ""})
         )
-        yield url, server.pid
+        yield Server(url, server.pid, lambda _: None if redis_url is None else redis_cpu_s(redis_url))
 
 
 if __name__ == "__main__":
