@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import threading
-import time
 
 import httpx
 import msgpack
@@ -20,26 +19,9 @@ from services.server.env_worker import serve
 from services.server.settings import ServerSettings
 from tests.envs.counter import ENV_FACTORY
 from tests.envs.serving import COUNTER_ENV, counter_process
-from tests.servers import children
+from tests.servers import children, metric, wait_until
 
 TIMEOUT = 30.0
-
-
-def metric(http: httpx.Client, name: str) -> float:
-    """One unlabelled sample of the server's /metrics."""
-    for line in http.get("/metrics").text.splitlines():
-        if line.startswith(f"{name} "):
-            return float(line.split()[1])
-    raise AssertionError(f"no metric {name}")
-
-
-def wait_for(condition: object, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if callable(condition) and condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_a_dead_worker_loses_only_its_sessions_and_is_replaced() -> None:
@@ -47,7 +29,7 @@ def test_a_dead_worker_loses_only_its_sessions_and_is_replaced() -> None:
         counter_process("--env-workers", "2") as (url, proc),
         httpx.Client(base_url=url, timeout=TIMEOUT) as http,
     ):
-        assert metric(http, "vistarl_env_workers") == 2
+        assert metric(url, "vistarl_env_workers") == 2
         sessions = [
             http.post("/reset", json={"options": {"target": 50}}).json()["session_id"] for _ in range(2)
         ]
@@ -67,8 +49,8 @@ def test_a_dead_worker_loses_only_its_sessions_and_is_replaced() -> None:
             .json()["observation"]["text"]
             .startswith("count=2")
         )
-        assert wait_for(lambda: metric(http, "vistarl_env_worker_restarts_total") == 1)
-        assert metric(http, "vistarl_env_workers") == 2
+        assert wait_until(lambda: metric(url, "vistarl_env_worker_restarts_total") == 1)
+        assert metric(url, "vistarl_env_workers") == 2
         assert len(children(proc.pid)) == 2
         fresh = [http.post("/reset", json={}).json()["session_id"] for _ in range(2)]
         assert all(

@@ -9,8 +9,10 @@ session moves between both kinds of env pool.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,12 +22,14 @@ import pytest
 
 from clients.protocol import StepResponse
 from tests.envs.serving import counter_process, counter_server
-from tests.servers import children, metric, wait_until
+from tests.servers import children, metric, redis_server, wait_until
 from tests.wire import assert_error, reset, step
 
 TIMEOUT = 30.0
 MAX_SESSIONS = 2
 TOMBSTONE_TTL = 1.0
+RESTORED = "vistarl_env_restored_sessions_total"
+RESTARTS = "vistarl_env_worker_restarts_total"
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -35,11 +39,18 @@ def store_flags(request: pytest.FixtureRequest, redis_url: str) -> tuple[str, ..
 
 
 @pytest.fixture(scope="module")
-def replicas(redis_url: str) -> Iterator[tuple[str, str]]:
-    """Two replicas of the counter env on one Redis, reaping every 0.1 s; `b` runs an env worker."""
-    flags = ("--session-store", redis_url, "--reaper-interval", "0.1")
-    with counter_server(*flags) as a, counter_server(*flags, "--env-workers", "1") as b:
-        yield a, b
+def replica_b(redis_url: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """Replica `b` of the counter env: one env worker process, reaping every 0.1 s; (URL, process)."""
+    flags = ("--session-store", redis_url, "--reaper-interval", "0.1", "--env-workers", "1")
+    with counter_process(*flags) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def replicas(redis_url: str, replica_b: tuple[str, subprocess.Popen[bytes]]) -> Iterator[tuple[str, str]]:
+    """Replicas `a` (envs in threads) and `b` of the counter env on one Redis."""
+    with counter_server("--session-store", redis_url, "--reaper-interval", "0.1") as a:
+        yield a, replica_b[0]
 
 
 def count(answer: StepResponse) -> int:
@@ -88,13 +99,13 @@ def on(replicas: tuple[str, str]) -> Iterator[dict[str, httpx.Client]]:
 def test_a_session_is_stepped_on_either_replica_and_moves_back(
     replicas: tuple[str, str], on: dict[str, httpx.Client]
 ) -> None:
-    restored = {name: metric(str(on[name].base_url), "vistarl_env_restored_sessions_total") for name in on}
+    restored = {name: metric(str(on[name].base_url), RESTORED) for name in on}
     session = reset(on["b"], options={"target": 10}).session_id
     turns = [("b", "held on b"), ("a", "restored on a"), ("a", "held on a"), ("b", "b's copy is stale")]
     for turn, (name, why) in enumerate(turns, start=1):
         assert count(step(on[name], session)) == turn, why
     for name in on:
-        assert metric(str(on[name].base_url), "vistarl_env_restored_sessions_total") == restored[name] + 1
+        assert metric(str(on[name].base_url), RESTORED) == restored[name] + 1
     assert wait_until(lambda: on["a"].get("/ready").json()["active_sessions"] == 0)  # a's copy went stale
 
 
@@ -135,14 +146,31 @@ def test_a_session_deleted_on_one_replica_is_gone_on_the_other(on: dict[str, htt
     assert held_on_a() == before  # the 404 released a's env too
 
 
-def test_with_the_store_a_dead_env_worker_loses_no_session(redis_url: str) -> None:
-    """The envs of a killed env worker are restored from Redis in a live worker: every session goes on
+def test_with_the_store_a_dead_env_worker_loses_no_session(
+    replica_b: tuple[str, subprocess.Popen[bytes]], on: dict[str, httpx.Client]
+) -> None:
+    """The envs of a killed env worker are restored from Redis in its replacement: the sessions go on
     (docs/server.md, "Env worker processes")."""
-    flags = ("--session-store", redis_url, "--env-workers", "2")
-    with counter_process(*flags) as (url, proc), httpx.Client(base_url=url, timeout=TIMEOUT) as http:
-        sessions = [reset(http, options={"target": 10}).session_id for _ in range(2)]  # one per worker
-        assert [count(step(http, session)) for session in sessions] == [1, 1]
-        os.kill(children(proc.pid)[0], signal.SIGKILL)
-        assert wait_until(lambda: metric(url, "vistarl_env_worker_restarts_total") == 1)
-        assert [count(step(http, session)) for session in sessions] == [2, 2]
-        assert metric(url, "vistarl_env_restored_sessions_total") == 1
+    url, proc = replica_b
+    restarts, restored = (metric(url, name) for name in (RESTARTS, RESTORED))
+    sessions = [reset(on["b"], options={"target": 10}).session_id for _ in range(2)]
+    assert [count(step(on["b"], session)) for session in sessions] == [1, 1]
+    os.kill(children(proc.pid)[0], signal.SIGKILL)
+    assert wait_until(lambda: metric(url, RESTARTS) == restarts + 1)
+    assert [count(step(on["b"], session)) for session in sessions] == [2, 2]
+    assert metric(url, RESTORED) == restored + 2
+
+
+def test_while_redis_is_down_session_calls_answer_503_store_unavailable() -> None:
+    with contextlib.ExitStack() as redis_alive:
+        url = redis_alive.enter_context(redis_server())
+        with counter_server("--session-store", url) as server, httpx.Client(base_url=server) as http:
+            session = reset(http).session_id
+            redis_alive.close()
+            started = time.monotonic()
+            down = http.post("/step", json={"session_id": session, "action": "inc"}, timeout=TIMEOUT)
+            assert time.monotonic() - started < 10
+            assert_error(down, 503, "store_unavailable", "session store")
+            assert down.headers["retry-after"] == "1"
+            assert_error(http.post("/reset", json={}, timeout=TIMEOUT), 503, "store_unavailable")
+            assert http.get("/health").status_code == 200

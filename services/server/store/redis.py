@@ -11,10 +11,9 @@ Lua script, commented with the race it closes. An unreachable Redis is a 503 `st
 
 from __future__ import annotations
 
-import functools
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from collections.abc import Awaitable, Sequence
+from typing import TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -27,7 +26,6 @@ from clients.protocol import ErrorCode
 from services.server.errors import ServiceError
 from services.server.store.base import Commit, Retention, Snapshot, StepRecord, StoredAnswer
 
-P = ParamSpec("P")
 T = TypeVar("T")
 
 TIMEOUT_S = 5.0  # bound on one Redis command, connecting included
@@ -104,27 +102,6 @@ return 1
 _COMMITS = {1: Commit.STORED, 0: Commit.CONFLICT, -1: Commit.GONE}
 
 
-def _store_call(
-    method: Callable[Concatenate[RedisSessionStore, P], Coroutine[Any, Any, T]],
-) -> Callable[Concatenate[RedisSessionStore, P], Coroutine[Any, Any, T]]:
-    """Turn an outage (no connection, a timeout, Redis out of memory) into a 503 `store_unavailable`."""
-
-    @functools.wraps(method)
-    async def call(self: RedisSessionStore, *args: P.args, **kwargs: P.kwargs) -> T:
-        try:
-            return await method(self, *args, **kwargs)
-        except (RedisConnectionError, RedisTimeoutError, ResponseError) as exc:
-            if isinstance(exc, ResponseError) and not str(exc).startswith("OOM"):
-                raise
-            raise ServiceError(
-                ErrorCode.STORE_UNAVAILABLE,
-                f"the session store at {self.where} is unavailable: {exc}",
-                self.retry_after,
-            ) from exc
-
-    return call
-
-
 class RedisSessionStore:
     """A `SessionStore` in Redis, for the replicas of env `env_name` (docs/server.md, "Session store")."""
 
@@ -162,29 +139,24 @@ class RedisSessionStore:
     async def close(self) -> None:
         await self._redis.aclose()
 
-    @_store_call
     async def create(self, session_id: str, state: bytes | None) -> bool:
-        nonce = uuid.uuid4().hex
-        created = await self._create(keys=self._keys(session_id), args=[state or b"", nonce, self.ttl_ms])
-        return bool(created)
+        args: list[bytes | str | int] = [state or b"", uuid.uuid4().hex, self.ttl_ms]
+        return bool(await self._call(self._create(keys=self._keys(session_id), args=args)))
 
-    @_store_call
     async def snapshot(self, session_id: str, request_id: str | None) -> Snapshot | None:
         field = "" if request_id is None else _answer_field(request_id)
-        found = await self._snapshot(keys=self._keys(session_id), args=[field, self.ttl_ms])
+        found = await self._call(self._snapshot(keys=self._keys(session_id), args=[field, self.ttl_ms]))
         if found is None:
             return None
         version, done, answer = found
         return Snapshot(int(version), bool(done), StoredAnswer.unpack(answer) if answer else None)
 
-    @_store_call
     async def state(self, session_id: str) -> tuple[int, bytes] | None:
-        version, state, done = await self._redis.hmget(self._keys(session_id)[0], ["v", "s", "d"])
+        version, state, done = await self._call(self._redis.hmget(self._keys(session_id)[0], ["v", "s", "d"]))
         if version is None or not isinstance(state, bytes) or done is not None:
             return None
         return int(version), state
 
-    @_store_call
     async def commit(self, session_id: str, version: int, record: StepRecord) -> Commit:
         field = "" if record.request_id is None else _answer_field(record.request_id)
         args: list[bytes | str | int] = [
@@ -198,19 +170,31 @@ class RedisSessionStore:
             self.ttl_ms,
             self.tombstone_ttl_ms,
         ]
-        return _COMMITS[int(await self._commit(keys=self._keys(session_id), args=args))]
+        return _COMMITS[int(await self._call(self._commit(keys=self._keys(session_id), args=args)))]
 
-    @_store_call
     async def delete(self, session_id: str) -> bool:
-        return bool(await self._redis.delete(*self._keys(session_id)))
+        return bool(await self._call(self._redis.delete(*self._keys(session_id))))
 
-    @_store_call
     async def versions(self, session_ids: Sequence[str]) -> list[int | None]:
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for session_id in session_ids:
-                pipe.hget(self._keys(session_id)[0], "v")
-            found = await pipe.execute()
+        pipe = self._redis.pipeline(transaction=False)
+        for session_id in session_ids:
+            pipe.hget(self._keys(session_id)[0], "v")
+        found = await self._call(pipe.execute())
         return [None if version is None else int(version) for version in found]
+
+    async def _call(self, pending: Awaitable[T]) -> T:
+        """Await one Redis call; an outage (no connection, a timeout, Redis out of memory) becomes a 503
+        `store_unavailable`."""
+        try:
+            return await pending
+        except (RedisConnectionError, RedisTimeoutError, ResponseError) as exc:
+            if isinstance(exc, ResponseError) and not str(exc).startswith("OOM"):
+                raise
+            raise ServiceError(
+                ErrorCode.STORE_UNAVAILABLE,
+                f"the session store at {self.where} is unavailable: {exc}",
+                self.retry_after,
+            ) from exc
 
     def _keys(self, session_id: str) -> list[str]:
         """The session's hash and its list of kept answers, under one hash tag."""
