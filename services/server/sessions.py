@@ -12,8 +12,11 @@ serve any step (docs/server.md, "Session store"). A step:
 2. makes sure the env held here is at the store's version, restoring it from the stored state if not;
 3. steps the env;
 4. commits the step only if the session is still at that version; if another replica committed first,
-   it starts over from 1 (at most `COMMIT_ATTEMPTS` times);
+   it starts over from 1 (at most `COMMIT_ATTEMPTS` tries);
 5. a step that ends the episode closes the env and frees its slot at once; the store keeps a tombstone.
+
+With a shared store and the session's env held here, a step skips 1 and 2: the commit answers what the
+read would have, and the env, stepped for nothing when it does, is dropped (the next try restores it).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from services.server.tasks import TaskCatalog
 
 logger = logging.getLogger(__name__)
 
-COMMIT_ATTEMPTS = 3  # a step that keeps losing its commit to other replicas answers 503 session_busy
+COMMIT_ATTEMPTS = 4  # a step that keeps losing its commit to other replicas answers 503 session_busy
 
 
 class SessionManager:
@@ -190,21 +193,24 @@ class SessionManager:
     async def _attempt(self, request: StepRequest) -> bytes | None:
         """One try at a step (numbered as in the module docstring); None when it must start over."""
         session_id = request.session_id
-        seen = await self.store.snapshot(session_id, request.request_id)
-        if seen is None:
-            await self._release(session_id)
-            raise _not_found(session_id)
-        if seen.answer is not None and request.request_id is not None:
-            return seen.answer.replay(session_id, request.request_id, request.action)
-        if seen.done:
-            await self._release(session_id)
-            raise ServiceError(ErrorCode.EPISODE_DONE, f"episode of session {session_id} is done; reset")
-        if not await self._bring_up_to(session_id, seen.version):
-            return None
+        version = self.local.version(session_id)
+        if version is None or not self.store.shared:
+            seen = await self.store.snapshot(session_id, request.request_id)
+            if seen is None:
+                await self._release(session_id)
+                raise _not_found(session_id)
+            if seen.answer is not None:
+                return self._replay(request, seen.answer)
+            if seen.done:
+                await self._release(session_id)
+                raise _done(session_id)
+            if not await self._bring_up_to(session_id, seen.version):
+                return None
+            version = seen.version
         stepped = await self._env_step(request)
         if stepped is None:
             return None
-        return await self._commit(request, seen.version, stepped)
+        return await self._commit(request, version, stepped)
 
     async def _bring_up_to(self, session_id: str, version: int) -> bool:
         """Make the env held here be at `version`, restoring it from the shared store if needed; False
@@ -263,14 +269,23 @@ class SessionManager:
             raise
         if outcome is Commit.STORED and not stepped.done:
             self.local.hold(session_id, version + 1)
-        else:  # finished (its slot is free at once), or stepped from a state that is no longer the session's
+        else:  # finished (its slot is free at once), or stepped for nothing: not the session's state now
             await self._release(session_id)
+        if isinstance(outcome, StoredAnswer):
+            return self._replay(request, outcome)
         if outcome is Commit.GONE:
             raise _not_found(session_id)
+        if outcome is Commit.DONE:
+            raise _done(session_id)
         if outcome is Commit.CONFLICT:
             return None
         self.metrics.steps.inc()
         return stepped.body
+
+    def _replay(self, request: StepRequest, answer: StoredAnswer) -> bytes:
+        """The stored answer of a retried step (the store found it under the step's `request_id`)."""
+        assert request.request_id is not None, "answers are stored and found by request_id only"
+        return answer.replay(request.session_id, request.request_id, request.action)
 
     # --- helpers --------------------------------------------------------------------------------
 
@@ -341,6 +356,10 @@ class SessionManager:
 
 def _not_found(session_id: str) -> ServiceError:
     return ServiceError(ErrorCode.SESSION_NOT_FOUND, f"unknown or expired session {session_id}")
+
+
+def _done(session_id: str) -> ServiceError:
+    return ServiceError(ErrorCode.EPISODE_DONE, f"episode of session {session_id} is done; reset")
 
 
 def _taken(session_id: str) -> ServiceError:

@@ -7,7 +7,9 @@ are `services.server.sessions`' business. Both backends give the same semantics 
 (`redis.py`) shared by every replica of one env.
 
 - A commit is conditional: it is stored only while the session is still at the version its step started
-  from, so no two steps are ever applied to one state, on one replica or on two.
+  from, so no two steps are ever applied to one state, on one replica or on two. It also answers what a
+  read before the step would have (unknown, done, or the stored answer of its `request_id`), so that a
+  replica stepping an env it holds needs one round trip to a shared store, not two.
 - A finished session becomes a tombstone for `tombstone_ttl_s`: its version, `done`, and the answer of its
   final step, kept for a 409 `episode_done` and for a retry of that step; no env state, no capacity.
 - Idle expiry is a deadline: creating a session, reading it before a step and committing a step give it
@@ -93,11 +95,12 @@ class StepRecord:
 
 
 class Commit(enum.Enum):
-    """How a commit ended."""
+    """How a commit ended, when it did not find the step's `request_id` answered already."""
 
     STORED = "stored"
-    CONFLICT = "conflict"  # another step of the session was committed since this one's snapshot
-    GONE = "gone"  # the session was deleted or expired meanwhile
+    CONFLICT = "conflict"  # another step of the session was committed since the version this one stepped
+    DONE = "done"  # the episode ended meanwhile
+    GONE = "gone"  # the session is unknown: deleted or expired
 
 
 class SessionStore(Protocol):
@@ -126,8 +129,9 @@ class SessionStore(Protocol):
         """The version and env state of a live session, or None (unknown, finished, or not kept here)."""
         ...
 
-    async def commit(self, session_id: str, version: int, record: StepRecord) -> Commit:
-        """Store a step that started from `version`, unless the session moved on or went away."""
+    async def commit(self, session_id: str, version: int, record: StepRecord) -> Commit | StoredAnswer:
+        """Store a step that started from `version`, unless the session moved on, ended or went away; the
+        stored answer instead if the step's `request_id` was answered already (nothing is stored)."""
         ...
 
     async def delete(self, session_id: str) -> bool:

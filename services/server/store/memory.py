@@ -61,11 +61,15 @@ class InMemorySessionStore:
     async def state(self, session_id: str) -> tuple[int, bytes] | None:
         return None
 
-    async def commit(self, session_id: str, version: int, record: StepRecord) -> Commit:
+    async def commit(self, session_id: str, version: int, record: StepRecord) -> Commit | StoredAnswer:
         kept = self._live(session_id)
         if kept is None:
             return Commit.GONE
-        if kept.version != version or kept.done:
+        if record.request_id is not None and (answered := kept.answers.get(record.request_id)) is not None:
+            return answered
+        if kept.done:
+            return Commit.DONE
+        if kept.version != version:
             return Commit.CONFLICT
         kept.version += 1
         if record.done:

@@ -67,17 +67,22 @@ return {v, done or '', answer or ''}
 # Store one step only if the session is still at the version the step started from. Closes the race of
 # two replicas stepping one session at once (the later commit finds the version moved, 0, and its
 # replica starts over from the stored state) and that of a step finishing after its session was
-# deleted or expired (-1: nothing is revived). A resend after a lost reply finds its own nonce: 1.
-# A finishing step turns the session into a tombstone: version, done, nonce and its own answer only.
+# deleted (-1: nothing is revived). A resend after a lost reply finds its own nonce: 1. Checked before
+# the version, in the same instant: the step's request_id answered already (the stored answer, to
+# replay: the step was a retry) and the episode over (-2). A finishing step turns the session into a
+# tombstone: version, done, nonce and its own answer only.
 # KEYS: session, ids. ARGV: version, nonce, state, done ('1' or ''), answer field or '', answer,
 # answers kept, ttl ms, tombstone ttl ms.
 _COMMIT = """
 local v = redis.call('HGET', KEYS[1], 'v')
 if not v then return -1 end
-if v ~= ARGV[1] or redis.call('HEXISTS', KEYS[1], 'd') == 1 then
-  if redis.call('HGET', KEYS[1], 'c') == ARGV[2] then return 1 end
-  return 0
+if redis.call('HGET', KEYS[1], 'c') == ARGV[2] then return 1 end
+if ARGV[5] ~= '' then
+  local answered = redis.call('HGET', KEYS[1], ARGV[5])
+  if answered then return answered end
 end
+if redis.call('HEXISTS', KEYS[1], 'd') == 1 then return -2 end
+if v ~= ARGV[1] then return 0 end
 local next = tonumber(v) + 1
 if ARGV[4] == '1' then
   redis.call('DEL', KEYS[1], KEYS[2])
@@ -99,7 +104,7 @@ redis.call('PEXPIRE', KEYS[1], ARGV[8])
 return 1
 """
 
-_COMMITS = {1: Commit.STORED, 0: Commit.CONFLICT, -1: Commit.GONE}
+_COMMITS = {1: Commit.STORED, 0: Commit.CONFLICT, -1: Commit.GONE, -2: Commit.DONE}
 
 
 class RedisSessionStore:
@@ -157,7 +162,7 @@ class RedisSessionStore:
             return None
         return int(version), state
 
-    async def commit(self, session_id: str, version: int, record: StepRecord) -> Commit:
+    async def commit(self, session_id: str, version: int, record: StepRecord) -> Commit | StoredAnswer:
         field = "" if record.request_id is None else _answer_field(record.request_id)
         args: list[bytes | str | int] = [
             version,
@@ -170,7 +175,8 @@ class RedisSessionStore:
             self.ttl_ms,
             self.tombstone_ttl_ms,
         ]
-        return _COMMITS[int(await self._call(self._commit(keys=self._keys(session_id), args=args)))]
+        reply = await self._call(self._commit(keys=self._keys(session_id), args=args))
+        return StoredAnswer.unpack(reply) if isinstance(reply, bytes) else _COMMITS[int(reply)]
 
     async def delete(self, session_id: str) -> bool:
         return bool(await self._call(self._redis.delete(*self._keys(session_id))))
