@@ -92,14 +92,7 @@ class SessionManager:
             async with self._slot():
                 task = Task(options, request.seed, sample)
                 body, state = await self.pool.start(session_id, task, request.format)
-                created = False
-                try:
-                    created = await self.store.create(session_id, state)
-                finally:
-                    if not created:
-                        await self._close_env(session_id)
-                if not created:  # another replica took the id meanwhile
-                    raise _taken(session_id)
+                await self._create(session_id, state)
                 self.local.hold(session_id, 0)
         self.metrics.resets.inc()
         return body
@@ -313,6 +306,18 @@ class SessionManager:
     def _in_use(self) -> int:
         """Slots taken: envs held here, and those being created or restored."""
         return len(self.local) + self._claimed
+
+    async def _create(self, session_id: str, state: bytes | None) -> None:
+        """Store a session whose env was just reset here; its env is closed if that fails, and 409 when
+        another replica took the id meanwhile."""
+        try:
+            created = await self.store.create(session_id, state)
+        except Exception:
+            await self._close_env(session_id)
+            raise
+        if not created:
+            await self._close_env(session_id)
+            raise _taken(session_id)
 
     async def _release(self, session_id: str) -> bool:
         """Close the env held here for a session, if any, freeing its slot; whether one was held. The
