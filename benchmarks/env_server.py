@@ -1,33 +1,40 @@
 """Sokoban environment-server benchmark: the in-process floor, then HTTP throughput and latency.
 
     .venv/bin/python -m benchmarks.env_server [--seconds 10] [--concurrency 1 16 64 256] [--env-workers 0 2]
+        [--session-store memory redis]
 
 (a) In process: `SokobanEnv.step` + render + PNG encode, one core, steps per second (the floor).
 (b) Over HTTP against a `vistarl serve sokoban --env-workers W` process, for each W (0: envs in the
-    server's threads; W > 0: W env worker processes): N virtual users on one `AsyncEnvClient` in one
-    asyncio client process, each playing episodes back to back (reset, step until done, close). Steps
-    per second and client-side p50 / p99 latency of /step, after a warm-up.
+    server's threads; W > 0: W env worker processes) and each session store (`memory`: the server's
+    own; `redis`: `--session-store` on a private redis-server this benchmark starts, without
+    persistence, so every step also stores the env's state and answer there): N virtual users on one
+    `AsyncEnvClient` in one asyncio client process, each playing episodes back to back (reset, step
+    until done, close). Steps per second and client-side p50 / p99 latency of /step, after a warm-up.
 Both sides use the same moves (a fixed Up/Right/Down/Left walk on default 6x6 levels). Prints a
 markdown table. Its CPU columns are the CPU time per step of the processes doing the env work (this
 one in process; the server and its env workers over HTTP) and of the client, which stay meaningful on
-a busy machine where wall-clock rates do not.
+a busy machine where wall-clock rates do not. With the `redis` store, the redis-server's CPU per step
+(from its `INFO cpu`) is a column of its own.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+
+import redis
 
 from benchmarks.client_concurrency import process_cpu_s, process_tree_cpu_s
 from clients.http import AsyncEnvClient, RetryPolicy
 from clients.images import encode_image
 from services.sokoban import SokobanEnv, SokobanOptions
-from tests.servers import free_port, running_process, vistarl_cmd
+from tests.servers import free_port, redis_server, running_process, vistarl_cmd
 
 ACTIONS = tuple(f"<answer>{move}</answer>" for move in ("Up", "Right", "Down", "Left"))
 
@@ -38,6 +45,7 @@ class Figures:
 
     mode: str
     env_workers: int | None
+    store: str | None
     concurrency: int
     steps_per_s: float
     cpu_ms_per_step: float | None
@@ -45,6 +53,7 @@ class Figures:
     p99_ms: float | None = None
     client_cpu_ms_per_step: float | None = None
     server_process_cpu_ms_per_step: float | None = None
+    store_cpu_ms_per_step: float | None = None
 
 
 def in_process(seconds: float) -> Figures:
@@ -63,7 +72,7 @@ def in_process(seconds: float) -> Figures:
             env = SokobanEnv(options)
             env.reset()
     cpu_ms = 1e3 * (time.process_time() - cpu_started) / steps
-    return Figures("in-process", None, 1, steps / (time.perf_counter() - started), cpu_ms)
+    return Figures("in-process", None, None, 1, steps / (time.perf_counter() - started), cpu_ms)
 
 
 User = Callable[[AsyncEnvClient, float, float], Awaitable[list[float]]]
@@ -71,34 +80,34 @@ User = Callable[[AsyncEnvClient, float, float], Awaitable[list[float]]]
 
 
 async def over_http(
-    url: str,
-    server_pid: int,
-    env_workers: int,
+    server: Server,
+    setting: tuple[int, str],
     concurrency: int,
     seconds: float,
     warmup: float,
     user: User | None = None,
 ) -> Figures:
-    """Run `concurrency` virtual users (Sokoban walkers by default) for warmup + seconds; count the steps
-    that finish after the warm-up.
+    """Run `concurrency` virtual users (Sokoban walkers by default) for warmup + seconds against `server`
+    (its `setting`: env workers and session store); count the steps that finish after the warm-up.
 
     The users share one `AsyncEnvClient`, as the episodes of a rollout worker do: its aiohttp pool costs
     about 0.3 ms of client CPU per step at any concurrency, so the client does not measure itself.
     """
     retry = RetryPolicy(deadline_s=warmup + seconds + 60.0)
-    async with AsyncEnvClient(url, token="", timeout=60.0, retry=retry) as client:
+    async with AsyncEnvClient(server.url, token="", timeout=60.0, retry=retry) as client:
         start = time.perf_counter()
         measure_from, stop_at = start + warmup, start + warmup + seconds
-        server_cpu = asyncio.create_task(_cpu_between(server_pid, measure_from, stop_at, process_tree_cpu_s))
-        front_cpu = asyncio.create_task(_cpu_between(server_pid, measure_from, stop_at, process_cpu_s))
+        server_cpu = asyncio.create_task(_cpu_between(server.pid, measure_from, stop_at, process_tree_cpu_s))
+        front_cpu = asyncio.create_task(_cpu_between(server.pid, measure_from, stop_at, process_cpu_s))
         client_cpu = asyncio.create_task(_cpu_between(os.getpid(), measure_from, stop_at, process_cpu_s))
+        store_cpu = asyncio.create_task(_cpu_between(0, measure_from, stop_at, server.store_cpu_s))
         play = user or _user
         per_user = await asyncio.gather(*(play(client, measure_from, stop_at) for _ in range(concurrency)))
     latencies = sorted(latency for user in per_user for latency in user)
     cuts = statistics.quantiles(latencies, n=100)
     return Figures(
         "HTTP",
-        env_workers,
+        *setting,
         concurrency,
         len(latencies) / seconds,
         _ms_per_step(await server_cpu, len(latencies)),
@@ -106,6 +115,7 @@ async def over_http(
         cuts[98] * 1e3,
         _ms_per_step(await client_cpu, len(latencies)),
         _ms_per_step(await front_cpu, len(latencies)),
+        _ms_per_step(await store_cpu, len(latencies)),
     )
 
 
@@ -148,21 +158,23 @@ def markdown(rows: list[Figures], floor: float) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 
     lines = [
-        "| mode | env workers | concurrency | steps/s | % of floor | p50 ms | p99 ms | CPU ms/step "
-        "| of which server process | client CPU ms/step |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| mode | env workers | session store | concurrency | steps/s | % of floor | p50 ms | p99 ms "
+        "| CPU ms/step | of which server process | client CPU ms/step | Redis CPU ms/step |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         workers = "-" if r.env_workers is None else r.env_workers
         cells = [
             r.mode,
             workers,
+            r.store or "-",
             r.concurrency,
             f"{r.steps_per_s:.0f}",
             f"{100 * r.steps_per_s / floor:.0f}%",
         ]
         cells += [ms(r.p50_ms), ms(r.p99_ms), ms(r.cpu_ms_per_step, 2)]
         cells += [ms(r.server_process_cpu_ms_per_step, 2), ms(r.client_cpu_ms_per_step, 2)]
+        cells += [ms(r.store_cpu_ms_per_step, 2)]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 
@@ -177,29 +189,68 @@ def main() -> None:
     parser.add_argument(
         "--env-workers", type=int, nargs="+", default=[0, 2], help="Server settings to measure, in turn."
     )
+    parser.add_argument(
+        "--session-store",
+        nargs="+",
+        choices=["memory", "redis"],
+        default=["memory"],
+        help="Session stores to measure, in turn: the server's own, or a private redis-server.",
+    )
     args = parser.parse_args()
 
     rows = [in_process(args.seconds)]
-    for env_workers in args.env_workers:
+    for store in args.session_store:
+        for env_workers in args.env_workers:
+            with serving(env_workers, store, 2 * max(args.concurrency)) as server:
+                for concurrency in args.concurrency:
+                    setting = (env_workers, store)
+                    figures = over_http(server, setting, concurrency, args.seconds, args.warmup)
+                    rows.append(asyncio.run(figures))
+    print(markdown(rows, rows[0].steps_per_s))
+
+
+@dataclass(frozen=True)
+class Server:
+    """A server under test: its URL, its pid, and how to read its session store's CPU seconds."""
+
+    url: str
+    pid: int
+    store_cpu_s: Callable[[int], float | None]
+
+
+def redis_cpu_s(url: str) -> float:
+    """CPU seconds (user + system) that the redis-server at `url` has used, from its `INFO cpu`."""
+    with redis.Redis.from_url(url) as client:
+        info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+@contextlib.contextmanager
+def serving(env_workers: int, store: str, max_sessions: int, env: str = "sokoban") -> Iterator[Server]:
+    """`vistarl serve ENV` with these settings (and its own redis-server for the `redis` store) until the
+    block ends."""
+    with contextlib.ExitStack() as stack:
+        redis_url = None if store == "memory" else stack.enter_context(redis_server())
+        store_flags = [] if redis_url is None else ["--session-store", redis_url]
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         command = vistarl_cmd(
             "serve",
-            "sokoban",
+            env,
             "--port",
             str(port),
             "--log-level",
             "warning",
             "--max-sessions",
-            str(2 * max(args.concurrency)),
+            str(max_sessions),
             "--env-workers",
             str(env_workers),
+            *store_flags,
         )
-        with running_process(command, ready_url=f"{url}/health", env={"VISTARL_API_TOKEN": ""}) as server:
-            for concurrency in args.concurrency:
-                figures = over_http(url, server.pid, env_workers, concurrency, args.seconds, args.warmup)
-                rows.append(asyncio.run(figures))
-    print(markdown(rows, rows[0].steps_per_s))
+        server = stack.enter_context(
+            running_process(command, ready_url=f"{url}/health", env={"VISTARL_API_TOKEN": ""})
+        )
+        yield Server(url, server.pid, lambda _: None if redis_url is None else redis_cpu_s(redis_url))
 
 
 if __name__ == "__main__":

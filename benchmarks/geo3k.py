@@ -34,14 +34,13 @@ from dataclasses import dataclass
 from math_verify import parse
 
 from benchmarks.client_concurrency import process_tree_cpu_s
-from benchmarks.env_server import Figures, markdown, over_http
+from benchmarks.env_server import Figures, markdown, over_http, serving
 from clients.http import AsyncEnvClient
 from clients.images import encode_image
 from services.geo3k import Geo3kEnv
 from services.geo3k.equivalence import answers_match
 from services.geo3k.generator import generate
 from services.geo3k.grader import GraderPool, Verdict
-from tests.servers import free_port, running_process, vistarl_cmd
 
 GRADE_TIMEOUT_S = 5.0
 
@@ -131,7 +130,7 @@ def in_process(all_tasks: list[Task], seconds: float) -> Figures:
                 break
     cpu_ended = process_tree_cpu_s(os.getpid())
     cpu_ms = None if cpu_started is None or cpu_ended is None else 1e3 * (cpu_ended - cpu_started) / steps
-    return Figures("in-process", None, 1, steps / (time.perf_counter() - started), cpu_ms)
+    return Figures("in-process", None, None, 1, steps / (time.perf_counter() - started), cpu_ms)
 
 
 async def geo3k_user(
@@ -167,18 +166,11 @@ def main() -> None:
     print("\n".join(grading_latency(all_tasks)), end="\n\n", flush=True)
     rows = [in_process(all_tasks, args.seconds)]
     for env_workers in args.env_workers:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        command = vistarl_cmd(
-            "serve", "geo3k", "--port", str(port), "--log-level", "warning",
-            "--max-sessions", str(2 * max(args.concurrency)), "--env-workers", str(env_workers),
-        )  # fmt: skip
-        with running_process(command, ready_url=f"{url}/health", env={"VISTARL_API_TOKEN": ""}) as server:
+        with serving(env_workers, "memory", 2 * max(args.concurrency), env="geo3k") as server:
             for concurrency in args.concurrency:
                 user = functools.partial(geo3k_user, enumerate(itertools.cycle(all_tasks)))
-                figures = over_http(
-                    url, server.pid, env_workers, concurrency, args.seconds, args.warmup, user
-                )
+                setting = (env_workers, "memory")
+                figures = over_http(server, setting, concurrency, args.seconds, args.warmup, user)
                 rows.append(asyncio.run(figures))
     print(markdown(rows, rows[0].steps_per_s))
 

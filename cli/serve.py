@@ -48,6 +48,20 @@ def serve(
         bool | None,
         typer.Option(help="Log one line per request. (env VISTARL_ACCESS_LOG)", show_default=False),
     ] = None,
+    session_store: Annotated[
+        str | None,
+        typer.Option(
+            help="A redis:// URL: sessions and env states live there, shared by every replica of this env, "
+            "so any replica serves any step. Unset: in this process. (env VISTARL_SESSION_STORE)"
+        ),
+    ] = None,
+    tombstone_ttl: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds a finished session still answers 409 and replays its final step. "
+            "(env VISTARL_TOMBSTONE_TTL_S)"
+        ),
+    ] = None,
     env_workers: Annotated[
         int | None,
         typer.Option(
@@ -83,6 +97,8 @@ def serve(
         "log_level": log_level,
         "access_log": access_log,
         "keep_alive_s": timeout_keep_alive,
+        "session_store": session_store,
+        "tombstone_ttl_s": tombstone_ttl,
         "env_workers": env_workers,
         "data": data,
         "cors_origins": cors_origin,

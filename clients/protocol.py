@@ -219,6 +219,8 @@ class ErrorCode(str, Enum):
     PAYLOAD_TOO_LARGE = "payload_too_large"
     AT_CAPACITY = "at_capacity"
     DRAINING = "draining"
+    SESSION_BUSY = "session_busy"
+    STORE_UNAVAILABLE = "store_unavailable"
     INTERNAL = "internal_error"
 
 
@@ -238,6 +240,8 @@ ERROR_STATUS: dict[ErrorCode, int] = {
     ErrorCode.PAYLOAD_TOO_LARGE: 413,
     ErrorCode.AT_CAPACITY: 503,
     ErrorCode.DRAINING: 503,
+    ErrorCode.SESSION_BUSY: 503,
+    ErrorCode.STORE_UNAVAILABLE: 503,
     ErrorCode.INTERNAL: 500,
 }
 

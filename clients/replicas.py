@@ -3,7 +3,9 @@
 A call starts at the replica its session lives on (where it was reset, or last answered), else at the
 client's current replica. When a replica cannot be reached or answers 503, the call moves on to the
 next one, and so does the client's current replica, so that later calls do not try the failed one first.
-Without a shared session store a session lives on one replica only, so its calls elsewhere answer 404.
+With a shared session store (`vistarl serve --session-store redis://...`) any replica serves any session,
+so a session's calls fail over too; without one a session lives on one replica only, and its calls
+elsewhere answer 404.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -18,13 +18,16 @@ import httpx
 from services.server.launch import free_port, stop_process
 
 __all__ = [
+    "children",
     "env_server",
     "free_port",
+    "metric",
     "redis_server",
     "running_process",
     "stop_process",
     "vistarl_cmd",
     "wait_http",
+    "wait_until",
 ]
 
 
@@ -39,6 +42,32 @@ def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen[bytes] | N
                 return
         time.sleep(0.05)
     raise TimeoutError(f"{url} did not answer within {timeout}s")
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of `pid` (a server's env workers), from /proc."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
+    """Poll `condition` until it holds or `timeout` seconds pass; whether it held."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def metric(url: str, name: str) -> float:
+    """The unlabelled sample `name` of the server at `url`, from its `/metrics`."""
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.split()[1])
+    raise AssertionError(f"{url}/metrics has no sample {name}")
 
 
 @contextlib.contextmanager

@@ -64,7 +64,7 @@ def test_reset_and_info_fail_over_from_a_full_then_a_dead_replica(
             assert client.reset().session_id
             assert time.monotonic() - started < 5.0
             assert sessions_on(b) == 2
-            with pytest.raises(SessionNotFoundError):  # a's session died with a: no shared store yet
+            with pytest.raises(SessionNotFoundError):  # a's session died with a: no shared session store
                 client.step(on_a.session_id, "inc")
 
         with client_type([a, b], token="", retry=SLOW_BACKOFF) as fresh:  # starts at dead a

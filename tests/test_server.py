@@ -1,7 +1,8 @@
 """The environment server over a real socket: every endpoint, every error path, concurrency and retries.
 
 One `vistarl serve tests.envs.counter` process serves the whole module, once with envs in its threads
-and once with two env worker processes; each test opens its own sessions.
+and sessions in its memory, and once with two env worker processes and sessions in Redis; each test
+opens its own sessions.
 """
 
 from __future__ import annotations
@@ -28,14 +29,15 @@ KEPT_ANSWERS = 3
 TIMEOUT = 30.0
 
 
-@pytest.fixture(scope="module", params=[0, 2], ids=["threads", "2-env-workers"])
+@pytest.fixture(scope="module", params=[0, 2], ids=["threads", "2-env-workers-redis-store"])
 def env_workers(request: pytest.FixtureRequest) -> int:
-    """The server's `--env-workers`: 0 runs envs in its threads."""
+    """The server's `--env-workers`: 0 runs envs in its threads (sessions in its memory); with 2 env
+    worker processes, sessions live in Redis (`--session-store`), which must not change a single answer."""
     return int(request.param)
 
 
 @pytest.fixture(scope="module")
-def url(env_workers: int) -> Iterator[str]:
+def url(env_workers: int, request: pytest.FixtureRequest) -> Iterator[str]:
     """The server: body and image limits from flags and env vars, small enough to hit in tests."""
     env = {
         "VISTARL_MAX_ACTION_CHARS": str(MAX_ACTION),
@@ -43,6 +45,8 @@ def url(env_workers: int) -> Iterator[str]:
         "VISTARL_IDEMPOTENCY_CACHE_SIZE": str(KEPT_ANSWERS),
         "VISTARL_ENV_TIMEOUT_S": "45",
     }
+    if env_workers:
+        env["VISTARL_SESSION_STORE"] = request.getfixturevalue("redis_url")
     flags = ("--max-body-bytes", str(MAX_BODY), "--max-sessions", "100", "--env-workers", str(env_workers))
     with counter_server(*flags, env=env) as base:
         yield base

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,20 +16,10 @@ import pytest
 
 from clients.protocol import ErrorResponse
 from tests.envs.serving import COUNTER_ENV, counter_process, counter_server
-from tests.servers import vistarl_cmd
+from tests.servers import vistarl_cmd, wait_until
 
 TIMEOUT = 30.0
 TTL = 1.5
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
-    """Poll `condition` until it holds or `timeout` passes; returns whether it held."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def error_code(response: httpx.Response) -> str:
@@ -134,7 +124,7 @@ def test_idle_sessions_expire_but_active_ones_live(short_ttl: Server) -> None:
     assert error_code(gone) == "session_not_found"
     assert http.get("/ready").json()["active_sessions"] == 1
     assert "vistarl_env_expired_sessions_total 1.0" in http.get("/metrics").text
-    assert wait_for(lambda: http.get("/ready").json()["active_sessions"] == 0, timeout=10 * TTL)
+    assert wait_until(lambda: http.get("/ready").json()["active_sessions"] == 0, timeout=10 * TTL)
     assert http.post("/step", json={"session_id": active, "action": "inc"}).status_code == 404
 
 
@@ -165,6 +155,10 @@ def test_bad_settings_are_refused_by_the_cli() -> None:
     done = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
     assert "max_sessions" in done.stderr
+    not_redis = vistarl_cmd("serve", COUNTER_ENV, "--session-store", "http://redis:6379")
+    done = subprocess.run(not_redis, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert "session_store: expected a Redis URL" in done.stderr
     unknown = subprocess.run(vistarl_cmd("serve", "no_such_env"), capture_output=True, text=True, timeout=60)
     assert unknown.returncode == 2
     assert "unknown environment" in unknown.stderr
@@ -182,7 +176,7 @@ def test_sigterm_finishes_the_step_in_flight_closes_envs_and_exits_0(tmp_path: P
             target=lambda: answers.append(client.post("/step", json={"session_id": session, "action": "inc"}))
         )
         stepping.start()
-        assert wait_for(stepping_now.exists)  # the step is now sleeping inside the env
+        assert wait_until(stepping_now.exists)  # the step is now sleeping inside the env
         proc.send_signal(signal.SIGTERM)
         stepping.join(timeout=TIMEOUT)
         assert proc.wait(timeout=15) == 0

@@ -92,7 +92,7 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
 
     env_routes = (
         ("/reset", reset, ResetResponse, errors(400, 404, 409, 413, 422, 500, 503)),
-        ("/step", step, StepResponse, errors(400, 404, 409, 413, 422, 500)),
+        ("/step", step, StepResponse, errors(400, 404, 409, 413, 422, 500, 503)),
         ("/format", format_observation, FormatResponse, errors(400, 413, 422, 500)),
     )
     for path, endpoint, answer, failures in env_routes:
@@ -105,7 +105,7 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
             route_class_override=JSONRoute,
         )
 
-    @guarded.delete("/sessions/{session_id}", status_code=204, responses=errors(404, 500))
+    @guarded.delete("/sessions/{session_id}", status_code=204, responses=errors(404, 500, 503))
     async def delete_session(session_id: str) -> Response:
         """End a session and free its slot."""
         await manager.close(session_id)

@@ -46,8 +46,8 @@ class EnvService:
         self._reaper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Open the env pool and start the idle-session reaper."""
-        await self.pool.open()
+        """Check the session store, open the env pool and start the idle-session reaper."""
+        await self.manager.open()
         self._reaper = asyncio.create_task(self.manager.run_reaper(), name="vistarl-session-reaper")
 
     async def stop(self) -> None:

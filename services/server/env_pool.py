@@ -6,9 +6,13 @@ each bounded by `env_timeout_s`, answering with ready-to-send JSON bodies.
 - `ThreadEnvPool` (`env_workers = 0`): a thread pool in the server process. Cheapest to start, and
   enough for envs that wait on I/O or release the GIL; the GIL caps CPU-bound envs at about one core.
 - `ProcessEnvPool` (`env_workers = N`): N `python -m services.server.env_worker` processes. Each session lives
-  in the worker that reset it, so its steps always reach its env; new sessions go to the worker with
-  the fewest. The event loop only routes requests: msgpack frames on each worker's stdin and stdout.
-  A worker that dies or overruns the timeout is replaced; the sessions it held are lost (500, then 404).
+  in the worker that reset (or restored) it, so its steps always reach its env; new sessions go to the
+  worker with the fewest. The event loop only routes requests: msgpack frames on each worker's stdin and
+  stdout. A worker that dies or overruns the timeout is replaced; the envs it held are lost (500), and
+  their sessions with them unless a shared session store can restore them.
+
+With a shared session store (`session_store`), both return each env's state after a reset and every step,
+and `restore` rebuilds a session's env from a stored state.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import msgpack
 
 from clients.protocol import ErrorCode, Observation
 from services.env_api import EnvFactory
-from services.server.env_work import EnvHost, Task, guarded, task_payload
+from services.server.env_work import EnvHost, Stepped, Task, guarded, task_payload
 from services.server.errors import ServiceError
 from services.server.metrics import ServerMetrics
 from services.server.settings import ServerSettings
@@ -41,10 +45,14 @@ MAX_ANSWER_BYTES = 1 << 28
 
 
 class EnvGoneError(ServiceError):
-    """A 500 after which the session's env cannot be used again: the caller closes the session."""
+    """A 500 after which the session's env cannot be used again: the caller forgets it here."""
 
     def __init__(self, message: str) -> None:
         super().__init__(ErrorCode.INTERNAL, message)
+
+
+class EnvLostError(EnvGoneError):
+    """The env was gone before the call was sent (its worker had died), so the call did nothing."""
 
 
 class EnvPool(Protocol):
@@ -54,12 +62,17 @@ class EnvPool(Protocol):
         """Start what the pool needs (worker processes); raises if it cannot."""
         ...
 
-    async def start(self, session_id: str, task: Task, with_message: bool) -> bytes:
-        """Create and reset the env of a new session from its task: the `ResetResponse` body."""
+    async def start(self, session_id: str, task: Task, with_message: bool) -> tuple[bytes, bytes | None]:
+        """Create and reset the env of a new session from its task: the `ResetResponse` body and the
+        env's state (None unless states are exported)."""
         ...
 
-    async def step(self, session_id: str, action: str, with_message: bool) -> tuple[bool, bytes]:
-        """Step a session's env: whether it is done, and the `StepResponse` body."""
+    async def step(self, session_id: str, action: str, with_message: bool) -> Stepped:
+        """Step a session's env: whether it is done, the `StepResponse` body, and the state."""
+        ...
+
+    async def restore(self, session_id: str, state: bytes) -> None:
+        """Rebuild a session's env from its stored state, replacing any env the session had here."""
         ...
 
     async def close(self, session_id: str) -> None:
@@ -80,7 +93,7 @@ class EnvPool(Protocol):
 
 
 def create_pool(factory: EnvFactory, settings: ServerSettings, metrics: ServerMetrics) -> EnvPool:
-    """The pool that `settings.env_workers` asks for."""
+    """The pool that `settings.env_workers` asks for, exporting env states for a shared session store."""
     if settings.env_workers == 0:
         return ThreadEnvPool(factory, settings)
     if factory.import_path is None:
@@ -96,7 +109,8 @@ class ThreadEnvPool:
 
     def __init__(self, factory: EnvFactory, settings: ServerSettings) -> None:
         self.settings = settings
-        self.host = EnvHost(factory, settings.max_image_bytes, settings.max_image_pixels)
+        export_state = settings.session_store is not None
+        self.host = EnvHost(factory, settings.max_image_bytes, settings.max_image_pixels, export_state)
         self._threads = concurrent.futures.ThreadPoolExecutor(
             max_workers=settings.env_threads, thread_name_prefix="vistarl-env"
         )
@@ -104,11 +118,14 @@ class ThreadEnvPool:
     async def open(self) -> None:
         return None
 
-    async def start(self, session_id: str, task: Task, with_message: bool) -> bytes:
+    async def start(self, session_id: str, task: Task, with_message: bool) -> tuple[bytes, bytes | None]:
         return await self._call("reset", session_id, self.host.start, session_id, task, with_message)
 
-    async def step(self, session_id: str, action: str, with_message: bool) -> tuple[bool, bytes]:
+    async def step(self, session_id: str, action: str, with_message: bool) -> Stepped:
         return await self._call("step", session_id, self.host.step, session_id, action, with_message)
+
+    async def restore(self, session_id: str, state: bytes) -> None:
+        await self._call("restore", session_id, self.host.restore, session_id, state)
 
     async def close(self, session_id: str) -> None:
         await self._call("close", session_id, self.host.close, session_id)
@@ -128,20 +145,20 @@ class ThreadEnvPool:
         """Run `fn` in the pool within `env_timeout_s`.
 
         A timed-out call is abandoned: a queued one never starts, a running thread cannot be stopped and
-        finishes alone (an env it creates is then closed), and `EnvGoneError` tells the caller.
+        finishes alone (an env it creates or restores is then closed), and `EnvGoneError` tells the caller.
         """
         work = self._threads.submit(guarded, what, fn, *args)
         try:
             async with asyncio.timeout(self.settings.env_timeout_s):
                 return await asyncio.wrap_future(work)
         except TimeoutError:
-            if what == "reset" and session_id is not None:
+            if what in ("reset", "restore") and session_id is not None:
                 work.add_done_callback(lambda _: self._close_late(session_id))
             logger.error("env %s exceeded %ss", what, self.settings.env_timeout_s)
             raise EnvGoneError(f"environment {what} exceeded {self.settings.env_timeout_s}s") from None
 
     def _close_late(self, session_id: str) -> None:
-        """Close the env of a reset that finished after its caller gave up on it."""
+        """Close the env of a reset or restore that finished after its caller gave up on it."""
         with contextlib.suppress(Exception):
             self.host.close(session_id)
 
@@ -167,21 +184,22 @@ class ProcessEnvPool:
             lambda: sum(1 for w in self.workers if w is not None and w.alive)
         )
 
-    async def start(self, session_id: str, task: Task, with_message: bool) -> bytes:
-        worker = min(self._alive(), key=lambda w: (len(w.sessions), len(w.pending)))
-        self.placement[session_id] = worker
-        worker.sessions.add(session_id)
-        try:
-            payload = [session_id, *task_payload(task), with_message]
-            body: bytes = await worker.call("reset", payload)
-        except BaseException:
-            self.discard(session_id)
-            raise
-        return body
+    async def start(self, session_id: str, task: Task, with_message: bool) -> tuple[bytes, bytes | None]:
+        body, state = await self._place(session_id, "reset", [*task_payload(task), with_message])
+        return bytes(body), state
 
-    async def step(self, session_id: str, action: str, with_message: bool) -> tuple[bool, bytes]:
-        done, body = await self._worker_of(session_id).call("step", [session_id, action, with_message])
-        return bool(done), bytes(body)
+    async def step(self, session_id: str, action: str, with_message: bool) -> Stepped:
+        done, body, state = await self._worker_of(session_id).call("step", [session_id, action, with_message])
+        return Stepped(bool(done), bytes(body), state)
+
+    async def restore(self, session_id: str, state: bytes) -> None:
+        """Restore in the live worker that holds the session's stale env, else in the one with the fewest."""
+        worker = self.placement.get(session_id)
+        if worker is not None and worker.alive:
+            await worker.call("restore", [session_id, state])
+            return
+        self.discard(session_id)
+        await self._place(session_id, "restore", [state])
 
     async def close(self, session_id: str) -> None:
         worker = self._worker_of(session_id)
@@ -207,6 +225,17 @@ class ProcessEnvPool:
         workers = [w for w in self.workers if w is not None]
         await asyncio.gather(*(w.stop(self.settings.shutdown_timeout_s) for w in workers))
 
+    async def _place(self, session_id: str, op: str, args: list[Any]) -> Any:
+        """Run `op` for a session new to this pool in the worker holding the fewest, which keeps it."""
+        worker = min(self._alive(), key=lambda w: (len(w.sessions), len(w.pending)))
+        self.placement[session_id] = worker
+        worker.sessions.add(session_id)
+        try:
+            return await worker.call(op, [session_id, *args])
+        except BaseException:
+            self.discard(session_id)
+            raise
+
     def _alive(self) -> list[EnvWorker]:
         alive = [w for w in self.workers if w is not None and w.alive]
         if not alive:
@@ -217,7 +246,7 @@ class ProcessEnvPool:
         """The worker holding `session_id` (the manager only asks about sessions it has started)."""
         worker = self.placement.get(session_id)
         if worker is None:
-            raise EnvGoneError(f"the env of session {session_id} is gone")
+            raise EnvLostError(f"the env of session {session_id} is gone")
         return worker
 
     async def _spawn(self, slot: int) -> EnvWorker:
@@ -231,6 +260,7 @@ class ProcessEnvPool:
             str(self.settings.max_image_bytes),
             "--max-image-pixels",
             str(self.settings.max_image_pixels),
+            *(["--export-state"] if self.settings.session_store is not None else []),
         ]
         worker = EnvWorker(slot, self.settings.env_timeout_s, on_exit=self._replace)
         await worker.launch(command)
@@ -301,7 +331,7 @@ class EnvWorker:
     async def call(self, op: str, args: list[Any]) -> Any:
         """Send one call and await its answer within the timeout; a timeout kills the worker."""
         if not self.alive or self._process is None or self._process.stdin is None:
-            raise EnvGoneError(f"env worker {self.slot} (pid {self.pid}) is not running")
+            raise EnvLostError(f"env worker {self.slot} (pid {self.pid}) is not running")
         call_id = next(self._ids)
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.pending[call_id] = answer

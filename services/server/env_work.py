@@ -1,8 +1,10 @@
 """What an env call does, from arguments to the JSON body the client gets: the work both env pools run.
 
 `EnvHost` keeps the live envs of the sessions it hosts, by session id, and answers `start`, `step`,
-`close` and `format` with ready-to-send JSON bytes: observations are encoded (PNG data URLs, plain-JSON
-info) where the env ran, in the server's threads or in an env worker process, never on the event loop.
+`restore`, `close` and `format` with ready-to-send JSON bytes: observations are encoded (PNG data URLs,
+plain-JSON info) where the env ran, in the server's threads or in an env worker process, never on the
+event loop. For a shared session store it also exports each env's state after a reset and every step, as
+msgpack (`encode_state`), and rebuilds envs from such states (`EnvFactory.restore`).
 The session rules (capacity, ordering, retries, expiry) are `services.server.sessions`' business, not this.
 """
 
@@ -11,8 +13,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
+import msgpack
 from pydantic import BaseModel
 from pydantic_core import to_json
 
@@ -36,20 +39,33 @@ class Task:
     sample: BaseModel | None = None
 
 
+class Stepped(NamedTuple):
+    """One step's outcome: whether the episode is done, the `StepResponse` body, and the env's state after
+    it (msgpack, when the host exports states)."""
+
+    done: bool
+    body: bytes
+    state: bytes | None
+
+
 class EnvHost:
-    """The envs of one pool (or one worker process), and the four calls on them.
+    """The envs of one pool (or one worker process), and the calls on them.
 
     Each method runs synchronously; the caller makes sure one session sees one call at a time.
+    `export_state` makes `start` and `step` return each env's state too, for a shared session store.
     """
 
-    def __init__(self, factory: EnvFactory, max_image_bytes: int, max_image_pixels: int) -> None:
+    def __init__(
+        self, factory: EnvFactory, max_image_bytes: int, max_image_pixels: int, export_state: bool = False
+    ) -> None:
         self.factory = factory
         self.image_limits = {"max_bytes": max_image_bytes, "max_pixels": max_image_pixels}
+        self.export_state = export_state
         self.envs: dict[str, Env] = {}
         self._formatter: Env | None = None
 
-    def start(self, session_id: str, task: Task, with_message: bool) -> bytes:
-        """Build and reset an env for `session_id` from its task; the `ResetResponse` body.
+    def start(self, session_id: str, task: Task, with_message: bool) -> tuple[bytes, bytes | None]:
+        """Build and reset an env for `session_id` from its task; the `ResetResponse` body and the state.
 
         The env's own ValueError on its options or sample is the caller's fault (422).
         """
@@ -69,15 +85,15 @@ class EnvHost:
                     message=message_to_wire(env.format_observation(obs)) if with_message else None,
                 )
             )
+            state = self._state(env)
         except BaseException:
             env.close()
             raise
         self.envs[session_id] = env
-        return body
+        return body, state
 
-    def step(self, session_id: str, action: str, with_message: bool) -> tuple[bool, bytes]:
-        """One env step: whether the episode is done, and the `StepResponse` body (turn reward from
-        `info["reward"]`)."""
+    def step(self, session_id: str, action: str, with_message: bool) -> Stepped:
+        """One env step: done, the `StepResponse` body (turn reward from `info["reward"]`), the state."""
         env = self.envs[session_id]
         obs, done, info = env.step(action)
         response = StepResponse(
@@ -87,7 +103,15 @@ class EnvHost:
             info=json_safe(info),
             message=message_to_wire(env.format_observation(obs)) if with_message else None,
         )
-        return response.done, to_json(response)
+        return Stepped(response.done, to_json(response), self._state(env))
+
+    def restore(self, session_id: str, state: bytes) -> None:
+        """Rebuild the env of `session_id` from what `encode_state` wrote, replacing any env it had here."""
+        env = self.factory.restore(decode_state(state))
+        stale = self.envs.get(session_id)
+        self.envs[session_id] = env
+        if stale is not None:
+            _close_quietly(stale)
 
     def close(self, session_id: str) -> None:
         """Close and forget the env of `session_id`, if any."""
@@ -105,6 +129,10 @@ class EnvHost:
             self._formatter = self.factory.create(self.factory.options_model.model_validate({}), None, None)
         return to_json(FormatResponse(message=message_to_wire(self._formatter.format_observation(obs))))
 
+    def _state(self, env: Env) -> bytes | None:
+        """The env's state to store, when this host exports states."""
+        return encode_state(env) if self.export_state else None
+
     def close_all(self) -> None:
         """Close every env (shutdown); a failing close does not stop the others."""
         envs = [*self.envs.values(), *([self._formatter] if self._formatter else [])]
@@ -112,6 +140,18 @@ class EnvHost:
         self._formatter = None
         for env in envs:
             _close_quietly(env)
+
+
+def encode_state(env: Env) -> bytes:
+    """`env.state()` as msgpack, the form a shared session store keeps; data that is not JSON-safe is a
+    TypeError naming it (no pickle)."""
+    return bytes(msgpack.packb(env.state()))
+
+
+def decode_state(state: bytes) -> dict[str, Any]:
+    """The state that `encode_state` wrote, as `EnvFactory.restore` takes it."""
+    decoded: dict[str, Any] = msgpack.unpackb(state)
+    return decoded
 
 
 def guarded(what: str, fn: Callable[..., T], *args: Any) -> T:
@@ -128,7 +168,7 @@ def guarded(what: str, fn: Callable[..., T], *args: Any) -> T:
 
 
 def _close_quietly(env: Env) -> None:
-    """Close an env during shutdown; a failure is logged so that the other envs still get closed."""
+    """Close an env that is being replaced or shut down; a failure is logged, not raised."""
     try:
         env.close()
     except Exception:

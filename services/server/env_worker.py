@@ -1,12 +1,14 @@
 """An env worker process: hosts the envs of some sessions for a server's `ProcessEnvPool`.
 
     python -m services.server.env_worker services.sokoban [--max-image-bytes N] [--max-image-pixels N]
+        [--export-state]
 
 It reads msgpack calls `[call_id, op, args]` from stdin and writes `[call_id, ok, payload]` to stdout,
-in order, one call at a time: `payload` is the answer (JSON bytes, or `[done, bytes]` for a step), or
-`[code, message]` when `ok` is false. Its first frame, `[0, true, pid]`, says the env is loaded. At the
-end of stdin it closes its envs and exits. Anything the env prints goes to stderr, so stdout carries
-frames only. Ctrl-C is left to the server, which stops its workers itself.
+in order, one call at a time: `payload` is the answer (`[body, state]` for a reset, `[done, body, state]`
+for a step, the body for a format, nil for a close or a restore; the state is msgpack bytes with
+`--export-state`, else nil), or `[code, message]` when `ok` is false. Its first frame, `[0, true, pid]`,
+says the env is loaded. At the end of stdin it closes its envs and exits. Anything the env prints goes
+to stderr, so stdout carries frames only. Ctrl-C is left to the server, which stops its workers itself.
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ def answer(host: EnvHost, op: str, args: list[Any]) -> Any:
     if op == "reset":
         session_id, options, seed, sample, with_message = args
         task = task_from_payload(host.factory, options, seed, sample)
-        return guarded("reset", host.start, session_id, task, with_message)
+        return list(guarded("reset", host.start, session_id, task, with_message))
+    if op == "restore":
+        session_id, state = args
+        return guarded("restore", host.restore, session_id, state)
     if op == "close":
         return guarded("close", host.close, args[0])
     if op == "format":
@@ -68,12 +73,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("env", help="import path of the env package (its ENV_FACTORY)")
     parser.add_argument("--max-image-bytes", type=int, default=8 * 1024 * 1024)
     parser.add_argument("--max-image-pixels", type=int, default=4096 * 4096)
+    parser.add_argument("--export-state", action="store_true", help="Answer each env's state too.")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not corrupt the frames
     logging.basicConfig(level=logging.INFO, format=f"env worker {os.getpid()}: %(levelname)s %(message)s")
-    host = EnvHost(load_env_factory(args.env), args.max_image_bytes, args.max_image_pixels)
+    factory = load_env_factory(args.env)
+    host = EnvHost(factory, args.max_image_bytes, args.max_image_pixels, args.export_state)
     answers.write(msgpack.packb([0, True, os.getpid()]))
     answers.flush()
     try:

@@ -37,7 +37,15 @@ class ServerMetrics:
             registry=self.registry,
         )
         self.expired_sessions = Counter(
-            "vistarl_env_expired_sessions", "Sessions closed by the idle reaper.", registry=self.registry
+            "vistarl_env_expired_sessions",
+            "Envs closed by the reaper because their session expired.",
+            registry=self.registry,
+        )
+        self.restored_sessions = Counter(
+            "vistarl_env_restored_sessions",
+            "Envs rebuilt here from the shared session store's state (a session new to this replica, or "
+            "one stepped elsewhere since).",
+            registry=self.registry,
         )
         self.errors = Counter(
             "vistarl_env_errors", "Error answers, by error code.", ["code"], registry=self.registry

@@ -45,7 +45,9 @@ METRICS_RESPONSES: Responses = {
 
 _bearer = HTTPBearer(
     scheme_name="bearer",
-    description="Authorization: Bearer <token> when the server has one; /health, /ready, /metrics are open.",
+    description=(
+        "Authorization: Bearer <token> when the server has one; /health, /ready and /metrics are open."
+    ),
     auto_error=False,
 )
 

@@ -1,134 +1,52 @@
-"""Sessions of an environment server: the store they live in and the manager that applies the rules.
+"""Sessions of an environment server: the rules, applied over a session store and an env pool.
 
-`SessionManager` owns the rules: bounded capacity, one step at a time per session (an `asyncio.Lock`),
-different sessions in parallel (their envs run in an `EnvPool`, never on the event loop), idempotent
-retries by `request_id`, and an idle-TTL reaper. Answers are the JSON bodies the pool produced.
+`SessionManager` runs reset, step, format and close. It bounds capacity (per replica: the envs it holds),
+runs one call at a time per session (`LocalSessions`' locks) and different sessions in parallel (their
+envs run in an `EnvPool`, never on the event loop), replays retried `request_id`s, and releases what
+expired. Session records live in a `SessionStore` (`services.server.store`): in this process by default,
+or in Redis, shared by the replicas of one env together with each env's state, so that any replica can
+serve any step (docs/server.md, "Session store"). A step:
+
+1. reads the session from the store: unknown is 404, a stored answer of its `request_id` is replayed,
+   a finished episode is 409;
+2. makes sure the env held here is at the store's version, restoring it from the stored state if not;
+3. steps the env;
+4. commits the step only if the session is still at that version; if another replica committed first,
+   it starts over from 1 (at most `COMMIT_ATTEMPTS` tries);
+5. a step that ends the episode closes the env and frees its slot at once; the store keeps a tombstone.
+
+With a shared store and the session's env held here, a step skips 1 and 2: the commit answers what the
+read would have, and the env, stepped for nothing when it does, is dropped (the next try restores it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
 import uuid
-from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 from pydantic import BaseModel, ValidationError
 
 from clients.protocol import ErrorCode, FormatRequest, ReadyResponse, ResetRequest, StepRequest
 from services.env_api import EnvFactory
-from services.server.env_pool import EnvGoneError, EnvPool
-from services.server.env_work import Task
+from services.server.env_pool import EnvGoneError, EnvLostError, EnvPool
+from services.server.env_work import Stepped, Task
 from services.server.errors import ServiceError, describe_validation_errors
+from services.server.local_sessions import LocalSessions
 from services.server.metrics import ServerMetrics
 from services.server.settings import ServerSettings
+from services.server.store import create_store
+from services.server.store.base import Commit, StepRecord, StoredAnswer, action_digest
 from services.server.tasks import TaskCatalog
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(eq=False)
-class Session:
-    """One live episode (its env lives in the pool): whether it ended, its last answer (what MCP's
-    `observe` shows), and the answers kept for retries, each with a digest of the action it answered."""
-
-    id: str
-    done: bool = False
-    closed: bool = False
-    last_active: float = field(default_factory=time.monotonic)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    last_answer: bytes = b""
-    answers: OrderedDict[str, tuple[bytes, bytes]] = field(default_factory=OrderedDict)
-
-    def remember(self, request_id: str, action: str, answer: bytes, limit: int) -> None:
-        """Keep `answer` for retries of `request_id`, forgetting the oldest beyond `limit`."""
-        self.answers[request_id] = (_digest(action), answer)
-        while len(self.answers) > limit:
-            self.answers.popitem(last=False)
-
-    def replay(self, request_id: str | None, action: str) -> bytes | None:
-        """The stored answer of a retried step, None for a new one; 409 `request_id_reused` when the id
-        was used for a different action."""
-        kept = None if request_id is None else self.answers.get(request_id)
-        if kept is None:
-            return None
-        digest, answer = kept
-        if digest != _digest(action):
-            raise ServiceError(
-                ErrorCode.REQUEST_ID_REUSED,
-                f"request_id {request_id} of session {self.id} was sent before with another action; "
-                "a new step needs a new request_id",
-            )
-        return answer
-
-    def idle_seconds(self) -> float:
-        """Seconds since the session was last stored."""
-        return time.monotonic() - self.last_active
-
-
-class SessionStore(Protocol):
-    """Where sessions live between requests.
-
-    The in-memory store keeps live `Session` objects. A shared store (Redis) would serialize a session and
-    its answer cache in `put` and rebuild it in `get` (which is why the manager calls `put` after every
-    change), lock through Redis, and let key TTLs do the expiry; the env state would then have to live
-    there too, instead of in this server's pool.
-    """
-
-    async def get(self, session_id: str) -> Session | None:
-        """The session, or None if unknown."""
-        ...
-
-    async def put(self, session: Session) -> None:
-        """Insert or update a session and restart its idle clock."""
-        ...
-
-    async def delete(self, session_id: str) -> Session | None:
-        """Remove a session; returns it, or None if it was not there."""
-        ...
-
-    async def count(self) -> int:
-        """How many sessions are stored."""
-        ...
-
-    async def sessions(self) -> list[Session]:
-        """Every stored session."""
-        ...
-
-    async def expired(self, idle_s: float) -> list[Session]:
-        """The sessions idle for longer than `idle_s` seconds."""
-        ...
-
-
-class InMemorySessionStore:
-    """A `SessionStore` in a dict, in this process."""
-
-    def __init__(self) -> None:
-        self._sessions: dict[str, Session] = {}
-
-    async def get(self, session_id: str) -> Session | None:
-        return self._sessions.get(session_id)
-
-    async def put(self, session: Session) -> None:
-        session.last_active = time.monotonic()
-        self._sessions[session.id] = session
-
-    async def delete(self, session_id: str) -> Session | None:
-        return self._sessions.pop(session_id, None)
-
-    async def count(self) -> int:
-        return len(self._sessions)
-
-    async def sessions(self) -> list[Session]:
-        return list(self._sessions.values())
-
-    async def expired(self, idle_s: float) -> list[Session]:
-        return [s for s in self._sessions.values() if s.idle_seconds() > idle_s]
+COMMIT_ATTEMPTS = 4  # a step that keeps losing its commit to other replicas answers 503 session_busy
 
 
 class SessionManager:
@@ -141,35 +59,43 @@ class SessionManager:
         metrics: ServerMetrics,
         pool: EnvPool,
         tasks: TaskCatalog,
-        store: SessionStore | None = None,
     ) -> None:
         self.factory = factory
         self.settings = settings
         self.metrics = metrics
         self.pool = pool
         self.tasks = tasks
-        self.store: SessionStore = store or InMemorySessionStore()
+        self.store = create_store(settings, factory.name)
+        self.local = LocalSessions()
         self.draining = False
         self._admission = asyncio.Lock()
-        self._reserved: set[str] = set()
+        self._claimed = 0  # slots claimed by resets and restores under way
+        metrics.active_sessions.set_function(lambda: len(self.local))
+
+    async def open(self) -> None:
+        """Check that the session store answers, then start the env pool."""
+        await self.store.open()
+        await self.pool.open()
 
     # --- endpoints ------------------------------------------------------------------------------
 
     async def reset(self, request: ResetRequest) -> bytes:
         """Start an episode in a new session from its task (see `services.server.tasks`); 409 if a chosen
-        `session_id` is taken, 503 when full."""
+        `session_id` is taken (live or finished), 503 when full."""
         options = self._validate_options(request.options)
         sample = await self._sample(request)
         session_id = request.session_id or uuid.uuid4().hex
-        await self._reserve(session_id)
-        try:
-            answer = await self.pool.start(session_id, Task(options, request.seed, sample), request.format)
-            await self.store.put(Session(id=session_id, last_answer=answer))
-        finally:
-            self._reserved.discard(session_id)
+        async with self.local.lock(session_id):
+            if (await self.store.versions([session_id]))[0] is not None:
+                raise _taken(session_id)
+            await self._release(session_id)  # an env left here of a session that expired
+            async with self._slot():
+                task = Task(options, request.seed, sample)
+                body, state = await self.pool.start(session_id, task, request.format)
+                await self._create(session_id, state, body)
+                self.local.hold(session_id, 0)
         self.metrics.resets.inc()
-        await self._update_gauge()
-        return answer
+        return body
 
     async def step(self, request: StepRequest) -> bytes:
         """Step a session; a retried `request_id` gets the stored answer instead of a second step."""
@@ -178,55 +104,42 @@ class SessionManager:
                 ErrorCode.VALIDATION_ERROR,
                 f"action has {len(request.action)} characters; the limit is {self.settings.max_action_chars}",
             )
-        session = await self._session(request.session_id)
-        async with session.lock:
-            if session.closed:
-                raise _not_found(session.id)
-            if (stored := session.replay(request.request_id, request.action)) is not None:
-                return stored
-            if session.done:
-                raise ServiceError(ErrorCode.EPISODE_DONE, f"episode of session {session.id} is done; reset")
-            started = time.perf_counter()
-            try:
-                done, answer = await self.pool.step(session.id, request.action, request.format)
-            except EnvGoneError as exc:  # timed out (may still be running) or its worker died
-                await self._retire(session, close_env=False)
-                raise ServiceError(exc.code, f"{exc.message}; session {session.id} was closed") from None
-            self.metrics.step_seconds.observe(time.perf_counter() - started)
-            self.metrics.steps.inc()
-            session.done = done
-            session.last_answer = answer
-            if request.request_id is not None:
-                session.remember(
-                    request.request_id, request.action, answer, self.settings.idempotency_cache_size
-                )
-            await self.store.put(session)
-        return answer
-
-    async def observe(self, session_id: str) -> bytes:
-        """The session's last answer (its reset's or its last step's body); 404 if unknown."""
-        session = await self._session(session_id)
-        async with session.lock:
-            if session.closed:
-                raise _not_found(session_id)
-            return session.last_answer
+        async with self.local.lock(request.session_id):
+            for _ in range(COMMIT_ATTEMPTS):
+                answer = await self._attempt(request)
+                if answer is not None:
+                    return answer
+        raise ServiceError(
+            ErrorCode.SESSION_BUSY,
+            f"session {request.session_id} was stepped on other replicas during each of {COMMIT_ATTEMPTS} "
+            "tries of this step; retry it with the same request_id",
+            self.retry_after(),
+        )
 
     async def format(self, request: FormatRequest) -> bytes:
         """Format a client's observation as a chat message; its images are decoded within the limits."""
         return await self.pool.format(request.observation)
 
+    async def observe(self, session_id: str) -> bytes:
+        """The session's last answer (its reset's or its last step's body), from the store; 404 if unknown."""
+        answer = await self.store.last_answer(session_id)
+        if answer is None:
+            raise _not_found(session_id)
+        return answer
+
     async def close(self, session_id: str) -> None:
-        """End a session and close its env (after any step in flight); 404 if unknown."""
-        session = await self._session(session_id)
-        async with session.lock:
-            if session.closed:
-                raise _not_found(session_id)
-            await self._retire(session)
+        """End a session (live or finished) and close its env here (after any step in flight); 404 if
+        unknown."""
+        async with self.local.lock(session_id):
+            deleted = await self.store.delete(session_id)
+            held = await self._release(session_id)
+        if not (deleted or held):
+            raise _not_found(session_id)
 
     async def ready(self) -> ReadyResponse:
         """Readiness: not ready while draining or at capacity, so that a load balancer routes elsewhere."""
-        active = await self.store.count()
-        full = active + len(self._reserved) >= self.settings.max_sessions
+        active = len(self.local)
+        full = active + self._claimed >= self.settings.max_sessions
         return ReadyResponse(
             ready=not (full or self.draining),
             active_sessions=active,
@@ -237,39 +150,202 @@ class SessionManager:
     # --- lifecycle ------------------------------------------------------------------------------
 
     async def run_reaper(self) -> None:
-        """Reap idle sessions every `reaper_interval_s`, forever; a failed round is logged, not fatal."""
+        """Reap every `reaper_interval_s`, forever; a failed round is logged, not fatal."""
         while True:
             await anyio.sleep(self.settings.reaper_interval_s)
             try:
-                await self.reap_expired()
+                await self.reap()
             except Exception:
                 logger.exception("session reaper round failed")
 
-    async def reap_expired(self) -> int:
-        """Close the sessions idle past the TTL (skipping any with a step in flight); returns how many."""
-        reaped = 0
-        for session in await self.store.expired(self.settings.session_ttl_s):
-            if session.lock.locked():
-                continue
-            async with session.lock:
-                if session.closed or session.idle_seconds() <= self.settings.session_ttl_s:
-                    continue
-                await self._retire(session)
-                reaped += 1
-        if reaped:
-            logger.info("reaped %d idle sessions", reaped)
-            self.metrics.expired_sessions.inc(reaped)
-        return reaped
+    async def reap(self) -> int:
+        """Close the envs held here whose session expired, ended or was stepped elsewhere since (skipping
+        any with a call in flight); returns how many."""
+        idle = self.local.idle()
+        if not idle:
+            return 0
+        stored = await self.store.versions(list(idle))
+        released = expired = 0
+        for (session_id, version), now in zip(idle.items(), stored, strict=True):
+            if now == version or self.local.busy(session_id) or self.local.version(session_id) != version:
+                continue  # current, or a call took it up meanwhile
+            async with self.local.lock(session_id):
+                await self._release(session_id)
+            released += 1
+            expired += now is None
+        if expired:
+            logger.info("reaped %d expired sessions", expired)
+            self.metrics.expired_sessions.inc(expired)
+        return released
 
     async def shutdown(self) -> None:
-        """Refuse new episodes, close every env (bounded by `shutdown_timeout_s`), then stop the pool."""
+        """Refuse new episodes, close every env held here (bounded by `shutdown_timeout_s`), then stop the
+        pool. A shared store keeps the sessions, for the other replicas to continue."""
         self.draining = True
         with anyio.move_on_after(self.settings.shutdown_timeout_s):
-            for session in await self.store.sessions():
-                await self._retire(session)
+            for session_id in self.local.held():
+                await self._release(session_id)
         await self.pool.shutdown()
+        await self.store.close()
+
+    # --- the steps of a step --------------------------------------------------------------------
+
+    async def _attempt(self, request: StepRequest) -> bytes | None:
+        """One try at a step (numbered as in the module docstring); None when it must start over."""
+        session_id = request.session_id
+        version = self.local.version(session_id)
+        if version is None or not self.store.shared:
+            seen = await self.store.snapshot(session_id, request.request_id)
+            if seen is None:
+                await self._release(session_id)
+                raise _not_found(session_id)
+            if seen.answer is not None:
+                return self._replay(request, seen.answer)
+            if seen.done:
+                await self._release(session_id)
+                raise _done(session_id)
+            if not await self._bring_up_to(session_id, seen.version):
+                return None
+            version = seen.version
+        stepped = await self._env_step(request)
+        if stepped is None:
+            return None
+        return await self._commit(request, version, stepped)
+
+    async def _bring_up_to(self, session_id: str, version: int) -> bool:
+        """Make the env held here be at `version`, restoring it from the shared store if needed; False
+        when the store has moved past `version` meanwhile."""
+        if self.local.version(session_id) == version:
+            return True
+        if not self.store.shared:  # the env was lost, and no state was kept to rebuild it from
+            await self._lose(session_id)
+            raise _not_found(session_id)
+        found = await self.store.state(session_id)
+        if found is None or found[0] != version:
+            return False
+        held = self.local.version(session_id) is not None
+        async with contextlib.nullcontext() if held else self._slot():
+            try:
+                await self.pool.restore(session_id, found[1])
+            except EnvGoneError:
+                await self._lose(session_id)
+                raise
+            except ServiceError:
+                await self._release(session_id)
+                raise
+            self.local.hold(session_id, version)
+        self.metrics.restored_sessions.inc()
+        return True
+
+    async def _env_step(self, request: StepRequest) -> Stepped | None:
+        """Step the env held here; None when its env worker had died before the call (a shared store
+        restores it and the step is tried again)."""
+        session_id = request.session_id
+        started = time.perf_counter()
+        try:
+            stepped = await self.pool.step(session_id, request.action, request.format)
+        except EnvGoneError as exc:  # timed out (may still be running) or its worker died
+            await self._lose(session_id)
+            if isinstance(exc, EnvLostError) and self.store.shared:
+                return None
+            fate = "it goes on from its last step" if self.store.shared else "it was closed"
+            raise ServiceError(exc.code, f"{exc.message}; session {session_id}: {fate}") from None
+        except ServiceError:
+            if self.store.shared:  # the env may be half-stepped: the store holds its last committed state
+                await self._release(session_id)
+            raise
+        self.metrics.step_seconds.observe(time.perf_counter() - started)
+        return stepped
+
+    async def _commit(self, request: StepRequest, version: int, stepped: Stepped) -> bytes | None:
+        """Store the step; its answer, or None when another replica committed a step first."""
+        session_id = request.session_id
+        answer = StoredAnswer(action_digest(request.action), stepped.body)
+        record = StepRecord(request.request_id, answer, stepped.done, stepped.state)
+        try:
+            outcome = await self.store.commit(session_id, version, record)
+        except Exception:
+            await self._release(session_id)  # stored or not, unknown: the env here may be ahead of the store
+            raise
+        if outcome is Commit.STORED and not stepped.done:
+            self.local.hold(session_id, version + 1)
+        else:  # finished (its slot is free at once), or stepped for nothing: not the session's state now
+            await self._release(session_id)
+        if isinstance(outcome, StoredAnswer):
+            return self._replay(request, outcome)
+        if outcome is Commit.GONE:
+            raise _not_found(session_id)
+        if outcome is Commit.DONE:
+            raise _done(session_id)
+        if outcome is Commit.CONFLICT:
+            return None
+        self.metrics.steps.inc()
+        return stepped.body
+
+    def _replay(self, request: StepRequest, answer: StoredAnswer) -> bytes:
+        """The stored answer of a retried step (the store found it under the step's `request_id`)."""
+        assert request.request_id is not None, "answers are stored and found by request_id only"
+        return answer.replay(request.session_id, request.request_id, request.action)
 
     # --- helpers --------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        """Claim a slot for an env about to be held here (a reset or a restore), or refuse: draining, full.
+        When full, the envs of sessions that moved on elsewhere are reaped first."""
+        async with self._admission:
+            if self.draining:
+                raise ServiceError(ErrorCode.DRAINING, "server is shutting down", self.retry_after())
+            if self._in_use() >= self.settings.max_sessions and self.store.shared:
+                await self.reap()
+            if (active := self._in_use()) >= self.settings.max_sessions:
+                raise ServiceError(
+                    ErrorCode.AT_CAPACITY,
+                    f"at capacity: {active} of {self.settings.max_sessions} sessions in use; retry later",
+                    self.retry_after(),
+                )
+            self._claimed += 1
+        try:
+            yield
+        finally:
+            self._claimed -= 1
+
+    def _in_use(self) -> int:
+        """Slots taken: envs held here, and those being created or restored."""
+        return len(self.local) + self._claimed
+
+    async def _create(self, session_id: str, state: bytes | None, answer: bytes) -> None:
+        """Store a session whose env was just reset here; its env is closed if that fails, and 409 when
+        another replica took the id meanwhile."""
+        try:
+            created = await self.store.create(session_id, state, answer)
+        except Exception:
+            await self._close_env(session_id)
+            raise
+        if not created:
+            await self._close_env(session_id)
+            raise _taken(session_id)
+
+    async def _release(self, session_id: str) -> bool:
+        """Close the env held here for a session, if any, freeing its slot; whether one was held. The
+        caller holds the session's lock, or the server is stopping."""
+        if not self.local.release(session_id):
+            return False
+        await self._close_env(session_id)
+        return True
+
+    async def _lose(self, session_id: str) -> None:
+        """Forget the env held here for a session without calling it (it is gone or cannot be trusted).
+        A store that keeps no states cannot bring the session back, so it ends."""
+        self.local.release(session_id)
+        self.pool.discard(session_id)
+        if not self.store.shared:
+            await self.store.delete(session_id)
+
+    async def _close_env(self, session_id: str) -> None:
+        """Close a session's env in the pool; a failing or hanging close is logged by the pool, not raised."""
+        with contextlib.suppress(ServiceError):
+            await self.pool.close(session_id)
 
     def _validate_options(self, raw: dict[str, Any]) -> BaseModel:
         """The env options as the env's options model; 422 naming each bad field."""
@@ -285,59 +361,22 @@ class SessionManager:
             return None
         return await anyio.to_thread.run_sync(self.tasks.resolve, request)
 
-    async def _reserve(self, session_id: str) -> None:
-        """Claim a slot and the id for a session being created, or refuse (draining, taken, full)."""
-        async with self._admission:
-            if self.draining:
-                raise ServiceError(ErrorCode.DRAINING, "server is shutting down", self.retry_after())
-            if session_id in self._reserved or await self.store.get(session_id) is not None:
-                raise ServiceError(
-                    ErrorCode.SESSION_EXISTS,
-                    f"session {session_id} already exists; delete it or pick another id",
-                )
-            active = await self.store.count() + len(self._reserved)
-            if active >= self.settings.max_sessions:
-                raise ServiceError(
-                    ErrorCode.AT_CAPACITY,
-                    f"at capacity: {active} of {self.settings.max_sessions} sessions in use; retry later",
-                    self.retry_after(),
-                )
-            self._reserved.add(session_id)
-
-    async def _session(self, session_id: str) -> Session:
-        """The stored session, or 404."""
-        session = await self.store.get(session_id)
-        if session is None:
-            raise _not_found(session_id)
-        return session
-
-    async def _retire(self, session: Session, close_env: bool = True) -> None:
-        """Remove a session (caller holds its lock or the server is stopping) and close its env.
-
-        A failing or hanging close is logged by the pool, never raised; `close_env=False` only forgets
-        an env that is gone or cannot be trusted.
-        """
-        session.closed = True
-        await self.store.delete(session.id)
-        await self._update_gauge()
-        if not close_env:
-            self.pool.discard(session.id)
-            return
-        with contextlib.suppress(ServiceError):
-            await self.pool.close(session.id)
-
-    async def _update_gauge(self) -> None:
-        self.metrics.active_sessions.set(await self.store.count())
-
     def retry_after(self) -> dict[str, str]:
         """The header of a 503 answer."""
         return {"Retry-After": str(self.settings.retry_after_s)}
 
 
-def _digest(action: str) -> bytes:
-    """A short fingerprint of an action, kept with its stored answer instead of the action itself."""
-    return hashlib.blake2b(action.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-
-
 def _not_found(session_id: str) -> ServiceError:
     return ServiceError(ErrorCode.SESSION_NOT_FOUND, f"unknown or expired session {session_id}")
+
+
+def _done(session_id: str) -> ServiceError:
+    return ServiceError(ErrorCode.EPISODE_DONE, f"episode of session {session_id} is done; reset")
+
+
+def _taken(session_id: str) -> ServiceError:
+    return ServiceError(
+        ErrorCode.SESSION_EXISTS,
+        f"session {session_id} already exists (live, or finished within tombstone_ttl_s); delete it or "
+        "pick another id",
+    )

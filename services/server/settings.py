@@ -9,10 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from clients.protocol import Limits
+
+REDIS_SCHEMES = ("redis:", "rediss:", "unix:")
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 
@@ -40,6 +42,16 @@ class ServerSettings(BaseSettings):
     session_ttl_s: float = Field(default=600.0, gt=0, description="Idle time after which a session expires.")
     reaper_interval_s: float = Field(default=10.0, gt=0, description="How often expired sessions are reaped.")
     retry_after_s: int = Field(default=1, ge=1, description="The Retry-After header of 503 answers.")
+    session_store: str | None = Field(
+        default=None,
+        description="Where sessions live: unset keeps them in this process; a redis:// URL shares them, env "
+        "states included, between the replicas of one env (docs/server.md, 'Session store').",
+    )
+    tombstone_ttl_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds a finished session still answers 409 episode_done and replays its final step.",
+    )
 
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="Request body limit (413).")
     max_image_bytes: int = Field(default=8 * 1024 * 1024, ge=1, description="Decoded size of one image.")
@@ -74,6 +86,15 @@ class ServerSettings(BaseSettings):
     api_token: SecretStr | None = Field(
         default=None, description="Bearer token required on all but /health, /ready and /metrics."
     )
+
+    @field_validator("session_store")
+    @classmethod
+    def _redis_url(cls, url: str | None) -> str | None:
+        """Only Redis URLs name a shared store."""
+        if url is not None and not url.startswith(REDIS_SCHEMES):
+            schemes = ", ".join(f"{scheme}//" for scheme in REDIS_SCHEMES)
+            raise ValueError(f"session_store: expected a Redis URL ({schemes}...), got {url!r}")
+        return url
 
     def limits(self) -> Limits:
         """The bounds published in `GET /info`."""
