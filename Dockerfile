@@ -9,7 +9,9 @@ ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 
-# EGL and Mesa's software rasteriser: the VSI env renders its rooms with OpenGL (docs/vsi.md).
+# EGL and Mesa's software rasteriser: the VSI env renders its rooms with OpenGL (docs/vsi.md). Not pinned:
+# Debian's security updates replace these versions in the archive, so a pin would break later builds.
+# hadolint ignore=DL3008
 RUN apt-get update && apt-get install -y --no-install-recommends libegl1 libgl1-mesa-dri \
     && rm -rf /var/lib/apt/lists/*
 
@@ -21,6 +23,7 @@ COPY clients ./clients
 COPY services ./services
 COPY trainer ./trainer
 COPY cli ./cli
+COPY devtools ./devtools
 COPY configs ./configs
 
 # torch from PyTorch's own index first, so the `train` extra does not pull the default CUDA wheels.
