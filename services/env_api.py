@@ -22,10 +22,13 @@ import json
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypedDict
+from typing import Any, Protocol, TypedDict, TypeVar
 
 from PIL import Image
 from pydantic import BaseModel
+
+OptionsT = TypeVar("OptionsT", bound=BaseModel)
+SampleT = TypeVar("SampleT", bound=BaseModel)
 
 
 class EnvObservation(TypedDict):
@@ -90,6 +93,33 @@ class EpisodeScore:
     reward: float
 
 
+@dataclass(frozen=True)
+class GeneratedSplit:
+    """A `TaskSplit` of `size` rows that `make_row(name, index)` builds when one is read, so a generated
+    split costs nothing until used."""
+
+    name: str
+    size: int
+    make_row: Callable[[str, int], dict[str, Any]]
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        """Row `index` as a JSON-safe sample; IndexError outside 0..len-1."""
+        if not 0 <= index < self.size:
+            raise IndexError(f"{self.name} has rows 0..{self.size - 1}, not {index}")
+        return self.make_row(self.name, index)
+
+
+def check_steppable(started: bool, done: bool) -> None:
+    """Refuse a `step` before `reset` or after the episode ended: the caller's mistake, named as such."""
+    if not started:
+        raise RuntimeError("call reset() before step()")
+    if done:
+        raise RuntimeError("the episode is over; call reset() to play again")
+
+
 def no_splits() -> dict[str, TaskSplit]:
     """The `splits` of an env that holds no datasets."""
     return {}
@@ -134,6 +164,24 @@ class EnvFactory:
     def config_schema(self) -> dict[str, Any]:
         """The JSON schema of the env options, as published in `/info`."""
         return self.options_model.model_json_schema()
+
+
+def checked_create(
+    env_type: Callable[[OptionsT, int | None, SampleT | None], Env],
+    options_model: type[OptionsT],
+    sample_model: type[SampleT],
+) -> Callable[[BaseModel, int | None, BaseModel | None], Env]:
+    """An `EnvFactory.create` that builds `env_type(options, seed, sample)` once the options and the sample
+    (if any) are checked to be of the env's own models; a TypeError names the model that was expected."""
+
+    def create(options: BaseModel, seed: int | None, sample: BaseModel | None) -> Env:
+        if not isinstance(options, options_model):
+            raise TypeError(f"expected {options_model.__name__}, got {type(options).__name__}")
+        if sample is not None and not isinstance(sample, sample_model):
+            raise TypeError(f"expected a {sample_model.__name__} sample, got {type(sample).__name__}")
+        return env_type(options, seed, sample)
+
+    return create
 
 
 ENV_MODULES: dict[str, str] = {

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
-
-from services.env_api import EnvFactory
+from services.env_api import EnvFactory, checked_create
 from services.geo3k.env import Geo3kEnv, build_env
 from services.geo3k.options import Geo3kOptions
 from services.geo3k.prompt import ACTION_FORMAT, SYSTEM_PROMPT, random_reply
@@ -42,15 +40,6 @@ TOOLS: list[dict[str, Any]] = [
 ]
 
 
-def _create(options: BaseModel, seed: int | None, sample: BaseModel | None) -> Geo3kEnv:
-    """The server's constructor: validated options plus the task, a `/reset` seed or a validated sample."""
-    if not isinstance(options, Geo3kOptions):
-        raise TypeError(f"expected Geo3kOptions, got {type(options).__name__}")
-    if sample is not None and not isinstance(sample, Geo3kSample):
-        raise TypeError(f"expected a Geo3kSample, got {type(sample).__name__}")
-    return Geo3kEnv(options, seed, sample)
-
-
 ENV_FACTORY = EnvFactory(
     name="geo3k",
     version="1.0.0",
@@ -62,7 +51,7 @@ ENV_FACTORY = EnvFactory(
     system_prompt=SYSTEM_PROMPT,
     action_format=ACTION_FORMAT,
     options_model=Geo3kOptions,
-    create=_create,
+    create=checked_create(Geo3kEnv, Geo3kOptions, Geo3kSample),
     restore=Geo3kEnv.from_state,
     sample_model=Geo3kSample,
     splits=builtin_splits,

@@ -20,7 +20,7 @@ from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 
 from clients.images import decode_image
-from services.env_api import EnvObservation
+from services.env_api import EnvObservation, check_steppable
 from services.geo3k import prompt
 from services.geo3k.answers import choice_letter, last_boxed
 from services.geo3k.generator import generate
@@ -129,10 +129,7 @@ class Geo3kEnv:
     def step(self, response_text: str) -> tuple[EnvObservation, bool, dict[str, Any]]:
         """Answer one response by the step table; `info["reward"]` is the turn reward."""
         episode = self.episode
-        if not episode.started:
-            raise RuntimeError("call reset() before step()")
-        if episode.done:
-            raise RuntimeError("the episode is over; call reset() to play again")
+        check_steppable(episode.started, episode.done)
         episode.turn += 1
         call = parse_tool_call(response_text)
         outcome, feedback, score = self._answer(call)

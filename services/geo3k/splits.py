@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from services.env_api import TaskSplit
+from services.env_api import GeneratedSplit, TaskSplit
 from services.geo3k.generator import GeneratedProblem, generate
 
 SPLIT_SIZES = {"train": 10_000, "test": 1_000}
@@ -36,25 +36,11 @@ def split_problem(split: str, index: int) -> GeneratedProblem:
     raise RuntimeError(f"{split}/{index}: no candidate of {CANDIDATES_PER_ROW} seeds belongs to the split")
 
 
-class GeneratedSplit:
-    """One split of generated problems, as the env contract's `TaskSplit`."""
-
-    def __init__(self, name: str, size: int) -> None:
-        if name not in SPLIT_PARITY:
-            raise ValueError(f"unknown split {name!r}; known: {', '.join(SPLIT_PARITY)}")
-        self.name = name
-        self.size = size
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        """Row `index` as a JSON-safe sample; IndexError outside 0..len-1."""
-        if not 0 <= index < self.size:
-            raise IndexError(f"{self.name} has rows 0..{self.size - 1}, not {index}")
-        return split_problem(self.name, index).sample()
+def split_sample(split: str, index: int) -> dict[str, Any]:
+    """Row `index` of `split` as a JSON-safe sample."""
+    return split_problem(split, index).sample()
 
 
 def builtin_splits() -> dict[str, TaskSplit]:
     """The generated `train` and `test` splits."""
-    return {name: GeneratedSplit(name, size) for name, size in SPLIT_SIZES.items()}
+    return {name: GeneratedSplit(name, size, split_sample) for name, size in SPLIT_SIZES.items()}

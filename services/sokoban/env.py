@@ -14,7 +14,7 @@ from typing import Any
 
 from PIL import Image
 
-from services.env_api import EnvObservation
+from services.env_api import EnvObservation, check_steppable
 from services.sokoban.actions import parse_actions
 from services.sokoban.game import Game, Level
 from services.sokoban.generator import generate_level
@@ -90,10 +90,7 @@ class SokobanEnv:
 
     def step(self, response_text: str) -> tuple[EnvObservation, bool, dict[str, Any]]:
         """Play the moves of one response; `info["reward"]` is the turn reward."""
-        if not self._started:
-            raise RuntimeError("call reset() before step()")
-        if self._done:
-            raise RuntimeError("the episode is over; call reset() to play again")
+        check_steppable(self._started, self._done)
         actions = parse_actions(response_text, self.options.max_actions_per_turn)
         reward = 0.0
         moved = 0

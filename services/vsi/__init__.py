@@ -3,9 +3,7 @@ rooms. Python API and server factory."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel
-
-from services.env_api import EnvFactory
+from services.env_api import EnvFactory, checked_create
 from services.vsi.env import VsiEnv, build_env
 from services.vsi.options import VsiOptions
 from services.vsi.policy import benchmark, random_reply
@@ -15,15 +13,6 @@ from services.vsi.splits import splits
 from services.vsi.tools import TOOLS, tool_call_text
 
 __all__ = ["ENV_FACTORY", "VsiEnv", "VsiOptions", "VsiQuestion", "build_env"]
-
-
-def _create(options: BaseModel, seed: int | None, sample: BaseModel | None) -> VsiEnv:
-    """The server's constructor: validated options, and the `/reset` seed or a validated question row."""
-    if not isinstance(options, VsiOptions):
-        raise TypeError(f"expected VsiOptions, got {type(options).__name__}")
-    if sample is not None and not isinstance(sample, VsiQuestion):
-        raise TypeError(f"expected a VsiQuestion sample, got {type(sample).__name__}")
-    return VsiEnv(options, seed, sample)
 
 
 ENV_FACTORY = EnvFactory(
@@ -36,7 +25,7 @@ ENV_FACTORY = EnvFactory(
     ),
     options_model=VsiOptions,
     sample_model=VsiQuestion,
-    create=_create,
+    create=checked_create(VsiEnv, VsiOptions, VsiQuestion),
     restore=VsiEnv.from_state,
     system_prompt=system_prompt(),
     action_format=ACTION_FORMAT,

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from services.env_api import EnvObservation, user_message
+from services.env_api import EnvObservation, check_steppable, user_message
 from services.vsi.appearance import VISIBLE_FRACTION
 from services.vsi.camera import Pose, apply_action, start_pose, tour_poses
 from services.vsi.catalog import get_scene
@@ -90,10 +90,7 @@ class VsiEnv:
 
     def step(self, response_text: str) -> tuple[EnvObservation, bool, dict[str, Any]]:
         """Play one turn of a response; `info["reward"]` is the turn reward."""
-        if not self._started:
-            raise RuntimeError("call reset() before step()")
-        if self._done:
-            raise RuntimeError("the episode is over; call reset() to play again")
+        check_steppable(self._started, self._done)
         self.turns += 1
         turn = parse_turn(response_text)
         reward, blocked = 0.0, False

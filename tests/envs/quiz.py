@@ -16,7 +16,7 @@ from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 
 from clients.images import decode_image, encode_image
-from services.env_api import EnvFactory, EnvObservation, TaskSplit
+from services.env_api import EnvFactory, EnvObservation, GeneratedSplit, TaskSplit
 
 SPLIT_SIZES = {"train": 12, "test": 5}
 ANSWER_TOOL = {
@@ -63,24 +63,8 @@ def quiz_row(split: str, index: int) -> dict[str, Any]:
     }
 
 
-class QuizSplit:
-    """A built-in split: `size` rows made on demand."""
-
-    def __init__(self, name: str, size: int) -> None:
-        self.name = name
-        self.size = size
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        if not 0 <= index < self.size:
-            raise IndexError(index)
-        return quiz_row(self.name, index)
-
-
 def quiz_splits() -> dict[str, TaskSplit]:
-    return {name: QuizSplit(name, size) for name, size in SPLIT_SIZES.items()}
+    return {name: GeneratedSplit(name, size, quiz_row) for name, size in SPLIT_SIZES.items()}
 
 
 class QuizEnv:
