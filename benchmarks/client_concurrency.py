@@ -14,17 +14,14 @@ latency of `step`, and CPU per step of this process (`time.process_time()`) and 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from benchmarks.harness import add_load_arguments, benchmark_parser, process_cpu_s, served_env
 from clients.http import AsyncEnvClient, EnvClient, RetryPolicy
-from tests.servers import free_port, running_process, vistarl_cmd
 
 EPISODE_OPTIONS = {"target": 100, "image_size": 1}
 
@@ -62,35 +59,6 @@ class Window:
             self.finished.append(done)
             if self.start <= sent:
                 self.latencies.append(done - sent)
-
-
-def process_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of process `pid` from /proc (None where there is no /proc)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of proc(5))
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def process_tree_cpu_s(pid: int) -> float | None:
-    """CPU seconds of process `pid` plus its live descendants (a server and its env workers)."""
-    own = process_cpu_s(pid)
-    if own is None:
-        return None
-    return own + sum(process_tree_cpu_s(child) or 0.0 for child in _children(pid))
-
-
-def _children(pid: int) -> list[int]:
-    """The child pids of `pid`, from /proc (empty where there is none)."""
-    children: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            children += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return children
 
 
 async def play(client: AsyncEnvClient, window: Window) -> None:
@@ -169,25 +137,15 @@ def markdown(rows: list[Figures]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--seconds", type=float, default=10.0, help="Measured seconds per row.")
-    parser.add_argument("--warmup", type=float, default=2.0, help="Unmeasured seconds before each row.")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
+    parser = benchmark_parser(__doc__)
+    add_load_arguments(parser, [1, 16, 64, 256], 2.0, "Unmeasured seconds before each row.")
     parser.add_argument("--client", choices=["async", "blocking"], default="async", help="Which client.")
     args = parser.parse_args()
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    serve = vistarl_cmd(
-        "serve", "tests.envs.counter", "--host", "127.0.0.1", "--port", str(port),
-        "--max-sessions", str(2 * max(args.concurrency)), "--log-level", "warning",
-    )  # fmt: skip
-    with running_process(serve, ready_url=f"{url}/health", env={"VISTARL_API_TOKEN": ""}) as server:
+    with served_env("tests.envs.counter", 2 * max(args.concurrency)) as server:
         blocking = args.client == "blocking"
         rows = [
-            asyncio.run(measure(url, server.pid, n, args.seconds, args.warmup, blocking))
+            asyncio.run(measure(server.url, server.pid, n, args.seconds, args.warmup, blocking))
             for n in args.concurrency
         ]
     print(markdown(rows))

@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.harness import benchmark_parser
 from devtools.tiny_checkpoint import write_tiny_checkpoint
 from trainer.rollout.engines.base import Engine, GenerateRequest
 from trainer.rollout.engines.hf import HFEngine
@@ -64,9 +65,7 @@ async def run(spec: str, model: str, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = benchmark_parser(__doc__)
     parser.add_argument(
         "--engine", help="hf:DIR, hf:URL or sglang:URL (default: a tiny checkpoint, in process)"
     )

@@ -19,7 +19,6 @@ a busy machine where wall-clock rates do not. With the `redis` store, the redis-
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -30,11 +29,17 @@ from dataclasses import dataclass
 
 import redis
 
-from benchmarks.client_concurrency import process_cpu_s, process_tree_cpu_s
+from benchmarks.harness import (
+    add_load_arguments,
+    benchmark_parser,
+    process_cpu_s,
+    process_tree_cpu_s,
+    served_env,
+)
 from clients.http import AsyncEnvClient, RetryPolicy
 from clients.images import encode_image
 from services.sokoban import SokobanEnv, SokobanOptions
-from tests.servers import free_port, redis_server, running_process, vistarl_cmd
+from tests.servers import redis_server
 
 ACTIONS = tuple(f"<answer>{move}</answer>" for move in ("Up", "Right", "Down", "Left"))
 
@@ -180,12 +185,8 @@ def markdown(rows: list[Figures], floor: float) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--seconds", type=float, default=10.0, help="Measured seconds per row.")
-    parser.add_argument("--warmup", type=float, default=3.0, help="Unmeasured seconds before each HTTP row.")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
+    parser = benchmark_parser(__doc__)
+    add_load_arguments(parser, [1, 16, 64, 256], 3.0, "Unmeasured seconds before each HTTP row.")
     parser.add_argument(
         "--env-workers", type=int, nargs="+", default=[0, 2], help="Server settings to measure, in turn."
     )
@@ -232,25 +233,10 @@ def serving(env_workers: int, store: str, max_sessions: int, env: str = "sokoban
     with contextlib.ExitStack() as stack:
         redis_url = None if store == "memory" else stack.enter_context(redis_server())
         store_flags = [] if redis_url is None else ["--session-store", redis_url]
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        command = vistarl_cmd(
-            "serve",
-            env,
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-            "--max-sessions",
-            str(max_sessions),
-            "--env-workers",
-            str(env_workers),
-            *store_flags,
+        served = stack.enter_context(
+            served_env(env, max_sessions, "--env-workers", str(env_workers), *store_flags)
         )
-        server = stack.enter_context(
-            running_process(command, ready_url=f"{url}/health", env={"VISTARL_API_TOKEN": ""})
-        )
-        yield Server(url, server.pid, lambda _: None if redis_url is None else redis_cpu_s(redis_url))
+        yield Server(served.url, served.pid, lambda _: None if redis_url is None else redis_cpu_s(redis_url))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ The answers are realistic: for generated problems, the answer itself, the same v
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import functools
 import itertools
@@ -33,8 +32,8 @@ from dataclasses import dataclass
 
 from math_verify import parse
 
-from benchmarks.client_concurrency import process_tree_cpu_s
 from benchmarks.env_server import Figures, markdown, over_http, serving
+from benchmarks.harness import add_load_arguments, benchmark_parser, process_tree_cpu_s
 from clients.http import AsyncEnvClient
 from clients.images import encode_image
 from services.geo3k import Geo3kEnv
@@ -152,12 +151,8 @@ async def geo3k_user(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--seconds", type=float, default=10.0, help="Measured seconds per row.")
-    parser.add_argument("--warmup", type=float, default=3.0, help="Unmeasured seconds before each HTTP row.")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[64])
+    parser = benchmark_parser(__doc__)
+    add_load_arguments(parser, [64], 3.0, "Unmeasured seconds before each HTTP row.")
     parser.add_argument("--env-workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--problems", type=int, default=200, help="Generated problems the answers come from.")
     args = parser.parse_args()

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import redis
 
+from benchmarks.harness import benchmark_parser
 from tests.servers import free_port, redis_server, running_process, vistarl_cmd
 from trainer.queue.base import EpisodeQueue
 from trainer.queue.consumer import ResultConsumer
@@ -137,9 +138,7 @@ def percentile(values: list[float], q: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--jobs", type=int, default=20000)
     parser.add_argument("--workers", default="1,2", help="comma-separated worker process counts")
     parser.add_argument("--concurrency", type=int, default=256, help="episodes held per worker")

@@ -18,7 +18,6 @@ at concurrency 64 over HTTP. Prints a markdown table.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import tempfile
 import time
@@ -26,9 +25,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.client_concurrency import process_cpu_s
+from benchmarks.harness import benchmark_parser, process_cpu_s, served_env
 from devtools.tiny_checkpoint import write_tiny_checkpoint
-from tests.servers import free_port, running_process, vistarl_cmd
 from trainer.config import RolloutConfig
 from trainer.rollout.engines.base import GenerateRequest
 from trainer.rollout.engines.scripted import ScriptedEngine
@@ -159,9 +157,7 @@ def markdown(rows: list[Figures]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 256])
     parser.add_argument("--episodes", type=int, default=512, help="Measured episodes per row.")
     parser.add_argument("--turns", type=int, default=8, help="max_turns of each episode.")
@@ -174,15 +170,11 @@ def main() -> None:
         processor = VLProcessor.from_pretrained(model)
     rows: list[Figures] = []
     if "http" in args.modes:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        serve = vistarl_cmd(
-            "serve", "sokoban", "--host", "127.0.0.1", "--port", str(port),
-            "--max-sessions", str(2 * max(args.concurrency)), "--log-level", "warning",
-        )  # fmt: skip
-        with running_process(serve, ready_url=f"{url}/health", env={"VISTARL_API_TOKEN": ""}) as server:
+        with served_env("sokoban", 2 * max(args.concurrency)) as server:
             for n in args.concurrency:
-                rows.append(asyncio.run(measure(url, processor, n, args.episodes, args.turns, server.pid)))
+                rows.append(
+                    asyncio.run(measure(server.url, processor, n, args.episodes, args.turns, server.pid))
+                )
     if "local" in args.modes:
         for n in args.concurrency:
             rows.append(asyncio.run(measure("sokoban", processor, n, args.episodes, args.turns, None)))

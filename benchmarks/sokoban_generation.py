@@ -15,12 +15,12 @@
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import statistics
 import time
 from collections.abc import Iterator
 
+from benchmarks.harness import benchmark_parser
 from services.sokoban.generator import TOTAL_STATES, GenerationError, generate_level, limits
 
 TIMED = (((6, 6), 1), ((8, 8), 2), ((10, 10), 3), ((10, 10), 4))
@@ -79,9 +79,7 @@ def check_edge(config: tuple[tuple[int, int], int, float, int, int], seeds: int)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--seeds", type=int, default=200, help="seeds per timed config")
     parser.add_argument("--limits", action="store_true", help="also check every edge of the limits")
     parser.add_argument("--limit-seeds", type=int, default=20, help="seeds per edge")

@@ -8,7 +8,6 @@ rollout worker's event loop would run them; every observation carries fresh imag
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
@@ -17,6 +16,7 @@ from typing import Any
 
 from PIL import Image
 
+from benchmarks.harness import benchmark_parser
 from clients.images import encode_image
 from devtools.tiny_checkpoint import ARCHS, write_tiny_checkpoint
 from trainer.rollout.processor import VLProcessor
@@ -70,9 +70,7 @@ def run(encoder: TurnEncoder, episodes: int, turns: int, images_per_turn: int) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--checkpoint", type=Path, help="checkpoint directory (default: tiny ones)")
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--turns", type=int, default=8)

@@ -40,6 +40,7 @@ from torch.profiler import record_function
 from transformers import PretrainedConfig, Qwen2_5_VLForConditionalGeneration
 
 from benchmarks.gpu_profile import compile_report, profile_step, sync_report
+from benchmarks.harness import benchmark_parser
 from devtools.model_shapes import SHAPES, qwen_vl_config
 from devtools.tiny_checkpoint import write_tiny_checkpoint
 from tests.servers import free_port
@@ -270,9 +271,7 @@ def single_rank_environment() -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line."""
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--tiny", action="store_true", help="tiny config on CPU: checks the code path")
     parser.add_argument("--steps", type=int, default=5, help="timed steps (after warm-up)")
     parser.add_argument("--warmup", type=int, default=2)

@@ -19,7 +19,6 @@ before timing starts.
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from benchmarks.harness import benchmark_parser
 from clients.images import encode_image
 from services.vsi.camera import Pose, start_pose, tour_poses, view_projection
 from services.vsi.render import render_frames, render_ids, scene_vertices
@@ -90,9 +90,7 @@ def numpy_zbuffer(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--size", type=int, default=384)
     parser.add_argument("--core", type=int, default=0)

@@ -1,0 +1,80 @@
+"""What the benchmarks share: their command line, the env server they measure against, and the CPU time
+of a process read from /proc."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.servers import free_port, running_process, vistarl_cmd
+
+
+def benchmark_parser(doc: str | None) -> argparse.ArgumentParser:
+    """A benchmark's argument parser, whose `--help` shows the module docstring as written (command,
+    machine, what is counted)."""
+    return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_load_arguments(
+    parser: argparse.ArgumentParser, concurrency: list[int], warmup_s: float, warmup_help: str
+) -> None:
+    """`--seconds`, `--warmup` and `--concurrency`: the measured window of each row of a load benchmark,
+    the unmeasured time before it, and the episodes run at once (one row each)."""
+    parser.add_argument("--seconds", type=float, default=10.0, help="Measured seconds per row.")
+    parser.add_argument("--warmup", type=float, default=warmup_s, help=warmup_help)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=concurrency)
+
+
+@dataclass(frozen=True)
+class ServedEnv:
+    """An env server under measurement: its base URL and its process id."""
+
+    url: str
+    pid: int
+
+
+@contextlib.contextmanager
+def served_env(env: str, max_sessions: int, *flags: str) -> Iterator[ServedEnv]:
+    """`vistarl serve ENV` on a free loopback port without a bearer token, holding up to `max_sessions`,
+    until the block ends."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = vistarl_cmd(
+        "serve", env, "--host", "127.0.0.1", "--port", str(port),
+        "--max-sessions", str(max_sessions), "--log-level", "warning", *flags,
+    )  # fmt: skip
+    with running_process(command, ready_url=f"{url}/health", env={"VISTARL_API_TOKEN": ""}) as server:
+        yield ServedEnv(url, server.pid)
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` from /proc (None where there is no /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of proc(5))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def process_tree_cpu_s(pid: int) -> float | None:
+    """CPU seconds of process `pid` plus its live descendants (a server and its env workers)."""
+    own = process_cpu_s(pid)
+    if own is None:
+        return None
+    return own + sum(process_tree_cpu_s(child) or 0.0 for child in _children(pid))
+
+
+def _children(pid: int) -> list[int]:
+    """The child pids of `pid`, from /proc (empty where there is none)."""
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return children
