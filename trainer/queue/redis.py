@@ -93,38 +93,46 @@ end
 return #ARGV - 1
 """
 
+# The tail of a script: ack in group ARGV[1] and delete the entries ARGV[first..] of `stream` (locals the
+# script sets), 1000 ids per call: well within the values Lua's `unpack` can spread at once.
+_ACK_AND_DELETE_REST = """
+for i = first, #ARGV, 1000 do
+  local last = math.min(i + 999, #ARGV)
+  redis.call('XACK', stream, ARGV[1], unpack(ARGV, i, last))
+  redis.call('XDEL', stream, unpack(ARGV, i, last))
+end
+"""
+
 # Publish ARGV[4..3+n] to results (KEYS[1], field ARGV[2]), then ack and delete jobs ARGV[4+n..] of
 # group ARGV[1] in KEYS[2]: a job is acknowledged only together with its trajectory.
-_PUBLISH_SCRIPT = """
+_PUBLISH_SCRIPT = (
+    """
 local n = tonumber(ARGV[3])
 for i = 4, 3 + n do
   redis.call('XADD', KEYS[1], '*', ARGV[2], ARGV[i])
 end
-for i = 4 + n, #ARGV, 1000 do
-  local last = math.min(i + 999, #ARGV)
-  redis.call('XACK', KEYS[2], ARGV[1], unpack(ARGV, i, last))
-  redis.call('XDEL', KEYS[2], unpack(ARGV, i, last))
-end
-return n
+local stream, first = KEYS[2], 4 + n
 """
+    + _ACK_AND_DELETE_REST
+    + "return n\n"
+)
 
 # Dedupe and consume results in one step. KEYS[2..1+n] are `seen` keys, ARGV[3+i] the result entry id
 # for KEYS[1+i]; a key keeps the first entry id it was given (for ARGV[2] seconds). Then the entries
 # ARGV[4+n..] of the results stream KEYS[1] are acked in group ARGV[1] and deleted.
-_SETTLE_SCRIPT = """
+_SETTLE_SCRIPT = (
+    """
 local n = tonumber(ARGV[3])
 local firsts = {}
 for i = 1, n do
   local old = redis.call('SET', KEYS[1 + i], ARGV[3 + i], 'NX', 'GET', 'EX', ARGV[2])
   if (not old) or old == ARGV[3 + i] then firsts[i] = 1 else firsts[i] = 0 end
 end
-for i = 4 + n, #ARGV, 1000 do
-  local last = math.min(i + 999, #ARGV)
-  redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, i, last))
-  redis.call('XDEL', KEYS[1], unpack(ARGV, i, last))
-end
-return firsts
+local stream, first = KEYS[1], 4 + n
 """
+    + _ACK_AND_DELETE_REST
+    + "return firsts\n"
+)
 
 _JOB_FIELD = b"j"
 _RESULT_FIELD = b"t"
