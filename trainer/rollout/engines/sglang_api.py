@@ -18,6 +18,13 @@ PauseMode = Literal["abort", "retract", "in_place"]
 TOP_K_ALL = -1
 
 
+def _strings(value: str | list[str] | None) -> list[str]:
+    """A field that SGLang takes as one string or a list of them (or leaves unset), as a list."""
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
 class _Request(BaseModel):
     """Base of request bodies: an unknown field is an error, never silently dropped."""
 
@@ -60,9 +67,7 @@ class SamplingParams(_Request):
     @property
     def stop_strings(self) -> list[str]:
         """`stop` as a list."""
-        if self.stop is None:
-            return []
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return _strings(self.stop)
 
 
 class FinishReason(BaseModel):
@@ -101,9 +106,7 @@ class GenerateBody(_Request):
     @property
     def images(self) -> list[str]:
         """`image_data` as a list."""
-        if self.image_data is None:
-            return []
-        return [self.image_data] if isinstance(self.image_data, str) else list(self.image_data)
+        return _strings(self.image_data)
 
 
 class MetaInfo(_Response):
