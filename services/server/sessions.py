@@ -27,6 +27,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -41,7 +42,7 @@ from services.server.local_sessions import LocalSessions
 from services.server.metrics import ServerMetrics
 from services.server.settings import ServerSettings
 from services.server.store import create_store
-from services.server.store.base import Commit, StepRecord, StoredAnswer, action_digest
+from services.server.store.base import Commit, SessionStore, StepRecord, StoredAnswer, action_digest
 from services.server.tasks import TaskCatalog
 
 logger = logging.getLogger(__name__)
@@ -49,28 +50,24 @@ logger = logging.getLogger(__name__)
 COMMIT_ATTEMPTS = 4  # a step that keeps losing its commit to other replicas answers 503 session_busy
 
 
+@dataclass(eq=False)
 class SessionManager:
     """Runs reset/step/format/close for the server, enforcing capacity, ordering and retries."""
 
-    def __init__(
-        self,
-        factory: EnvFactory,
-        settings: ServerSettings,
-        metrics: ServerMetrics,
-        pool: EnvPool,
-        tasks: TaskCatalog,
-    ) -> None:
-        self.factory = factory
-        self.settings = settings
-        self.metrics = metrics
-        self.pool = pool
-        self.tasks = tasks
-        self.store = create_store(settings, factory.name)
-        self.local = LocalSessions()
-        self.draining = False
-        self._admission = asyncio.Lock()
-        self._claimed = 0  # slots claimed by resets and restores under way
-        metrics.active_sessions.set_function(lambda: len(self.local))
+    factory: EnvFactory
+    settings: ServerSettings
+    metrics: ServerMetrics
+    pool: EnvPool
+    tasks: TaskCatalog
+    store: SessionStore = field(init=False)
+    local: LocalSessions = field(default_factory=LocalSessions, init=False)
+    draining: bool = field(default=False, init=False)
+    _admission: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
+    _claimed: int = field(default=0, init=False)  # slots claimed by resets and restores under way
+
+    def __post_init__(self) -> None:
+        self.store = create_store(self.settings, self.factory.name)
+        self.metrics.active_sessions.set_function(lambda: len(self.local))
 
     async def open(self) -> None:
         """Check that the session store answers, then start the env pool."""
