@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,7 @@ class StalePolicyError(RuntimeError):
     did not push (a previous run's, say)."""
 
 
+@dataclass(eq=False)
 class Stack:
     """What the trainer drives: the queue it feeds, the engine it syncs, and the env its jobs name
     (`env`: the env server's URL, or the env's name / import path to run in the workers).
@@ -90,18 +91,18 @@ class Stack:
     and only here (`lag`).
     """
 
-    def __init__(
-        self, queue: EpisodeQueue, engine: Engine, env: str, max_staleness: int | None = None
-    ) -> None:
-        self.queue = queue
-        self.engine = engine
-        self.env = env
-        self.max_staleness = max_staleness
-        self.policy_version = 0
-        self.unexpected = 0
-        self._consumer = ResultConsumer(queue)
-        self._keys: dict[str, str] = {}
-        self._batches: dict[str, Gathered] = {}
+    queue: EpisodeQueue
+    engine: Engine
+    env: str
+    max_staleness: int | None = None
+    policy_version: int = field(default=0, init=False)
+    unexpected: int = field(default=0, init=False)
+    _consumer: ResultConsumer = field(init=False)
+    _keys: dict[str, str] = field(default_factory=dict, init=False)
+    _batches: dict[str, Gathered] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self._consumer = ResultConsumer(self.queue)
 
     @property
     def rejected(self) -> int:

@@ -17,6 +17,7 @@ import math
 import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -73,28 +74,24 @@ def episode_settings(
     return episode, SamplingParams.model_validate({**defaults, **engine_params})
 
 
+@dataclass(eq=False)
 class _Episode:
     """One running episode: its token tracks, env rewards and info, finish reasons and timings."""
 
-    def __init__(
-        self,
-        env: EnvHandle,
-        engine: Engine,
-        encoder: TurnEncoder,
-        config: RolloutConfig,
-        sampling: SamplingParams,
-    ) -> None:
-        self.env = env
-        self.engine = engine
-        self.encoder = encoder
-        self.config = config
-        self.sampling = sampling
-        self.tracks = TokenTracks(encoder)
-        self.turn_rewards: list[float] = []
-        self.info: dict[str, Any] = {}
-        self.finishes: Counter[str] = Counter()
-        self.versions: list[str] = []
-        self.timings: defaultdict[str, float] = defaultdict(float)
+    env: EnvHandle
+    engine: Engine
+    encoder: TurnEncoder
+    config: RolloutConfig
+    sampling: SamplingParams
+    tracks: TokenTracks = field(init=False)
+    turn_rewards: list[float] = field(default_factory=list, init=False)
+    info: dict[str, Any] = field(default_factory=dict, init=False)
+    finishes: Counter[str] = field(default_factory=Counter, init=False)
+    versions: list[str] = field(default_factory=list, init=False)
+    timings: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float), init=False)
+
+    def __post_init__(self) -> None:
+        self.tracks = TokenTracks(self.encoder)
 
     async def play(self, job: EpisodeJob) -> Status:
         """Reset, then take turns until an ending; an early ending raises `_Ended`."""

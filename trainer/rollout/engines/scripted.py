@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Literal
 
 from trainer.rollout.engines.base import GenerateRequest, GenerateResult
@@ -27,40 +28,32 @@ ScriptedFinish = Literal["stop", "length", "abort"]
 CACHE_SIZE = 4096  # replies and images whose token counts are remembered
 
 
+@dataclass(eq=False)
 class ScriptedEngine:
     """An `Engine` whose replies come from a list (in request order) or a `Responder`.
 
     `finish="length"` leaves out the closing `<|im_end|>` and reports `length`; `finish="abort"` answers
     every request with an abort. A list that runs out aborts too, so a script never repeats silently.
-    With `record`, every request is kept in `requests`, for tests to inspect.
+    With `record`, every request is kept in `requests`, for tests to inspect. `weight_version` is what
+    its results report; loading weights only changes it.
     """
 
-    def __init__(
-        self,
-        processor: VLProcessor,
-        responses: Sequence[str] | Responder,
-        *,
-        finish: ScriptedFinish = "stop",
-        weight_version: str = "0",
-        record: bool = True,
-    ) -> None:
-        self.processor = processor
-        self.responses = responses
-        self.finish = finish
-        self.record = record
-        self.calls = 0
-        self.requests: list[GenerateRequest] = []
-        self._weight_version = weight_version
-        self._updates = 0
-        self._closed = False
-        self._resumed = asyncio.Event()
+    processor: VLProcessor
+    responses: Sequence[str] | Responder
+    _: KW_ONLY
+    finish: ScriptedFinish = "stop"
+    weight_version: str = "0"
+    record: bool = True
+    calls: int = field(default=0, init=False)
+    requests: list[GenerateRequest] = field(default_factory=list, init=False)
+    _updates: int = field(default=0, init=False)
+    _closed: bool = field(default=False, init=False)
+    _resumed: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+
+    def __post_init__(self) -> None:
         self._resumed.set()
         self._encode = functools.lru_cache(maxsize=CACHE_SIZE)(self._canonical_ids)
         self._image_tokens = functools.lru_cache(maxsize=CACHE_SIZE)(self._count_image_tokens)
-
-    @property
-    def weight_version(self) -> str:
-        return self._weight_version
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """The next scripted reply as canonical ids, cut to `max_new_tokens` (held while paused)."""
@@ -71,11 +64,11 @@ class ScriptedEngine:
             self.requests.append(request)
         prompt_tokens = self._prompt_tokens(request)
         if self._closed:
-            return GenerateResult.abort(request.rid, "engine is closed", self._weight_version, prompt_tokens)
+            return GenerateResult.abort(request.rid, "engine is closed", self.weight_version, prompt_tokens)
         text = self._text(index, request)
         if text is None or self.finish == "abort":
             reason = "scripted abort" if text is not None else f"the script has no reply number {index}"
-            return GenerateResult.abort(request.rid, reason, self._weight_version, prompt_tokens)
+            return GenerateResult.abort(request.rid, reason, self.weight_version, prompt_tokens)
         ids = list(self._encode(text))
         if self.finish == "stop":
             ids.append(self.processor.ids.im_end)
@@ -90,7 +83,7 @@ class ScriptedEngine:
             logprobs=[0.0] * len(ids),
             finish_reason=finish,
             prompt_tokens=prompt_tokens,
-            weight_version=self._weight_version,
+            weight_version=self.weight_version,
             text=text,
         )
 
@@ -118,8 +111,8 @@ class ScriptedEngine:
     async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> str:
         """No weights to load: only the version changes."""
         self._updates += 1
-        self._weight_version = weight_version or str(self._updates)
-        return self._weight_version
+        self.weight_version = weight_version or str(self._updates)
+        return self.weight_version
 
     async def pause_generation(self, mode: PauseMode = "abort") -> None:
         """Hold new requests until `continue_generation` (none is ever in flight to abort)."""
