@@ -6,6 +6,8 @@ their metric names colliding in the global registry.
 
 from __future__ import annotations
 
+import functools
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -25,40 +27,31 @@ class ServerMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.active_sessions = Gauge(
-            "vistarl_env_active_sessions", "Sessions currently held by this server.", registry=self.registry
-        )
-        self.resets = Counter("vistarl_env_resets", "Episodes started with /reset.", registry=self.registry)
-        self.steps = Counter("vistarl_env_steps", "Environment steps taken.", registry=self.registry)
+        counter = functools.partial(Counter, registry=self.registry)
+        gauge = functools.partial(Gauge, registry=self.registry)
+        self.active_sessions = gauge("vistarl_env_active_sessions", "Sessions currently held by this server.")
+        self.resets = counter("vistarl_env_resets", "Episodes started with /reset.")
+        self.steps = counter("vistarl_env_steps", "Environment steps taken.")
         self.step_seconds = Histogram(
             "vistarl_env_step_seconds",
             "Time spent in one environment step, including image encoding.",
             buckets=STEP_BUCKETS,
             registry=self.registry,
         )
-        self.expired_sessions = Counter(
-            "vistarl_env_expired_sessions",
-            "Envs closed by the reaper because their session expired.",
-            registry=self.registry,
+        self.expired_sessions = counter(
+            "vistarl_env_expired_sessions", "Envs closed by the reaper because their session expired."
         )
-        self.restored_sessions = Counter(
+        self.restored_sessions = counter(
             "vistarl_env_restored_sessions",
             "Envs rebuilt here from the shared session store's state (a session new to this replica, or "
             "one stepped elsewhere since).",
-            registry=self.registry,
         )
-        self.errors = Counter(
-            "vistarl_env_errors", "Error answers, by error code.", ["code"], registry=self.registry
+        self.errors = counter("vistarl_env_errors", "Error answers, by error code.", ["code"])
+        self.env_workers = gauge(
+            "vistarl_env_workers", "Env worker processes running (0 with envs in threads)."
         )
-        self.env_workers = Gauge(
-            "vistarl_env_workers",
-            "Env worker processes running (0 with envs in threads).",
-            registry=self.registry,
-        )
-        self.env_worker_restarts = Counter(
-            "vistarl_env_worker_restarts",
-            "Env worker processes replaced after exiting.",
-            registry=self.registry,
+        self.env_worker_restarts = counter(
+            "vistarl_env_worker_restarts", "Env worker processes replaced after exiting."
         )
 
     def render(self) -> bytes:
