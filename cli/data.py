@@ -3,6 +3,8 @@ real Geometry3K parquet into Geo3k samples, `vsi` imports VSI-Bench's questions.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +13,17 @@ from rich.console import Console
 from rich.progress import Progress
 
 data_app = typer.Typer(help="Build data sets.", no_args_is_help=True)
+
+
+@contextlib.contextmanager
+def _exit_on(console: Console, error: type[Exception]) -> Iterator[None]:
+    """Report `error`, the data builder's own failure (bad input, a missing file), as one red line and
+    exit with status 1, without a traceback."""
+    try:
+        yield
+    except error as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
 
 
 @data_app.command("sokoban")
@@ -54,13 +67,9 @@ def sokoban_command(
     except ValidationError as exc:
         raise typer.BadParameter(str(exc)) from None
     console = Console()
-    with Progress(console=console, transient=True) as progress:
+    with Progress(console=console, transient=True) as progress, _exit_on(console, DatasetError):
         task = progress.add_task("generating levels", total=n_train + n_test)
-        try:
-            paths = write_dataset(out, n_train, n_test, seed, options, lambda: progress.advance(task))
-        except DatasetError as exc:
-            console.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(1) from None
+        paths = write_dataset(out, n_train, n_test, seed, options, lambda: progress.advance(task))
     console.print(f"wrote {n_train} rows to {paths['train']} and {n_test} rows to {paths['test']}")
 
 
@@ -76,11 +85,8 @@ def vsi_command(
     from services.vsi.dataset import DatasetError, import_vsibench
 
     console = Console()
-    try:
+    with _exit_on(console, DatasetError):
         path, rows = import_vsibench(source, out)
-    except DatasetError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
     console.print(f"wrote {rows} questions to {path}")
 
 
@@ -103,14 +109,11 @@ def geo3k_command(
     from services.geo3k.geometry3k import ConversionError, convert, count_rows, source_files
 
     console = Console()
-    try:
+    with _exit_on(console, ConversionError):
         total = count_rows(source_files(source))
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("converting rows", total=total)
             reports = convert(source, out, lambda rows: progress.advance(task, rows))
-    except ConversionError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
     for split, report in reports.items():
         dropped = f", instruction block dropped from {report.instructions_dropped}"
         console.print(
