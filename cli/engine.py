@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import logging
 import signal
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from cli.serve import _exit_cleanly
+from cli.options import Host, MaxBodyBytes
+from cli.serve import _exit_cleanly, log_to_stderr
 
 engine_app = typer.Typer(help="Generation engines.", no_args_is_help=True)
 
@@ -17,15 +17,13 @@ engine_app = typer.Typer(help="Generation engines.", no_args_is_help=True)
 @engine_app.command("serve")
 def serve(
     model: Annotated[Path, typer.Option(exists=True, file_okay=False, help="HF checkpoint directory.")],
-    host: Annotated[str | None, typer.Option(help="Interface to bind. (env VISTARL_HOST)")] = None,
+    host: Host = None,
     port: Annotated[int | None, typer.Option(help="TCP port, 30000 by default. (env VISTARL_PORT)")] = None,
     device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N. (env VISTARL_DEVICE)")] = None,
     max_batch_size: Annotated[
         int | None, typer.Option(help="Requests decoded together. (env VISTARL_MAX_BATCH_SIZE)")
     ] = None,
-    max_body_bytes: Annotated[
-        int | None, typer.Option(help="Request body limit in bytes. (env VISTARL_MAX_BODY_BYTES)")
-    ] = None,
+    max_body_bytes: MaxBodyBytes = None,
     log_level: Annotated[str | None, typer.Option(help="uvicorn log level. (env VISTARL_LOG_LEVEL)")] = None,
 ) -> None:
     """Serve a checkpoint with the HF engine over SGLang's /generate API. VISTARL_API_TOKEN sets a token."""
@@ -47,7 +45,7 @@ def serve(
         settings = EngineServerSettings(**{name: value for name, value in flags.items() if value is not None})
     except ValidationError as exc:
         raise typer.BadParameter(str(exc)) from None
-    logging.basicConfig(level="DEBUG" if settings.log_level == "trace" else settings.log_level.upper())
+    log_to_stderr(settings.log_level)
     engine = HFEngine.from_pretrained(model, device=settings.device, max_batch_size=settings.max_batch_size)
     signal.signal(signal.SIGTERM, _exit_cleanly)
     app = create_app(engine, settings)

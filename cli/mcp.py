@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import typer
 
-from cli.serve import DataPaths, LogLevel, MaxSessions, SessionTtl, log_to_stderr, settings_from
+from cli.options import DataPaths, EnvName, LogLevel, MaxSessions, SessionTtl
+from cli.serve import log_to_stderr, settings_from
 
 
 def mcp(
-    env: Annotated[str, typer.Argument(help="A registered env name (sokoban) or an import path.")],
+    env: EnvName,
     max_sessions: MaxSessions = None,
     session_ttl: SessionTtl = None,
     data: DataPaths = None,

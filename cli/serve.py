@@ -5,44 +5,27 @@ from __future__ import annotations
 import gc
 import logging
 import signal
-from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from cli.options import DataPaths, EnvName, Host, LogLevel, MaxBodyBytes, MaxSessions, SessionTtl
+
 if TYPE_CHECKING:
     from services.server.settings import ServerSettings
 
-MaxSessions = Annotated[
-    int | None, typer.Option(help="Live sessions before new episodes get 503. (env VISTARL_MAX_SESSIONS)")
-]
-SessionTtl = Annotated[
-    float | None, typer.Option(help="Idle seconds before a session expires. (env VISTARL_SESSION_TTL_S)")
-]
-DataPaths = Annotated[
-    list[Path] | None,
-    typer.Option(
-        "--data",
-        help="A dataset whose splits the server also serves, as task ids SPLIT/INDEX: a directory of "
-        "<split>.parquet files or one parquet file named for its split. Repeatable.",
-    ),
-]
-LogLevel = Annotated[str | None, typer.Option(help="Log level. (env VISTARL_LOG_LEVEL)")]
-
 
 def serve(
-    env: Annotated[str, typer.Argument(help="A registered env name (sokoban) or an import path.")],
-    host: Annotated[str | None, typer.Option(help="Interface to bind. (env VISTARL_HOST)")] = None,
+    env: EnvName,
+    host: Host = None,
     port: Annotated[int | None, typer.Option(help="TCP port. (env VISTARL_PORT)")] = None,
     max_sessions: MaxSessions = None,
     session_ttl: SessionTtl = None,
     reaper_interval: Annotated[
         float | None, typer.Option(help="Seconds between reaper rounds. (env VISTARL_REAPER_INTERVAL_S)")
     ] = None,
-    max_body_bytes: Annotated[
-        int | None, typer.Option(help="Request body limit in bytes. (env VISTARL_MAX_BODY_BYTES)")
-    ] = None,
+    max_body_bytes: MaxBodyBytes = None,
     log_level: LogLevel = None,
     access_log: Annotated[
         bool | None,
