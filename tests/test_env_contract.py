@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from services.env_api import ENV_MODULES, Env, EnvFactory, load_env_factory
 from services.server.encoding import json_safe, observation_to_wire
@@ -66,4 +67,19 @@ def test_an_env_restored_from_its_state_continues_identically(name: str, seed: i
         env = twin
         if done:
             break
+    env.close()
+
+
+class ForeignOptions(BaseModel):
+    """Options that no env declares."""
+
+
+@pytest.mark.parametrize("name", sorted(ENV_MODULES))
+def test_an_env_refuses_options_of_another_model_and_a_step_before_reset(name: str) -> None:
+    factory = load_env_factory(name)
+    with pytest.raises(TypeError, match=factory.options_model.__name__):
+        factory.create(ForeignOptions(), 0, None)
+    env = factory.create(factory.options_model.model_validate({}), 0, None)
+    with pytest.raises(RuntimeError, match=r"reset\(\) before step\(\)"):
+        env.step(factory.action_format)
     env.close()
