@@ -15,7 +15,9 @@ def tiny(
     out: Path = typer.Option(..., "--out", help="Directory to write the checkpoint into."),
     arch: str = typer.Option("qwen2_5_vl", "--arch", help="qwen2_5_vl or qwen3_vl."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random initialisation."),
-    shape: str = typer.Option("tiny", "--shape", help="Model size: tiny, small or qwen2_5_vl_3b."),
+    shape: str = typer.Option(
+        "tiny", "--shape", help="Model size: tiny, small, medium or qwen2_5_vl_3b (devtools/model_shapes.py)."
+    ),
 ) -> None:
     """Write a random-init Qwen-VL checkpoint (real tokenizer and template) for CPU runs and tests."""
     from devtools.model_shapes import ARCHS, SHAPES, Arch

@@ -1,8 +1,9 @@
 """Qwen-VL configs by size: one `ModelShape` of widths and depths, everything else as the real
 architectures' `config.json` has it (rope, special tokens, patching, which vision blocks attend fully).
 
-`tiny` is the CPU test model; `qwen2_5_vl_3b` the shape of Qwen/Qwen2.5-VL-3B-Instruct, which the
-training-step benchmark measures. Weights are never part of a shape: they are random.
+`tiny` is the CPU test model and `make demo`'s; `small` and `medium` are larger ones trained from scratch
+(`medium` on a GPU, docs/results.md); `qwen2_5_vl_3b` is the shape of Qwen/Qwen2.5-VL-3B-Instruct, which
+the training-step benchmark measures. Weights are never part of a shape: they are random.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class ModelShape:
 SHAPES: dict[str, ModelShape] = {
     "tiny": ModelShape(128, 256, 2, 4, 2, 2, 64, 128, 2),
     "small": ModelShape(256, 768, 4, 4, 2, 2, 128, 256, 2),
+    "medium": ModelShape(512, 1536, 8, 8, 4, 4, 256, 512, 4),
     "qwen2_5_vl_3b": ModelShape(2048, 11008, 36, 16, 2, 32, 1280, 3420, 16, 128000),
 }
 

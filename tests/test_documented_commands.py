@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"```[a-z]*\n(.*?)```", re.DOTALL)
 ASSIGNMENT = re.compile(r"^[A-Z_][A-Z0-9_]*=\S*$")
+COMMAND_LINE = re.compile(r"^\s*(\$ )?([A-Z_][A-Z0-9_]*=\S* +)*vistarl ")
+"""A shell line that runs `vistarl`, after any `VAR=value` assignments."""
 CHEAP = {("vsi", "render"), ("demo", "solver"), ("model", "tiny"), ("sokoban", "demos")}
 """Commands run for real: each takes seconds on the CI machine."""
 
@@ -36,6 +38,8 @@ def documented_commands() -> list[tuple[str, list[str]]]:
     for doc in DOCS:
         for block in FENCE.findall(doc.read_text()):
             for line in block.replace("\\\n", " ").splitlines():
+                if not COMMAND_LINE.match(line):
+                    continue
                 words = shlex.split(line.split(" #")[0].removeprefix("$ "), comments=True)
                 while words and ASSIGNMENT.match(words[0]):
                     words.pop(0)
