@@ -66,6 +66,12 @@ def learn_command(
         ),
     ],
     demos: Annotated[int, typer.Option("--demos", min=1, help="Solver demonstrations to imitate.")] = 600,
+    demos_from: Annotated[
+        Path | None,
+        typer.Option(
+            "--demos-from", exists=True, dir_okay=False, help="Imitate this JSONL (`vistarl sokoban demos`)."
+        ),
+    ] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override a config key: section.key=value; repeatable.")
     ] = None,
@@ -85,15 +91,16 @@ def learn_command(
     except (ConfigError, ValueError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--config/--set") from None
     root = Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
-    data = root / "demos.jsonl"
-    data.parent.mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)
     console = Console()
-    with data.open("w", encoding="utf-8") as sink:
-        for seed in _training_seeds(demos, cfg.env.eval_seed_range):
-            record = demonstration(options, seed)
-            record["messages"] = [message_to_wire(m).model_dump(mode="json") for m in record["messages"]]
-            sink.write(json.dumps(record) + "\n")
-    console.print(f"wrote {demos} solver demonstrations to {data}")
+    data = demos_from or root / "demos.jsonl"
+    if demos_from is None:
+        with data.open("w", encoding="utf-8") as sink:
+            for seed in _training_seeds(demos, cfg.env.eval_seed_range):
+                record = demonstration(options, seed)
+                record["messages"] = [message_to_wire(m).model_dump(mode="json") for m in record["messages"]]
+                sink.write(json.dumps(record) + "\n")
+        console.print(f"wrote {demos} solver demonstrations to {data}")
     cfg = cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"data": data})})
     result = asyncio.run(run_curriculum(cfg, root, console))
     console.print(f"runs, curves and saved episodes under {root}")

@@ -4,6 +4,7 @@ evaluation of a checkpoint)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from pathlib import Path
@@ -144,7 +145,8 @@ def eval_command(
     for metric, value in summary.items():
         table.add_row(metric.removeprefix("eval/"), f"{value:.4g}")
     console.print(table)
-    console.print(f"images and trajectories saved under {run_dir}")
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    console.print(f"images, trajectories and summary.json saved under {run_dir}")
 
 
 def register(app: typer.Typer) -> None:
