@@ -20,12 +20,12 @@ vistarl eval --config "$config" --out "$out/eval-before"
 vistarl sft --config "$config" --set "sft.data=$demos" --set "train.run_dir=$out/sft"
 sft=$(find "$out/sft/checkpoints" -maxdepth 2 -name actor -type d | sort | tail -n 1)
 vistarl eval --config "$config" --checkpoint "$sft" --out "$out/eval-sft"
-for lr in 1e-5 3e-5; do
+for lr in 2e-5 5e-5; do
     vistarl train --config "$config" --set "model.path=$sft" --set "optim.lr=$lr" \
         --set "train.run_dir=$out/rl-lr$lr" > "$out/rl-lr$lr.log" 2>&1 &
 done
 wait
-for lr in 1e-5 3e-5; do
+for lr in 2e-5 5e-5; do
     rl=$(find "$out/rl-lr$lr/checkpoints" -maxdepth 2 -name actor -type d | sort | tail -n 1)
     vistarl eval --config "$config" --checkpoint "$rl" --out "$out/eval-rl-lr$lr"
 done

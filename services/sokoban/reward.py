@@ -2,6 +2,9 @@
 
 `reward(turn_rewards, info)` is the hook a trainer's rollout calls with the turn rewards it collected and
 the info of the last step (every step's info carries `metrics`, so a truncated episode works too).
+`solved(turn_rewards, info)` is a sparse alternative: 1 for a solved level, else 0. Under the seed's
+reward a failing episode that pushes a box the wrong way scores below one that never reaches the env (a
+reply cut by its token limit), which GRPO learns to exploit; success alone has no such way out.
 """
 
 from __future__ import annotations
@@ -42,3 +45,8 @@ def reward(turn_rewards: Sequence[float], info: Mapping[str, Any]) -> float:
     """Trainer hook: the episode reward from the turn rewards and the last step's `info["metrics"]`."""
     metrics = info["metrics"]
     return episode_reward(turn_rewards, bool(metrics["success"]), metrics["dist0"], metrics["dist1"])
+
+
+def solved(turn_rewards: Sequence[float], info: Mapping[str, Any]) -> float:
+    """Trainer hook: 1.0 when the episode solved its level, else 0.0 (whatever ended it)."""
+    return float(bool(info.get("metrics", {}).get("success", False)))
