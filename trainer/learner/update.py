@@ -58,10 +58,12 @@ SEED_STRIDE = 1_000_003
 
 @dataclass
 class _Micro:
-    """One packed micro-batch of this rank and its per-token tensors (`[T]`, aligned with the row)."""
+    """One packed micro-batch of this rank and its per-token tensors (`[T]`, aligned with the row);
+    `share`: its part of its mini-batch's loss denominator (its generated tokens, or its sequences)."""
 
     rows: list[int]
     batch: PackedBatch
+    share: float
     old_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
     values: torch.Tensor | None = None
@@ -91,6 +93,13 @@ class _Sums:
             value = torch.as_tensor(value, device=weight.device).detach().double()
             self.totals[name] = self.totals.get(name, 0.0) + value * weight
             self.weights[name] = self.weights.get(name, 0.0) + weight
+
+    def add_losses(self, losses: dict[str, torch.Tensor], denominator: float, share: float) -> None:
+        """Add losses that one micro-batch holding `share` of its mini-batch's `denominator` computed over
+        that whole denominator: as the micro-batch's own mean, weighted by its share, so the reduced value
+        is the mini-batch's loss however it was split into micro-batches and ranks."""
+        for name, loss in losses.items():
+            self.add({name: loss * (denominator / share)}, loss.new_full((), share))
 
     def reduced(self, device: torch.device) -> dict[str, float]:
         """`train/<name>`: each metric's weighted mean over every rank's micro-batches."""
@@ -245,7 +254,7 @@ class PolicyTrainer:
                 self.actor.model.get_rope_index,
                 dummy_image=self.world > 1,
             )
-            micros.append(_Micro(members, batch.to(self.device)))
+            micros.append(_Micro(members, batch.to(self.device), self._denominator(rows, members)))
         return micros
 
     @torch.no_grad()
@@ -313,7 +322,8 @@ class PolicyTrainer:
                 micro.returns = host_to_device(_row_tensor(result.returns, micro, lengths), self.device)
 
     def _denominator(self, rows: list[Trajectory], mini: list[int]) -> float:
-        """What a mini-batch's summed losses are divided by: its generated tokens, or its sequences."""
+        """What a mini-batch's summed losses are divided by: its generated tokens, or its sequences (a
+        micro-batch's share of it, for its members)."""
         if self.cfg.algo.loss_agg_mode == "token-mean":
             return float(sum(sum(rows[i].loss_mask) for i in mini))
         return float(len(mini))
@@ -401,7 +411,8 @@ class PolicyTrainer:
             denominator=denominator,
         )
         (loss * self.world).backward()
-        sums.add({k: v for k, v in metrics.items() if k != "loss"}, mask.sum())
+        sums.add({k: v for k, v in metrics.items() if k not in ("loss", "pg_loss")}, mask.sum())
+        sums.add_losses({"pg_loss": metrics["pg_loss"]}, denominator, micro.share)
 
     def _critic_backward(
         self, micro: _Micro, features: ImageFeatures | None, denominator: float, sums: _Sums
@@ -426,7 +437,8 @@ class PolicyTrainer:
             denominator=denominator,
         )
         (critic_loss * self.world).backward()
-        sums.add(critic_metrics, mask.sum())
+        sums.add({k: v for k, v in critic_metrics.items() if k != "vf_loss"}, mask.sum())
+        sums.add_losses({"vf_loss": critic_metrics["vf_loss"]}, denominator, micro.share)
 
 
 def _sequence(trajectory: Trajectory) -> SequenceSample:
