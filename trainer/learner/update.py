@@ -38,7 +38,7 @@ from trainer.learner.advantages import compute_advantages
 from trainer.learner.fsdp import is_distributed, set_last_micro_batch, shard_model
 from trainer.learner.logprobs import token_logprobs, token_values
 from trainer.learner.losses import actor_loss, masked_sum, value_loss
-from trainer.learner.models import ImageFeatures, Models
+from trainer.learner.models import ActorModel, CriticModel, ImageFeatures, Models
 from trainer.learner.packing import (
     PackedBatch,
     SequenceSample,
@@ -196,8 +196,11 @@ class PolicyTrainer:
         generator = torch.Generator().manual_seed(self.cfg.train.seed * SEED_STRIDE + step)
         for _ in range(self.cfg.algo.ppo_epochs):
             for index in torch.randperm(len(minis), generator=generator).tolist():
-                denominator = self._denominator(rows, minis[index])
-                grad_norms.append(self._optimize(micros[index], denominator, sums, self._actor_backward))
+                mini = minis[index]
+                denominator, images = self._denominator(rows, mini), any(rows[i].images for i in mini)
+                grad_norms.append(
+                    self._optimize(micros[index], denominator, sums, self._actor_backward, images=images)
+                )
         return {
             **self._step_metrics(rows, sums, grad_norms, started),
             "time/recompute": recompute_s,
@@ -215,7 +218,10 @@ class PolicyTrainer:
         mini = list(range(len(rows)))
         sums = _Sums(["nll"])
         denominator = float(sum(sum(r.loss_mask) for r in rows))
-        norm = self._optimize(self._pack(rows, mini), denominator, sums, self._nll_backward, critic=False)
+        images = any(r.images for r in rows)
+        norm = self._optimize(
+            self._pack(rows, mini), denominator, sums, self._nll_backward, critic=False, images=images
+        )
         return self._step_metrics(rows, sums, [norm], started)
 
     def _step_metrics(
@@ -335,9 +341,11 @@ class PolicyTrainer:
         sums: _Sums,
         actor_backward: Backward,
         critic: bool = True,
+        images: bool = True,
     ) -> float:
         """One optimizer step: accumulate the micro-batches' actor (and critic) losses, clip, step, advance
-        the learning-rate schedule; returns the actor's gradient norm."""
+        the learning-rate schedule; returns the actor's gradient norm. Without `images` in the mini-batch
+        (on any rank), the vision towers are left out of the step (`_without_vision_gradients`)."""
         critic_model = self.critic if critic else None
         self.actor_optimizer.zero_grad(set_to_none=True)
         if critic_model is not None and self.critic_optimizer is not None:
@@ -355,6 +363,8 @@ class PolicyTrainer:
                 set_last_micro_batch(critic_vision.model, last)
                 self._critic_backward(micro, critic_vision.features(i), denominator, sums)
                 critic_vision.backward(i)
+        if not images:
+            _without_vision_gradients(self.actor, critic_model)
         norm = _clip(self.actor.parameters(), self.cfg.optim.grad_clip)
         self.actor_optimizer.step()
         self.schedulers["actor"].step()
@@ -469,6 +479,16 @@ def _row_tensor(padded: torch.Tensor, micro: _Micro, lengths: list[int]) -> torc
     pieces = [padded[b, : lengths[b]] for b in micro.rows]
     tail = micro.batch.num_tokens - sum(lengths[b] for b in micro.rows)
     return torch.cat([*pieces, padded.new_zeros(tail)])
+
+
+def _without_vision_gradients(*models: ActorModel | CriticModel | None) -> None:
+    """Drop the vision towers' gradients. In a mini-batch without images they are the dummy images'
+    exact zeros (under FSDP, docs/fsdp.md), and AdamW would still move a tower by its momentum, where one
+    rank, whose tower never ran, leaves it as it is."""
+    for model in models:
+        if model is not None:
+            for parameter in model.model.visual.parameters():
+                parameter.grad = None
 
 
 def _clip(parameters: Iterator[torch.nn.Parameter], max_norm: float) -> float:
