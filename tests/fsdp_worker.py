@@ -6,8 +6,9 @@
 
 The update is PPO with a critic (GAE), a KL term and an entropy bonus, two epochs of two mini-batches,
 each split into micro-batches of at most TOKENS tokens (on one rank the trainer keeps gathered weights
-from micro-batch to micro-batch). Rank 0 writes the metrics (`metrics.json`) and the updated actor and
-critic (`weights.safetensors`, keys prefixed `actor.` and `critic.`) to OUT_DIR.
+from micro-batch to micro-batch). Rank 0 writes the metrics with `world`, the number of ranks (0
+without torchrun), to `metrics.json`, and the updated actor and critic (keys prefixed `actor.` and
+`critic.`) to `weights.safetensors`, in OUT_DIR.
 """
 
 from __future__ import annotations
@@ -63,13 +64,14 @@ def update_config(checkpoint: Path, micro_batch_tokens: int) -> TrainConfig:
 
 
 def update_batch(encoder: TurnEncoder) -> list[Trajectory]:
-    """Six trajectories of different lengths, one or two turns, two of them with an image (of different
-    sizes), so that in some micro-step one rank has images and the other none."""
+    """Six trajectories of different lengths, one or two turns, one of them with an image: in the
+    micro-step that holds it, one rank encodes it and the other runs the vision tower on a dummy, and
+    the other mini-batch has no image at all."""
     plays = [
         (["left", "right then up"], 1.0, (56, 56)),
         (["down"], 0.0, None),
         (["up, up and away", "stay"], 0.5, None),
-        (["wait"], 0.2, (56, 84)),
+        (["wait"], 0.2, None),
         (["right"], 0.8, None),
         (["left, then down twice"], 0.0, None),
     ]
