@@ -1,7 +1,9 @@
 """Checkpoints: the optimizer state round-trips, and 2 steps + save + resume for 1 equal 3 straight steps.
 
-The resume runs use the real loop and trainer with a `ScriptedEngine` (its replies depend only on each
-job's sampling seed) and the counter env in process, so two runs see exactly the same episodes.
+The resume runs use the real loop and trainer with an in-process `HFEngine` on the one-turn env of
+`tests.test_learning`, whose reward (the share of even token ids) differs between samples, so every step
+moves the weights. The engine's samples come from the weights it was sent, so a resume that pushed the
+wrong ones would train on other episodes; and the engines of both runs must end up scoring alike.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import torch
 from safetensors.torch import load_file
 from torch.optim.lr_scheduler import LambdaLR
 
+from tests.test_learning import learning_config
+from tests.test_train_loop import with_changes
 from trainer.config import TrainConfig
 from trainer.learner.checkpoint import (
     TrainerState,
@@ -24,52 +28,39 @@ from trainer.learner.checkpoint import (
 )
 from trainer.learner.models import load_actor
 from trainer.learner.update import warmup
-from trainer.rollout.engines.base import GenerateRequest
-from trainer.rollout.engines.scripted import ScriptedEngine
-from trainer.rollout.processor import VLProcessor
+from trainer.rollout.engines.base import GenerateRequest, GenerateResult
+from trainer.rollout.engines.hf import HFEngine
+from trainer.rollout.engines.sglang_api import SamplingParams
+from trainer.rollout.tokenization import TurnEncoder
 from trainer.run_logging import read_metrics
 from trainer.train import run_training
 
 
-def odd_seeds_count(index: int, request: GenerateRequest) -> str:
-    """Episodes with an odd sampling seed count up (reward 1), the others say something else (-0.1)."""
-    return "inc" if (request.sampling.sampling_seed or 0) % 2 else "wait"
+def resume_config(checkpoint: Path, run_dir: Path, steps: int) -> TrainConfig:
+    """`learning_config` at 2 prompts x 4 samples a step in 2 mini-batches, with a learning-rate warmup
+    (so the schedulers' state matters too)."""
+    cfg = learning_config(checkpoint, run_dir, steps)
+    cfg = with_changes(cfg, "rollout", n_samples_per_prompt=4, rollout_batch_size=2, max_new_tokens=8)
+    cfg = with_changes(cfg, "optim", lr=1e-3, warmup_steps=3)
+    return with_changes(cfg, "train", global_batch_size=4, seed=3, save_samples=0)
 
 
-def scripted_config(checkpoint: Path, run_dir: Path, steps: int, save_every: int = 0) -> TrainConfig:
-    return TrainConfig.model_validate(
-        {
-            "model": {"path": str(checkpoint), "dtype": "float32", "gradient_checkpointing": False},
-            "env": {"name": "tests.envs.counter", "serve": False, "options": {"target": 1}},
-            "rollout": {
-                "n_samples_per_prompt": 4,
-                "rollout_batch_size": 2,
-                "max_turns": 1,
-                "max_new_tokens": 8,
-                "rollout_max_response_len": 8,
-                "rollout_max_context_len": 512,
-            },
-            "algo": {"advantage_estimator": "grpo", "tis_cap": None},
-            "optim": {"lr": 1e-3, "warmup_steps": 3},
-            "train": {
-                "steps": steps,
-                "global_batch_size": 4,
-                "micro_batch_tokens": 512,
-                "seed": 3,
-                "save_every": save_every,
-                "save_samples": 0,
-                "run_dir": str(run_dir),
-            },
-            "log": {"tensorboard": False},
-        }
-    )
-
-
-async def train_scripted(cfg: TrainConfig, processor: VLProcessor, resume: bool = False) -> Path:
-    """Run the loop with a fresh scripted engine; returns the run's latest checkpoint."""
-    result = await run_training(cfg, resume=resume, engine=ScriptedEngine(processor, odd_seeds_count))
+async def train(cfg: TrainConfig, engine: HFEngine, resume: bool = False) -> Path:
+    """Run the loop with `engine` (closed at the end); returns the run's latest checkpoint."""
+    result = await run_training(cfg, resume=resume, engine=engine)
     assert result.checkpoint is not None
     return result.checkpoint
+
+
+async def probe(engine: HFEngine) -> GenerateResult:
+    """Eight greedy tokens and their logprobs from a fixed prompt, by a fresh engine on `engine`'s model."""
+    scorer = HFEngine(engine.model, engine.processor)
+    prompt = TurnEncoder(engine.processor).prompt([{"role": "user", "content": "Write anything."}])
+    sampling = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
+    try:
+        return await scorer.generate(GenerateRequest(engine_ids=prompt.ids, sampling=sampling))
+    finally:
+        await scorer.close()
 
 
 def actor_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -79,12 +70,14 @@ def actor_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
 async def test_resuming_after_two_steps_equals_three_straight_steps(
     tiny_qwen25: Path, tmp_path: Path
 ) -> None:
-    processor = VLProcessor.from_pretrained(tiny_qwen25)
-    straight = await train_scripted(scripted_config(tiny_qwen25, tmp_path / "straight", 3), processor)
-    halfway = await train_scripted(scripted_config(tiny_qwen25, tmp_path / "resumed", 2), processor)
-    resumed = await train_scripted(
-        scripted_config(tiny_qwen25, tmp_path / "resumed", 3), processor, resume=True
-    )
+    straight_engine = HFEngine.from_pretrained(tiny_qwen25)
+    straight = await train(resume_config(tiny_qwen25, tmp_path / "straight", 3), straight_engine)
+    halfway_engine = HFEngine.from_pretrained(tiny_qwen25)
+    halfway = await train(resume_config(tiny_qwen25, tmp_path / "resumed", 2), halfway_engine)
+    resumed_engine = HFEngine.from_pretrained(
+        tiny_qwen25
+    )  # the initial weights: the resume must send its own
+    resumed = await train(resume_config(tiny_qwen25, tmp_path / "resumed", 3), resumed_engine, resume=True)
 
     assert (straight.name, halfway.name, resumed.name) == ("step-000003", "step-000002", "step-000003")
     first, second, initial = (
@@ -101,6 +94,23 @@ async def test_resuming_after_two_steps_equals_three_straight_steps(
     assert resumed_rewards == pytest.approx(straight_rewards) and len(straight_rewards) == 3
     state = json.loads((resumed / "trainer_state.json").read_text())
     assert (state["step"], state["policy_version"], state["prompt_cursor"]) == (3, 3, 6)
+
+    straight_probe, resumed_probe = await probe(straight_engine), await probe(resumed_engine)
+    saved_probe = await probe(HFEngine.from_pretrained(resumed / "actor"))
+    initial_probe, halfway_probe = (
+        await probe(HFEngine.from_pretrained(tiny_qwen25)),
+        await probe(halfway_engine),
+    )
+    assert resumed_probe.output_ids == straight_probe.output_ids == saved_probe.output_ids
+    for other in (straight_probe, saved_probe):
+        torch.testing.assert_close(
+            torch.tensor(resumed_probe.logprobs), torch.tensor(other.logprobs), rtol=0, atol=1e-5
+        )
+    for stale in (initial_probe, halfway_probe):
+        gap = max(abs(a - b) for a, b in zip(stale.logprobs, resumed_probe.logprobs, strict=False))
+        assert stale.output_ids != resumed_probe.output_ids or gap > 1e-3, (
+            "the probe cannot tell the steps apart"
+        )
 
 
 def test_optimizer_state_round_trips_through_safetensors_and_json(tiny_qwen25: Path, tmp_path: Path) -> None:

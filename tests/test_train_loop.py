@@ -1,4 +1,5 @@
-"""The loop's modes and bookkeeping with a scripted policy: aborted episodes left out, async rollouts."""
+"""The loop's modes and bookkeeping with a scripted policy (`ScriptedEngine`, whose replies depend only on
+each job's sampling seed): aborted episodes left out, async rollouts."""
 
 from __future__ import annotations
 
@@ -6,12 +7,45 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_checkpoint_resume import odd_seeds_count, scripted_config
 from trainer.config import TrainConfig
 from trainer.rollout.engines.base import GenerateRequest
 from trainer.rollout.engines.scripted import ScriptedEngine
 from trainer.rollout.processor import VLProcessor
 from trainer.train import PromptSource, run_training
+
+
+def odd_seeds_count(index: int, request: GenerateRequest) -> str:
+    """Episodes with an odd sampling seed count up (reward 1), the others say something else (-0.1)."""
+    return "inc" if (request.sampling.sampling_seed or 0) % 2 else "wait"
+
+
+def scripted_config(checkpoint: Path, run_dir: Path, steps: int) -> TrainConfig:
+    """GRPO on the counter env in process (target 1): 2 starts x 4 samples a step, 2 mini-batches."""
+    return TrainConfig.model_validate(
+        {
+            "model": {"path": str(checkpoint), "dtype": "float32", "gradient_checkpointing": False},
+            "env": {"name": "tests.envs.counter", "serve": False, "options": {"target": 1}},
+            "rollout": {
+                "n_samples_per_prompt": 4,
+                "rollout_batch_size": 2,
+                "max_turns": 1,
+                "max_new_tokens": 8,
+                "rollout_max_response_len": 8,
+                "rollout_max_context_len": 512,
+            },
+            "algo": {"advantage_estimator": "grpo", "tis_cap": None},
+            "optim": {"lr": 1e-3, "warmup_steps": 3},
+            "train": {
+                "steps": steps,
+                "global_batch_size": 4,
+                "micro_batch_tokens": 512,
+                "seed": 3,
+                "save_samples": 0,
+                "run_dir": str(run_dir),
+            },
+            "log": {"tensorboard": False},
+        }
+    )
 
 
 def with_changes(cfg: TrainConfig, section: str, **changes: object) -> TrainConfig:

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 import torch
-import torch.distributed as dist
-from fastapi import FastAPI
 from safetensors import safe_open
+from safetensors.torch import load_file
 from transformers import PreTrainedModel
 
 from tests.servers import free_port, running_process, vistarl_cmd
@@ -26,7 +26,6 @@ from trainer.learner.weight_sync import (
     bucket_tensors,
     checkpoint_name,
     distributed_bodies,
-    init_weight_update_group,
     live_name,
     save_hf_weights,
     to_checkpoint_state,
@@ -34,7 +33,7 @@ from trainer.learner.weight_sync import (
 )
 from trainer.rollout.engines.hf import HFEngine
 from trainer.rollout.engines.sglang import SGLangEngine
-from trainer.rollout.engines.sglang_api import InitWeightsUpdateGroupBody, UpdateWeightsFromDistributedBody
+from trainer.rollout.engines.sglang_api import UpdateWeightsFromDistributedBody
 from trainer.rollout.processor import VLProcessor
 
 
@@ -173,99 +172,62 @@ async def test_engine_server_matches_the_trainer_after_a_disk_push(
     assert await verify_weight_sync(remote_engine, trainer_model, processor) < 1e-4
 
 
-def sglang_weight_receiver_stand_in() -> FastAPI:
-    """Stands in for SGLang's weight-update endpoints (SGLang needs a GPU): it joins the group as SGLang
-    does and receives each announced tensor by broadcast, over gloo; `/received` reports what came."""
-    app = FastAPI()
-    state: dict[str, Any] = {"group": None, "calls": [], "tensors": {}, "version": None}
-
-    @app.get("/health")
-    def health() -> dict[str, bool]:
-        return {"ok": True}
-
-    @app.post("/init_weights_update_group")
-    def init(body: InitWeightsUpdateGroupBody) -> dict[str, Any]:
-        state["group"] = init_weight_update_group(
-            body.master_address,
-            body.master_port,
-            body.rank_offset,
-            body.world_size,
-            body.group_name,
-            body.backend,
-        )
-        state["calls"].append("init")
-        return {"success": True, "message": ""}
-
-    @app.post("/update_weights_from_distributed")
-    def update(body: UpdateWeightsFromDistributedBody) -> dict[str, Any]:
-        for name, dtype, shape in zip(body.names, body.dtypes, body.shapes, strict=True):
-            tensor = torch.empty(shape, dtype=getattr(torch, dtype))
-            dist.broadcast(tensor, src=0, group=state["group"])
-            state["tensors"][name] = tensor
-        state["calls"].append(f"update:{len(body.names)}:{body.flush_cache}")
-        state["version"] = body.weight_version or state["version"]
-        return {"success": True, "message": ""}
-
-    @app.post("/pause_generation")
-    def pause() -> dict[str, Any]:
-        state["calls"].append("pause")
-        return {}
-
-    @app.post("/continue_generation")
-    def resume() -> dict[str, Any]:
-        state["calls"].append("continue")
-        return {}
-
-    @app.get("/received")
-    def received() -> dict[str, Any]:
-        sums = {
-            name: [float(t.double().sum()), list(t.shape), str(t.dtype)]
-            for name, t in state["tensors"].items()
-        }
-        return {
-            "calls": state["calls"],
-            "order": list(state["tensors"]),
-            "sums": sums,
-            "version": state["version"],
-        }
-
-    return app
-
-
 @pytest.fixture
-def receiver() -> Iterator[str]:
-    port = free_port()
-    code = (
-        "import uvicorn; from tests.test_weight_sync import sglang_weight_receiver_stand_in as app; "
-        f"uvicorn.run(app(), host='127.0.0.1', port={port}, log_level='warning')"
-    )
-    with running_process(
-        [sys.executable, "-c", code], ready_url=f"http://127.0.0.1:{port}/health", timeout=120
-    ):
-        yield f"http://127.0.0.1:{port}"
+def receiver(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """`SGLangReceiverDouble` in its own process: its URL, and the folder it saves the buckets to."""
+    port, out_dir = free_port(), tmp_path / "received"
+    command = [sys.executable, "-m", "tests.sglang_receiver_double", str(port), str(out_dir)]
+    with running_process(command, ready_url=f"http://127.0.0.1:{port}/health", timeout=120):
+        yield f"http://127.0.0.1:{port}", out_dir
 
 
-async def test_nccl_path_broadcasts_every_tensor_in_the_announced_buckets(
-    receiver: str, tiny_qwen25: Path
+async def test_nccl_path_sends_every_weight_exactly_in_buckets_an_sglang_receiver_takes(
+    receiver: tuple[str, Path], tiny_qwen25: Path, tmp_path: Path
 ) -> None:
+    url, received_dir = receiver
     model = load_lm(tiny_qwen25)
-    weights = nudge(model, seed=3)
-    target = DistributedTarget("127.0.0.1", free_port(), backend="gloo", bucket_bytes=16 * 1024 * 1024)
-    engine = SGLangEngine(receiver, retry_deadline_s=10)
-    sync = DistributedSync(engine, target, model.config, device=torch.device("cpu"), dtype=torch.float32)
+    nudge(model, seed=3)
+    model.save_pretrained(tmp_path / "saved")  # the names and values a checkpoint of these weights holds
+    expected = {
+        name: t.to(torch.bfloat16) for name, t in load_file(tmp_path / "saved" / "model.safetensors").items()
+    }
+    bucket_bytes = 4 * 1024 * 1024
+    port = free_port()
+    target = DistributedTarget(
+        "127.0.0.1",
+        port,
+        backend="gloo",
+        group_name="g1",
+        bucket_bytes=bucket_bytes,
+        timeout=timedelta(seconds=60),
+    )
+    engine = SGLangEngine(url, retry_deadline_s=10)
+    sync = DistributedSync(engine, target, model.config, device=torch.device("cpu"), dtype=torch.bfloat16)
     try:
-        await sync.push(weights, 4)
+        await sync.push(model.state_dict(), 4)
     finally:
         await sync.close()
         await engine.close()
-    got = httpx.get(f"{receiver}/received", timeout=10).json()
-    expected = to_checkpoint_state(weights, model.config)
-    buckets = bucket_tensors(expected.items(), target.bucket_bytes)
-    assert len(buckets) > 1
-    updates = [f"update:{len(b)}:{i == len(buckets) - 1}" for i, b in enumerate(buckets)]
-    assert got["calls"] == ["init", "pause", *updates, "continue"]
-    assert got["order"] == list(expected) and got["version"] == "4"
-    for name, tensor in expected.items():
-        total, shape, dtype = got["sums"][name]
-        assert shape == list(tensor.shape) and dtype == "torch.float32"
-        assert total == pytest.approx(float(tensor.double().sum()), rel=1e-9, abs=1e-9)
+
+    got = httpx.get(f"{url}/received", timeout=10).json()
+    updates = got["updates"]
+    assert got["calls"] == ["init", "pause:retract", *["update"] * len(updates), "continue"]
+    group = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2}
+    assert got["inits"] == [{**group, "group_name": "g1", "backend": "gloo"}]
+    assert [(u["flush_cache"], u["weight_version"]) for u in updates] == [(False, None)] * (
+        len(updates) - 1
+    ) + [(True, "4")]
+    buckets = [load_file(received_dir / f"bucket-{i:03d}.safetensors") for i in range(len(updates))]
+    names = [name for update in updates for name in update["names"]]
+    assert sorted(names) == sorted(expected), "every weight of the checkpoint, once"
+    for update, bucket in zip(updates, buckets, strict=True):
+        assert set(bucket) == set(update["names"])
+        assert update["dtypes"] == ["bfloat16"] * len(bucket)
+        for name, shape in zip(update["names"], update["shapes"], strict=True):
+            assert shape == list(expected[name].shape) and torch.equal(bucket[name], expected[name]), name
+    sizes = [[expected[name].nbytes for name in update["names"]] for update in updates]
+    assert len(sizes) > 2 and any(len(s) == 1 and s[0] > bucket_bytes for s in sizes)
+    assert any(len(s) > 1 for s in sizes)
+    for size, following in itertools.pairwise(sizes):
+        assert sum(size) <= bucket_bytes or len(size) == 1, "a bucket over the limit holds one tensor"
+        assert sum(size) + following[0] > bucket_bytes, "each bucket is as full as the limit lets it be"

@@ -165,6 +165,16 @@ def load_optimizer(path: Path, name: str, model: nn.Module, optimizer: torch.opt
         fqn, _, field = key.rpartition(_SEPARATOR)
         state.setdefault(fqn, {})[field] = tensor
     full = {"state": state, "param_groups": groups}
+    if len(groups) != len(optimizer.param_groups):
+        raise CheckpointError(
+            f"the {name} state in {path} has {len(groups)} parameter groups, the optimizer "
+            f"{len(optimizer.param_groups)}"
+        )
+    # torch refuses saved group entries the live optimizer lacks: those a scheduler adds (`initial_lr`),
+    # when none is attached yet
+    for live, saved in zip(optimizer.param_groups, groups, strict=True):
+        for key, value in saved.items():
+            live.setdefault(key, value)
     # not strict: a parameter that never had a gradient (the vision tower of a text-only run) has no state
     options = StateDictOptions(full_state_dict=True, strict=False)
     optimizer.zero_grad(set_to_none=True)  # torch creates the state to fill only when no gradient is set

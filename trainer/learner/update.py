@@ -38,7 +38,7 @@ from trainer.learner.advantages import compute_advantages
 from trainer.learner.fsdp import is_distributed, set_last_micro_batch, shard_model
 from trainer.learner.logprobs import token_logprobs, token_values
 from trainer.learner.losses import actor_loss, masked_sum, value_loss
-from trainer.learner.models import ImageFeatures, Models
+from trainer.learner.models import ActorModel, CriticModel, ImageFeatures, Models
 from trainer.learner.packing import (
     PackedBatch,
     SequenceSample,
@@ -58,10 +58,12 @@ SEED_STRIDE = 1_000_003
 
 @dataclass
 class _Micro:
-    """One packed micro-batch of this rank and its per-token tensors (`[T]`, aligned with the row)."""
+    """One packed micro-batch of this rank and its per-token tensors (`[T]`, aligned with the row);
+    `share`: its part of its mini-batch's loss denominator (its generated tokens, or its sequences)."""
 
     rows: list[int]
     batch: PackedBatch
+    share: float
     old_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
     values: torch.Tensor | None = None
@@ -91,6 +93,13 @@ class _Sums:
             value = torch.as_tensor(value, device=weight.device).detach().double()
             self.totals[name] = self.totals.get(name, 0.0) + value * weight
             self.weights[name] = self.weights.get(name, 0.0) + weight
+
+    def add_losses(self, losses: dict[str, torch.Tensor], denominator: float, share: float) -> None:
+        """Add losses that one micro-batch holding `share` of its mini-batch's `denominator` computed over
+        that whole denominator: as the micro-batch's own mean, weighted by its share, so the reduced value
+        is the mini-batch's loss however it was split into micro-batches and ranks."""
+        for name, loss in losses.items():
+            self.add({name: loss * (denominator / share)}, loss.new_full((), share))
 
     def reduced(self, device: torch.device) -> dict[str, float]:
         """`train/<name>`: each metric's weighted mean over every rank's micro-batches."""
@@ -187,8 +196,11 @@ class PolicyTrainer:
         generator = torch.Generator().manual_seed(self.cfg.train.seed * SEED_STRIDE + step)
         for _ in range(self.cfg.algo.ppo_epochs):
             for index in torch.randperm(len(minis), generator=generator).tolist():
-                denominator = self._denominator(rows, minis[index])
-                grad_norms.append(self._optimize(micros[index], denominator, sums, self._actor_backward))
+                mini = minis[index]
+                denominator, images = self._denominator(rows, mini), any(rows[i].images for i in mini)
+                grad_norms.append(
+                    self._optimize(micros[index], denominator, sums, self._actor_backward, images=images)
+                )
         return {
             **self._step_metrics(rows, sums, grad_norms, started),
             "time/recompute": recompute_s,
@@ -206,7 +218,10 @@ class PolicyTrainer:
         mini = list(range(len(rows)))
         sums = _Sums(["nll"])
         denominator = float(sum(sum(r.loss_mask) for r in rows))
-        norm = self._optimize(self._pack(rows, mini), denominator, sums, self._nll_backward, critic=False)
+        images = any(r.images for r in rows)
+        norm = self._optimize(
+            self._pack(rows, mini), denominator, sums, self._nll_backward, critic=False, images=images
+        )
         return self._step_metrics(rows, sums, [norm], started)
 
     def _step_metrics(
@@ -245,7 +260,7 @@ class PolicyTrainer:
                 self.actor.model.get_rope_index,
                 dummy_image=self.world > 1,
             )
-            micros.append(_Micro(members, batch.to(self.device)))
+            micros.append(_Micro(members, batch.to(self.device), self._denominator(rows, members)))
         return micros
 
     @torch.no_grad()
@@ -313,7 +328,8 @@ class PolicyTrainer:
                 micro.returns = host_to_device(_row_tensor(result.returns, micro, lengths), self.device)
 
     def _denominator(self, rows: list[Trajectory], mini: list[int]) -> float:
-        """What a mini-batch's summed losses are divided by: its generated tokens, or its sequences."""
+        """What a mini-batch's summed losses are divided by: its generated tokens, or its sequences (a
+        micro-batch's share of it, for its members)."""
         if self.cfg.algo.loss_agg_mode == "token-mean":
             return float(sum(sum(rows[i].loss_mask) for i in mini))
         return float(len(mini))
@@ -325,9 +341,11 @@ class PolicyTrainer:
         sums: _Sums,
         actor_backward: Backward,
         critic: bool = True,
+        images: bool = True,
     ) -> float:
         """One optimizer step: accumulate the micro-batches' actor (and critic) losses, clip, step, advance
-        the learning-rate schedule; returns the actor's gradient norm."""
+        the learning-rate schedule; returns the actor's gradient norm. Without `images` in the mini-batch
+        (on any rank), the vision towers are left out of the step (`_without_vision_gradients`)."""
         critic_model = self.critic if critic else None
         self.actor_optimizer.zero_grad(set_to_none=True)
         if critic_model is not None and self.critic_optimizer is not None:
@@ -345,6 +363,8 @@ class PolicyTrainer:
                 set_last_micro_batch(critic_vision.model, last)
                 self._critic_backward(micro, critic_vision.features(i), denominator, sums)
                 critic_vision.backward(i)
+        if not images:
+            _without_vision_gradients(self.actor, critic_model)
         norm = _clip(self.actor.parameters(), self.cfg.optim.grad_clip)
         self.actor_optimizer.step()
         self.schedulers["actor"].step()
@@ -401,7 +421,8 @@ class PolicyTrainer:
             denominator=denominator,
         )
         (loss * self.world).backward()
-        sums.add({k: v for k, v in metrics.items() if k != "loss"}, mask.sum())
+        sums.add({k: v for k, v in metrics.items() if k not in ("loss", "pg_loss")}, mask.sum())
+        sums.add_losses({"pg_loss": metrics["pg_loss"]}, denominator, micro.share)
 
     def _critic_backward(
         self, micro: _Micro, features: ImageFeatures | None, denominator: float, sums: _Sums
@@ -426,7 +447,8 @@ class PolicyTrainer:
             denominator=denominator,
         )
         (critic_loss * self.world).backward()
-        sums.add(critic_metrics, mask.sum())
+        sums.add({k: v for k, v in critic_metrics.items() if k != "vf_loss"}, mask.sum())
+        sums.add_losses({"vf_loss": critic_metrics["vf_loss"]}, denominator, micro.share)
 
 
 def _sequence(trajectory: Trajectory) -> SequenceSample:
@@ -457,6 +479,16 @@ def _row_tensor(padded: torch.Tensor, micro: _Micro, lengths: list[int]) -> torc
     pieces = [padded[b, : lengths[b]] for b in micro.rows]
     tail = micro.batch.num_tokens - sum(lengths[b] for b in micro.rows)
     return torch.cat([*pieces, padded.new_zeros(tail)])
+
+
+def _without_vision_gradients(*models: ActorModel | CriticModel | None) -> None:
+    """Drop the vision towers' gradients. In a mini-batch without images they are the dummy images'
+    exact zeros (under FSDP, docs/fsdp.md), and AdamW would still move a tower by its momentum, where one
+    rank, whose tower never ran, leaves it as it is."""
+    for model in models:
+        if model is not None:
+            for parameter in model.model.visual.parameters():
+                parameter.grad = None
 
 
 def _clip(parameters: Iterator[torch.nn.Parameter], max_norm: float) -> float:

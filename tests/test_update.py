@@ -1,0 +1,330 @@
+"""`PolicyTrainer` on real trajectories: what `update` and `imitate` change, path by path.
+
+Every test builds fresh trainers on the tiny checkpoint (one process, no FSDP) and trajectories from
+conversations through the rollout's token tracks (`tests.learner_batches`). Expected values come from
+the rewards, the masks and the models' own logprobs, never from the trainer's internals.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.learner_batches import conversation, generated_logprob, scored_by, trajectory
+from trainer.config import TrainConfig
+from trainer.learner.models import Models, load_actor, load_critic, load_reference
+from trainer.learner.update import PolicyTrainer
+from trainer.rollout.processor import VLProcessor
+from trainer.rollout.tokenization import TurnEncoder
+from trainer.rollout.trajectory import Status, Trajectory
+
+PROMPT = "Do you agree?"
+REPLIES = ["yes indeed", "no", "yes, of course I do", "not at all"]
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_qwen25: Path) -> TurnEncoder:
+    """The rollout's turn encoder on the tiny checkpoint's processor."""
+    return TurnEncoder(VLProcessor.from_pretrained(tiny_qwen25))
+
+
+@pytest.fixture(scope="module")
+def processor(encoder: TurnEncoder) -> VLProcessor:
+    return encoder.processor
+
+
+def trainer_config(
+    checkpoint: Path, samples: int, minibatches: int = 1, micro_batch_tokens: int = 512, **sections: Any
+) -> TrainConfig:
+    """One prompt's `samples` trajectories per step, in `minibatches` optimizer steps per epoch; `sections`
+    update the algo / optim settings (TIS off, so a ratio is exactly the policy's)."""
+    return TrainConfig.model_validate(
+        {
+            "model": {"path": str(checkpoint), "dtype": "float32", "gradient_checkpointing": False},
+            "rollout": {
+                "n_samples_per_prompt": samples,
+                "rollout_batch_size": 1,
+                "max_new_tokens": 16,
+                "rollout_max_response_len": 16,
+                "rollout_max_context_len": micro_batch_tokens,
+            },
+            "algo": {"tis_cap": None, **sections.get("algo", {})},
+            "optim": {"lr": 1e-3, "critic_lr": 1e-3, **sections.get("optim", {})},
+            "train": {"global_batch_size": samples // minibatches, "micro_batch_tokens": micro_batch_tokens},
+        }
+    )
+
+
+def make_trainer(cfg: TrainConfig, processor: VLProcessor, nudge: float = 0.0) -> PolicyTrainer:
+    """A trainer with the models `cfg` needs, the actor's weights moved by seeded noise of size `nudge`."""
+    path = cfg.model.path
+    actor = load_actor(path)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in actor.parameters():
+            parameter.add_(nudge * torch.randn(parameter.shape, generator=generator))
+    models = Models(
+        actor,
+        load_reference(path) if cfg.algo.use_kl else None,
+        load_critic(path) if cfg.algo.needs_critic else None,
+    )
+    return PolicyTrainer(cfg, models, processor, torch.device("cpu"))
+
+
+def one_group(encoder: TurnEncoder, rewards: list[float]) -> list[Trajectory]:
+    """One trajectory per reward, replying `REPLIES` in turn to the same prompt."""
+    return [
+        trajectory(encoder, conversation(PROMPT, [REPLIES[i % 4]]), f"e{i}", "g0", reward=r)
+        for i, r in enumerate(rewards)
+    ]
+
+
+def generated_tokens(trajectories: list[Trajectory]) -> torch.Tensor:
+    """How many tokens each trajectory generated."""
+    return torch.tensor([float(sum(t.loss_mask)) for t in trajectories])
+
+
+def weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().clone() for name, tensor in module.state_dict().items()}
+
+
+def optimizer_steps(optimizer: torch.optim.Optimizer) -> int:
+    """How many steps AdamW has taken (0 before the first)."""
+    steps = {int(state["step"]) for state in optimizer.state.values()}
+    assert len(steps) <= 1
+    return steps.pop() if steps else 0
+
+
+def test_grpo_update_raises_the_rewarded_replies_and_reports_its_step(
+    tiny_qwen25: Path, processor: VLProcessor, encoder: TurnEncoder
+) -> None:
+    trainer = make_trainer(trainer_config(tiny_qwen25, 4), processor)
+    rewards = [1.0, 0.0, 1.0, 0.0]
+    batch = scored_by(trainer.actor, processor, one_group(encoder, rewards))
+    aborted = trajectory(encoder, conversation(PROMPT, ["yes"]), "e8", "g0", 1.0, status=Status.ABORTED)
+    failed = Trajectory(episode_id="e9", group_id="g0", policy_version=0, status=Status.FAILED)
+    before = [generated_logprob(trainer.actor, processor, t) for t in batch]
+
+    metrics = trainer.update(1, [*batch, aborted, failed])
+
+    after = [generated_logprob(trainer.actor, processor, t) for t in batch]
+    moved = [a - b for a, b in zip(after, before, strict=True)]
+    assert all(m > 0 for m, r in zip(moved, rewards, strict=True) if r == 1.0), moved
+    assert all(m < 0 for m, r in zip(moved, rewards, strict=True) if r == 0.0), moved
+    assert all(math.isfinite(v) for v in metrics.values()), metrics
+    assert metrics["train/trajectories"] == 4 and metrics["train/tokens"] == sum(
+        len(t.train_ids) for t in batch
+    )
+    assert metrics["train/logprob_abs_diff"] < 1e-5, "the rollout logprobs are these weights' own"
+    assert metrics["train/pg_clip_frac"] == 0 and abs(metrics["train/ppo_kl"]) < 1e-6, "one step: ratio 1"
+    reward = torch.tensor(rewards)
+    advantage = (reward - reward.mean()) / reward.std()
+    tokens = generated_tokens(batch)
+    assert metrics["train/pg_loss"] == pytest.approx(
+        float(-(advantage * tokens).sum() / tokens.sum()), rel=1e-4
+    )
+    assert 0 < metrics["train/entropy"] <= math.log(trainer.actor.config.get_text_config().vocab_size)
+    assert metrics["train/grad_norm"] > 0 and metrics["train/lr"] == pytest.approx(1e-3)
+    assert "train/kl_ref" not in metrics and "train/vf_loss" not in metrics
+    assert optimizer_steps(trainer.actor_optimizer) == 1
+
+
+def test_nothing_trainable_is_skipped_and_changes_nothing(
+    tiny_qwen25: Path, processor: VLProcessor, encoder: TurnEncoder
+) -> None:
+    trainer = make_trainer(trainer_config(tiny_qwen25, 4), processor)
+    played = one_group(encoder, [1.0, 0.0])
+    unplayed = [
+        Trajectory.from_dict({**played[0].to_dict(), "status": Status.ABORTED.value}),
+        Trajectory.from_dict({**played[1].to_dict(), "loss_mask": [0] * len(played[1].loss_mask)}),
+        Trajectory(episode_id="e9", group_id="g0", policy_version=0, status=Status.FAILED),
+    ]
+    before = weights(trainer.actor)
+    assert trainer.update(1, unplayed) == {"train/skipped": 1.0}
+    assert trainer.imitate(unplayed[1:]) == {"train/skipped": 1.0}
+    assert optimizer_steps(trainer.actor_optimizer) == 0
+    for name, tensor in weights(trainer.actor).items():
+        assert torch.equal(tensor, before[name]), name
+
+
+def test_imitate_lowers_the_nll_of_the_assistant_tokens(
+    tiny_qwen25: Path, processor: VLProcessor, encoder: TurnEncoder
+) -> None:
+    trainer = make_trainer(trainer_config(tiny_qwen25, 4), processor)
+    batch = one_group(encoder, [0.0] * 4)
+    tokens = float(generated_tokens(batch).sum())
+
+    def nll() -> float:
+        return -sum(generated_logprob(trainer.actor, processor, t) for t in batch) / tokens
+
+    start = nll()
+    reported = [trainer.imitate(batch)["train/nll"] for _ in range(2)]
+    assert reported[0] == pytest.approx(start, rel=1e-5), "the first step reports the NLL before it"
+    assert reported[0] > reported[1] > nll()
+
+
+def test_imitate_gives_tokens_with_mask_zero_no_gradient(
+    tiny_qwen25: Path, processor: VLProcessor, encoder: TurnEncoder
+) -> None:
+    """Masking a reply's tokens steps exactly like cutting that reply off; training it steps otherwise."""
+    both = trajectory(encoder, conversation(PROMPT, ["yes", "and again yes"]), "e0", "g0")
+    first = trajectory(encoder, conversation(PROMPT, ["yes"]), "e0", "g0")
+    cut = len(first.train_ids)
+    assert both.train_ids[:cut] == first.train_ids and sum(both.loss_mask[cut:]) > 0
+    masked = Trajectory.from_dict(
+        {**both.to_dict(), "loss_mask": first.loss_mask + [0] * (len(both.loss_mask) - cut)}
+    )
+
+    trainer = make_trainer(trainer_config(tiny_qwen25, 4), processor)
+    start = weights(trainer.actor)
+
+    def gradients(t: Trajectory) -> dict[str, torch.Tensor]:
+        """The gradient of one SFT step on `t` from the starting weights (left on them after the step)."""
+        trainer.actor.load_state_dict(start)
+        trainer.imitate([t])
+        return {n: p.grad.clone() for n, p in trainer.actor.named_parameters() if p.grad is not None}
+
+    with_mask, without_tail, trained = gradients(masked), gradients(first), gradients(both)
+    assert with_mask.keys() == without_tail.keys()
+    for name, grad in with_mask.items():
+        torch.testing.assert_close(grad, without_tail[name], rtol=1e-4, atol=1e-7, msg=name)
+    gap = max(float((trained[n] - g).abs().max()) for n, g in with_mask.items())
+    assert gap > 1e-3, "training the second reply changes the gradient, so the comparison means something"
+
+
+def test_gae_update_trains_the_critic_toward_the_returns(
+    tiny_qwen25: Path, processor: VLProcessor, encoder: TurnEncoder
+) -> None:
+    cfg = trainer_config(tiny_qwen25, 4, algo={"advantage_estimator": "gae", "gamma": 1.0, "lam": 1.0})
+    trainer = make_trainer(cfg, processor)
+    assert trainer.critic is not None
+    rewards = [1.0, 0.2, 0.6, 0.0]
+    batch = scored_by(trainer.actor, processor, one_group(encoder, rewards))
+    critic_before = weights(trainer.critic)
+
+    history = [trainer.update(step, batch) for step in range(1, 4)]
+
+    # The critic's head starts at zero, so every value is 0 and, with gamma = lam = 1, every token's
+    # advantage and value target is its episode's reward.
+    reward, tokens = torch.tensor(rewards), generated_tokens(batch)
+    first = history[0]
+    assert first["train/value_mean"] == 0.0
+    assert first["train/pg_loss"] == pytest.approx(float(-(reward * tokens).sum() / tokens.sum()), rel=1e-4)
+    assert first["train/vf_loss"] == pytest.approx(
+        float(0.5 * (reward**2 * tokens).sum() / tokens.sum()), rel=1e-4
+    )
+    losses = [m["train/vf_loss"] for m in history]
+    assert losses[0] > losses[1] > losses[2], losses
+    target = float((reward * tokens).sum() / tokens.sum())
+    values = [m["train/value_mean"] for m in history]
+    assert values[0] < values[1] < values[2] < target, f"the values climb toward {target}: {values}"
+    assert all(m["train/critic_grad_norm"] > 0 for m in history)
+    moved = {n for n, t in weights(trainer.critic).items() if not torch.equal(t, critic_before[n])}
+    assert "value_head.weight" in moved and any(n.startswith("model.") for n in moved)
+    assert trainer.critic_optimizer is not None and optimizer_steps(trainer.critic_optimizer) == 3
+
+
+def test_turn_gae_credits_each_turn_with_its_own_and_later_rewards(
+    tiny_qwen25: Path, processor: VLProcessor, encoder: TurnEncoder
+) -> None:
+    gamma_turn = 0.5
+    algo = {"advantage_estimator": "turn_gae", "gamma": 1.0, "lam": 1.0, "gamma_turn": gamma_turn}
+    trainer = make_trainer(trainer_config(tiny_qwen25, 2, algo=algo), processor)
+    turn_rewards = [[1.0, 0.0, 0.5], [0.0, 1.0, 0.25]]
+    batch = [
+        trajectory(encoder, conversation(PROMPT, REPLIES[i : i + 3]), f"e{i}", "g0", turn_rewards=r)
+        for i, r in enumerate(turn_rewards)
+    ]
+
+    metrics = trainer.update(1, batch)
+
+    # Values start at 0, so turn k's tokens all get A_k = r_k + gamma_turn * A_{k+1}.
+    total, count = 0.0, 0
+    for t, rewards in zip(batch, turn_rewards, strict=True):
+        credit = [0.0] * (len(rewards) + 1)
+        for k in reversed(range(len(rewards))):
+            credit[k] = rewards[k] + gamma_turn * credit[k + 1]
+        for turn, mask in zip(t.turn_index, t.loss_mask, strict=True):
+            total += credit[turn] * mask
+            count += mask
+    assert metrics["train/pg_loss"] == pytest.approx(-total / count, rel=1e-4)
+
+
+def test_kl_term_pulls_the_policy_toward_the_reference(
+    tiny_qwen25: Path, processor: VLProcessor, encoder: TurnEncoder
+) -> None:
+    """Equal rewards give zero advantages, so the KL term is the whole loss."""
+    cfg = trainer_config(tiny_qwen25, 4, algo={"kl_loss_coef": 1.0, "kl_loss_type": "k3"}, optim={"lr": 1e-4})
+    trainer = make_trainer(cfg, processor, nudge=0.02)
+    reference = trainer.reference
+    assert reference is not None
+    batch = one_group(encoder, [1.0] * 4)
+
+    def gap() -> float:
+        """Mean |policy - reference| logprob of the batch's generated tokens."""
+        pairs = [
+            (
+                generated_logprob(trainer.actor, processor, t),
+                generated_logprob(reference, processor, t),
+            )
+            for t in batch
+        ]
+        return sum(abs(a - b) for a, b in pairs) / float(generated_tokens(batch).sum())
+
+    start = gap()
+    kl = [trainer.update(step, batch)["train/kl_ref"] for step in range(1, 3)]
+    assert start > 0.1, "the nudge puts the policy away from its reference"
+    assert kl[0] > kl[1] > 0, kl
+    assert gap() < start / 2
+
+
+def test_a_second_epoch_steps_again_on_ratios_that_have_moved(
+    tiny_qwen25: Path, processor: VLProcessor, encoder: TurnEncoder
+) -> None:
+    """One epoch of one mini-batch never clips (ratio 1: see the GRPO test); two step twice, and clip."""
+    cfg = trainer_config(tiny_qwen25, 4, algo={"ppo_epochs": 2}, optim={"lr": 1e-2})
+    trainer = make_trainer(cfg, processor)
+    metrics = trainer.update(1, scored_by(trainer.actor, processor, one_group(encoder, [1.0, 0.0, 1.0, 0.0])))
+    assert optimizer_steps(trainer.actor_optimizer) == 2
+    # Metrics average both epochs; the first has ratio 1, so whatever clipped did so in the second.
+    assert metrics["train/pg_clip_frac"] > 0 and abs(metrics["train/ppo_kl"]) > 1e-4
+
+
+def test_micro_batches_change_neither_the_step_nor_its_metrics(
+    tiny_qwen25: Path, processor: VLProcessor, encoder: TurnEncoder
+) -> None:
+    """The same two mini-batches, each in one micro-batch or in one per trajectory."""
+    batch = one_group(encoder, [1.0, 0.2, 0.6, 0.0])
+    runs = []
+    for budget in (512, max(len(t.train_ids) for t in batch)):
+        cfg = trainer_config(
+            tiny_qwen25, 4, minibatches=2, micro_batch_tokens=budget, algo={"advantage_estimator": "gae"}
+        )
+        trainer = make_trainer(cfg, processor)
+        assert trainer.critic is not None
+        before = [weights(trainer.actor), weights(trainer.critic)]
+        metrics = trainer.update(1, scored_by(trainer.actor, processor, batch))
+        runs.append((metrics, before, [weights(trainer.actor), weights(trainer.critic)]))
+    (whole, before, after), (split, _, split_after) = runs
+    for name, value in whole.items():
+        if name.startswith("train/"):
+            assert split[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
+    for start, end, other in zip(before, after, split_after, strict=True):
+        assert_same_step(start, end, other)
+
+
+def assert_same_step(
+    before: dict[str, torch.Tensor], after: dict[str, torch.Tensor], other: dict[str, torch.Tensor]
+) -> None:
+    """`other` took the same step from `before` as `after` did, up to float noise: AdamW moves an element
+    with a gradient near its epsilon by a noisy fraction of the learning rate, so single elements may
+    differ by a few percent of a step, but the whole step by no more than 1e-3 of its length."""
+    assert other.keys() == after.keys() == before.keys()
+    step = sum(float((after[n] - before[n]).double().square().sum()) for n in before) ** 0.5
+    gap = sum(float((other[n] - after[n]).double().square().sum()) for n in before) ** 0.5
+    assert step > 0, "the step moved nothing, so the comparison would prove nothing"
+    assert gap <= 1e-3 * step, f"steps differ by {gap:.3g}, {gap / step:.2%} of the step"
