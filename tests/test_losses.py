@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainer.config import AlgoConfig
-from trainer.learner.logprobs import chunk_scores
+from trainer.learner.logprobs import chunked_logprobs
 from trainer.learner.losses import (
     actor_loss,
     aggregate_loss,
@@ -134,10 +134,13 @@ def test_logprob_abs_diff_counts_response_tokens_only() -> None:
 
 def test_chunk_entropy_is_the_softmax_entropy() -> None:
     logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [100.0, 0.0, 0.0, 0.0]])
-    scores = chunk_scores(
-        torch.nn.Identity(), logits, torch.tensor([0, 0]), temperature=1.0, with_entropy=True
+    targets = torch.tensor([0, 0])
+    scores = chunked_logprobs(
+        torch.nn.Identity(), logits, targets, temperature=1.0, chunk_size=1, with_entropy=True
     )
-    assert scores[:, 1].tolist() == pytest.approx([math.log(4), 0.0], abs=1e-6)
+    assert scores.entropy is not None
+    assert scores.entropy.tolist() == pytest.approx([math.log(4), 0.0], abs=1e-6)
+    assert scores.logprobs.tolist() == pytest.approx([-math.log(4), 0.0], abs=1e-6)
 
 
 def test_actor_loss_combines_tis_kl_and_entropy() -> None:
