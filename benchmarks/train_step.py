@@ -1,6 +1,7 @@
-"""Actor update and logprob-recompute throughput of a Qwen2.5-VL-3B-shaped model on one GPU.
+"""Actor update and logprob-recompute throughput of a Qwen2.5-VL-3B-shaped model on one GPU or N.
 
     .venv/bin/python -m benchmarks.train_step                  # 3B shape, random init, bf16, 1 GPU
+    torchrun --nproc_per_node 2 -m benchmarks.train_step       # the same per-GPU work on each of 2 GPUs
     .venv/bin/python -m benchmarks.train_step --compile --micro-batch-tokens 16384
     .venv/bin/python -m benchmarks.train_step --tiny           # the same code path on CPU, in seconds
     .venv/bin/python -m benchmarks.train_step --profile out/   # also write torch.profiler tables to out/
@@ -12,6 +13,11 @@ runs HF's SDPA path instead, as the CPU does), packed micro-batches of `--micro-
 4-row position ids, chunked logprobs at response tokens, fused AdamW.
 One step = forward + backward over `--micro-batches` micro-batches, then clip + AdamW. Recompute =
 the same micro-batches under `torch.no_grad`.
+
+On N ranks (torchrun) each rank takes its own slice of one seeded global batch of N × `--micro-batches`
+micro-batches, and tokens/s and MFU are per GPU. The first update's loss and gradient norm are
+printed: they depend only on the global batch, so `--nproc_per_node 1 --micro-batches 8` and
+`--nproc_per_node 2 --micro-batches 4` must agree to bf16 tolerance.
 
 MFU = k·N·tokens/s / peak, k = 6 for the update and 2 for the recompute, where N counts every
 parameter except the input embedding table, with `lm_head` counted even when tied to it (the weights
@@ -49,6 +55,7 @@ from trainer.learner.fsdp import init_distributed, rank_device, set_last_micro_b
 from trainer.learner.logprobs import token_logprobs
 from trainer.learner.models import ActorModel
 from trainer.learner.packing import PackedBatch, SequenceSample, pack_sequences, plan_micro_batches
+from trainer.learner.update import clip_gradients
 from trainer.learner.vision_passes import VisionPasses
 from trainer.rollout.processor import VLProcessor
 
@@ -61,6 +68,7 @@ class Figures:
 
     model: str
     device: str
+    world_size: int
     params_counted: int
     micro_batch_tokens: int
     micro_batches: int
@@ -76,6 +84,8 @@ class Figures:
     recompute_mfu: float
     peak_memory_gib: float
     alloc_retries: int
+    first_loss: float
+    first_grad_norm: float
 
 
 def build_actor(config: PretrainedConfig, device: torch.device) -> ActorModel:
@@ -97,7 +107,9 @@ def counted_params(actor: ActorModel) -> int:
 def synthetic_samples(
     processor: VLProcessor, count: int, seq_tokens: int, images_per_seq: int, image_side: int, seed: int = 0
 ) -> list[SequenceSample]:
-    """`count` sequences of `seq_tokens` tokens: images and a random prompt, then a scored half."""
+    """`count` sequences of `seq_tokens` tokens: images and a random prompt, then a scored half.
+
+    The same seed gives the same sequences, so N ranks can each take a slice of one global batch."""
     rng = np.random.default_rng(seed)
     ids = processor.ids
     samples = []
@@ -147,10 +159,12 @@ def timed(fn: Callable[[], None], device: torch.device, repeats: int) -> float:
 
 
 def run(args: argparse.Namespace) -> Figures:
-    """Build the model and batches, then time the update step and the recompute."""
+    """Build the model and this rank's batches, then time the update step and the recompute."""
     device = rank_device()
+    rank, world = dist.get_rank(), dist.get_world_size()
     config = qwen_vl_config("qwen2_5_vl", SHAPES["tiny" if args.tiny else "qwen2_5_vl_3b"])
     processor = load_processor(args.processor)
+    torch.manual_seed(0)  # every rank and every run starts from the same weights
     actor = build_actor(config, device)
     params = counted_params(actor)
     actor = shard_model(
@@ -160,30 +174,35 @@ def run(args: argparse.Namespace) -> Figures:
         uncheckpointed_layers=args.uncheckpointed_layers,
         checkpoint_scope=args.checkpoint_scope,
         compiled=args.compile,
-        keep_gathered=args.keep_gathered,
+        keep_gathered=world == 1 if args.keep_gathered is None else args.keep_gathered,
     )
     if args.sdpa:
         use_attention(actor, SDPA_ATTENTION)
     optimizer = torch.optim.AdamW(actor.parameters(), lr=1e-6, fused=device.type == "cuda")
 
     seqs_per_micro = max(1, args.micro_batch_tokens // args.seq_tokens)
+    per_rank = seqs_per_micro * args.micro_batches
     samples = synthetic_samples(
-        processor, seqs_per_micro * args.micro_batches, args.seq_tokens, args.images_per_seq, args.image_side
-    )
+        processor, per_rank * world, args.seq_tokens, args.images_per_seq, args.image_side
+    )[rank * per_rank : (rank + 1) * per_rank]
     plan = plan_micro_batches([len(s.train_ids) for s in samples], 1, args.micro_batch_tokens)[0]
     rope_index = actor.model.get_rope_index
     batches: list[PackedBatch] = [
         pack_sequences([samples[i] for i in micro], processor, rope_index).to(device) for micro in plan
     ]
     tokens = sum(int(b.cu_seqlens[-1]) for b in batches)
-    scored = sum(len(b.scored) for b in batches)
+    scored = _global_sum(sum(len(b.scored) for b in batches), device)
+    # FSDP averages gradients over ranks, so each rank's share of the mean loss is scaled by N.
+    denominator = scored / world
 
     score = functools.partial(
         token_logprobs, temperature=1.0, chunk_size=args.chunk_size, compiled=args.compile
     )
+    first: dict[str, float] = {}
 
     def update() -> None:
         vision = VisionPasses(actor, batches, args.vision_group)
+        loss_sum = torch.zeros((), device=device)
         for i, batch in enumerate(batches):
             set_last_micro_batch(actor, i == len(batches) - 1)
             with record_function(f"region:micro-batch {i} forward"):
@@ -191,14 +210,17 @@ def run(args: argparse.Namespace) -> Figures:
                     score(actor, batch, image_features=vision.features(i)).logprobs * batch.advantages
                 ).sum()
             with record_function(f"region:micro-batch {i} backward"):
-                (loss / scored).backward()
+                (loss / denominator).backward()
             with record_function(f"region:micro-batch {i} vision backward"):
                 vision.backward(i)
+            loss_sum += loss.detach()
         with record_function("region:clip"):
-            torch.nn.utils.clip_grad_norm_(actor.parameters(), max_norm=1.0)
+            grad_norm = clip_gradients(actor.parameters(), max_norm=1.0)
         with record_function("region:optimizer"):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+        if not first:
+            first.update(loss=_global_sum(loss_sum, device) / scored, grad_norm=grad_norm)
 
     @torch.no_grad()
     def recompute() -> None:
@@ -227,6 +249,7 @@ def run(args: argparse.Namespace) -> Figures:
     return Figures(
         model="tiny-qwen2.5-vl" if args.tiny else "qwen2.5-vl-3b-shape",
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        world_size=world,
         params_counted=params,
         micro_batch_tokens=args.micro_batch_tokens,
         micro_batches=len(batches),
@@ -244,16 +267,26 @@ def run(args: argparse.Namespace) -> Figures:
         alloc_retries=int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
         if device.type == "cuda"
         else 0,
+        first_loss=first["loss"],
+        first_grad_norm=first["grad_norm"],
     )
+
+
+def _global_sum(value: float | torch.Tensor, device: torch.device) -> float:
+    """`value` summed over every rank."""
+    total = torch.as_tensor(value, dtype=torch.float64, device=device).clone()
+    dist.all_reduce(total)
+    return float(total)
 
 
 def print_figures(figures: Figures) -> None:
     """A markdown table, then the same figures as one JSON line."""
     print(
-        f"model={figures.model} device={figures.device} N={figures.params_counted / 1e9:.3f}B "
-        f"attention={figures.attention} compiled={figures.compiled}"
+        f"model={figures.model} device={figures.device} x{figures.world_size} "
+        f"N={figures.params_counted / 1e9:.3f}B attention={figures.attention} compiled={figures.compiled} "
+        f"first loss={figures.first_loss:.6f} first grad norm={figures.first_grad_norm:.6f}"
     )
-    print("| pass | tokens/s | MFU |")
+    print("| pass | tokens/s per GPU | MFU |")
     print("|---|---:|---:|")
     print(f"| update (fwd+bwd+AdamW) | {figures.update_tokens_per_s:,.0f} | {figures.update_mfu:.1%} |")
     print(f"| logprob recompute | {figures.recompute_tokens_per_s:,.0f} | {figures.recompute_mfu:.1%} |")
@@ -309,8 +342,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--keep-gathered",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="keep gathered bf16 weights through the step (the trainer's choice on one rank)",
+        default=None,
+        help="keep gathered bf16 weights through the step (default: the trainer's choice, on one rank only)",
     )
     parser.add_argument("--sdpa", action="store_true", help="HF's SDPA attention (dense packed mask)")
     parser.add_argument("--profile", type=Path, help="write torch.profiler op tables to this directory")

@@ -31,6 +31,7 @@ from trainer.learner.weight_sync import (
     to_checkpoint_state,
     verify_weight_sync,
 )
+from trainer.rollout.engines.base import EngineRequestError
 from trainer.rollout.engines.hf import HFEngine
 from trainer.rollout.engines.sglang import SGLangEngine
 from trainer.rollout.engines.sglang_api import UpdateWeightsFromDistributedBody
@@ -169,6 +170,33 @@ async def test_engine_server_matches_the_trainer_after_a_disk_push(
     await sync.push(trainer_model.state_dict(), 6)
     assert remote_engine.weight_version == "6"
     assert [p.name for p in (tmp_path / "weights").iterdir()] == ["policy-v000006"]
+    assert await verify_weight_sync(remote_engine, trainer_model, processor) < 1e-4
+
+
+async def test_engine_server_matches_the_trainer_after_a_broadcast_push(
+    remote_engine: SGLangEngine, served_engine: str, tiny_qwen25: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The NCCL path into `vistarl engine serve`, over gloo here: buckets in, the trainer's logprobs out.
+    The trainer side runs as under torchrun, whose agent-store variable once made rank 0 wait forever."""
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    trainer_model = load_lm(tiny_qwen25)
+    nudge(trainer_model, seed=4)
+    processor = VLProcessor.from_pretrained(tiny_qwen25)
+    stray = UpdateWeightsFromDistributedBody(
+        names=["visual.merger.ln_q.weight"], dtypes=["float32"], shapes=[[1]]
+    )
+    with pytest.raises(EngineRequestError, match="not in weight-update group 'weight_update_group'"):
+        await remote_engine.update_weights_from_distributed(stray)
+    target = DistributedTarget(
+        "127.0.0.1", free_port(), backend="gloo", bucket_bytes=1024 * 1024, timeout=timedelta(seconds=60)
+    )
+    sync = DistributedSync(remote_engine, target, trainer_model.config, device=torch.device("cpu"))
+    try:
+        await sync.push(trainer_model.state_dict(), 7)
+    finally:
+        await sync.close()
+    info = httpx.get(f"{served_engine}/model_info", timeout=10).json()
+    assert remote_engine.weight_version == info["weight_version"] == "7"
     assert await verify_weight_sync(remote_engine, trainer_model, processor) < 1e-4
 
 

@@ -365,11 +365,11 @@ class PolicyTrainer:
                 critic_vision.backward(i)
         if not images:
             _without_vision_gradients(self.actor, critic_model)
-        norm = _clip(self.actor.parameters(), self.cfg.optim.grad_clip)
+        norm = clip_gradients(self.actor.parameters(), self.cfg.optim.grad_clip)
         self.actor_optimizer.step()
         self.schedulers["actor"].step()
         if critic_model is not None and self.critic_optimizer is not None:
-            critic_norm = _clip(critic_model.parameters(), self.cfg.optim.grad_clip)
+            critic_norm = clip_gradients(critic_model.parameters(), self.cfg.optim.grad_clip)
             sums.add({"critic_grad_norm": torch.tensor(critic_norm)}, torch.ones(()))
             self.critic_optimizer.step()
             self.schedulers["critic"].step()
@@ -491,7 +491,7 @@ def _without_vision_gradients(*models: ActorModel | CriticModel | None) -> None:
                 parameter.grad = None
 
 
-def _clip(parameters: Iterator[torch.nn.Parameter], max_norm: float) -> float:
+def clip_gradients(parameters: Iterator[torch.nn.Parameter], max_norm: float) -> float:
     """Clip the gradient norm (FSDP-aware); returns the norm before clipping."""
     grads = [p for p in parameters if p.grad is not None]
     norm = torch.nn.utils.clip_grad_norm_(grads, max_norm)

@@ -204,21 +204,19 @@ def init_weight_update_group(
     """Join a process group outside the default one, exactly as SGLang's engine side joins it.
 
     Both sides must lay out the rendezvous store the same way, so this mirrors SGLang's
-    `init_custom_process_group` (a TCP rendezvous, a `PrefixStore` named after the group, then
-    torch's own group constructor); torch has no public API for a second world group.
+    `init_custom_process_group` (a TCP store served by rank 0, a `PrefixStore` named after the group,
+    then torch's own group constructor); torch has no public API for a second world group. The store
+    is made here rather than by `torch.distributed.rendezvous`, which under torchrun
+    (`TORCHELASTIC_USE_AGENT_STORE`) makes rank 0 a client of a store nobody serves, and waits forever.
     """
     from torch.distributed.distributed_c10d import (
         GroupName,
         PrefixStore,
         _new_process_group_helper,
         _world,
-        rendezvous,
     )
 
-    store, rank, world_size = next(
-        rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size, timeout=timeout)
-    )
-    store.set_timeout(timeout)
+    store = dist.TCPStore(master_address, master_port, world_size, is_master=rank == 0, timeout=timeout)
     group, _ = _new_process_group_helper(
         world_size,
         rank,

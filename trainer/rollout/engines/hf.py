@@ -200,18 +200,20 @@ class HFEngine:
     # --- weights ----------------------------------------------------------------------------------
 
     async def update_weights(
-        self, state_dict: dict[str, torch.Tensor], weight_version: str | None = None
+        self, state_dict: dict[str, torch.Tensor], weight_version: str | None = None, *, final: bool = True
     ) -> str:
         """Copy `state_dict` (all or some parameters, by live module names) into the model.
 
         Waits for the running batch, so no result mixes two weight versions; checks every name and
-        shape before copying anything. Returns the new weight version.
+        shape before copying anything. Returns the weight version, which changes only when `final`:
+        a bucket of a bucketed update is not, and leaves the version to the last bucket, as SGLang does.
         """
         async with self._batch_lock:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(self._executor, self._copy_weights, state_dict)
-            self._updates += 1
-            self._weight_version = weight_version or str(self._updates)
+            if final:
+                self._updates += 1
+                self._weight_version = weight_version or str(self._updates)
             return self._weight_version
 
     async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> str:

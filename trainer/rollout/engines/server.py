@@ -3,7 +3,9 @@
 With it the one-machine stack runs over the same HTTP path as production: rollout workers drive it
 through `SGLangEngine` exactly as they drive SGLang. Endpoints: `POST /generate`, `GET /health`,
 `GET /health_generate`, `GET /model_info`, `POST /update_weights_from_disk`, `POST /flush_cache`,
-`POST /abort_request`, `POST /pause_generation`, `POST /continue_generation`. Bodies and answers
+`POST /abort_request`, `POST /pause_generation`, `POST /continue_generation`, and SGLang's NCCL weight
+update, `POST /init_weights_update_group` and `POST /update_weights_from_distributed`
+(`trainer.rollout.engines.weight_receiver`; gloo on CPU). Bodies and answers
 are the shared models of `trainer.rollout.engines.sglang_api`; like SGLang 0.5.23, an invalid body (an
 unknown `sampling_params` key, say) gets 400. `POST /v1/chat/completions` is a minimal OpenAI-compatible
 chat completion for agents (`trainer.rollout.engines.chat`, docs/agents.md). The body-size limit and
@@ -12,6 +14,7 @@ the optional bearer token (`VISTARL_API_TOKEN`) are the env servers' own guards.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
@@ -39,12 +42,15 @@ from trainer.rollout.engines.sglang_api import (
     AbortBody,
     GenerateBody,
     GenerateResponse,
+    InitWeightsUpdateGroupBody,
     MetaInfo,
     ModelInfo,
     PauseGenerationBody,
     UpdateWeightsFromDiskBody,
+    UpdateWeightsFromDistributedBody,
     UpdateWeightsResponse,
 )
+from trainer.rollout.engines.weight_receiver import WeightReceiver
 
 OPEN_PATHS = frozenset({"/health", "/health_generate"})
 
@@ -67,12 +73,14 @@ def create_app(engine: HFEngine, settings: EngineServerSettings | None = None) -
     """A FastAPI app serving `engine`; the engine is closed when the app shuts down."""
     settings = settings or EngineServerSettings()
     metrics = ServerMetrics()
+    receiver = WeightReceiver(engine.device, engine.model.config.model_type)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
             yield
         finally:
+            receiver.close()
             await engine.close()
 
     app = FastAPI(title=f"vistarl engine: {engine.model_path}", lifespan=lifespan)
@@ -135,11 +143,31 @@ def create_app(engine: HFEngine, settings: EngineServerSettings | None = None) -
         try:
             version = await engine.update_weights_from_disk(body.model_path, body.weight_version)
         except EngineRequestError as exc:
-            failed = UpdateWeightsResponse(success=False, message=str(exc))
-            return JSONResponse(failed.model_dump(exclude_none=True), status_code=400)
-        message = f"loaded {body.model_path} as weight_version {version}"
-        done = UpdateWeightsResponse(success=True, message=message, num_paused_requests=0)
-        return JSONResponse(done.model_dump(exclude_none=True))
+            return _update_answer(False, str(exc))
+        return _update_answer(True, f"loaded {body.model_path} as weight_version {version}")
+
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(body: InitWeightsUpdateGroupBody) -> JSONResponse:
+        """Join the trainer's weight-update group; answers once every rank has joined (bounded wait)."""
+        try:
+            await asyncio.to_thread(receiver.join, body)
+        except (
+            EngineRequestError,
+            RuntimeError,
+            ValueError,
+        ) as exc:  # a rendezvous timeout is a RuntimeError
+            return _update_answer(False, f"cannot join weight-update group {body.group_name!r}: {exc}")
+        return _update_answer(True, f"joined weight-update group {body.group_name!r}")
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(body: UpdateWeightsFromDistributedBody) -> JSONResponse:
+        """Receive one bucket from trainer rank 0 and copy it in; the bucket that flushes sets the version."""
+        try:
+            tensors = await asyncio.to_thread(receiver.receive, body)
+            version = await engine.update_weights(tensors, body.weight_version, final=body.flush_cache)
+        except (EngineRequestError, RuntimeError) as exc:  # a broadcast timeout is a RuntimeError
+            return _update_answer(False, f"bucket of {len(body.names)} tensors not loaded: {exc}")
+        return _update_answer(True, f"loaded {len(body.names)} tensors; weight_version {version}")
 
     @app.post("/flush_cache")
     async def flush_cache() -> PlainTextResponse:
@@ -184,6 +212,14 @@ def _engine_request(engine: HFEngine, body: GenerateBody) -> GenerateRequest:
         )
     except ValidationError as exc:
         raise ServiceError(ErrorCode.BAD_REQUEST, describe_validation_errors(exc.errors())) from exc
+
+
+def _update_answer(success: bool, message: str) -> JSONResponse:
+    """SGLang's answer to a weight update: 200 on success, 400 with `success: false` otherwise."""
+    answer = UpdateWeightsResponse(
+        success=success, message=message, num_paused_requests=0 if success else None
+    )
+    return JSONResponse(answer.model_dump(exclude_none=True), status_code=200 if success else 400)
 
 
 def _sglang_answer(result: GenerateResult, return_logprob: bool) -> GenerateResponse:
