@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tiny", action="store_true", help="tiny config on CPU, over gloo: checks the path")
     parser.add_argument("--engine-device", default=None, help="the engine's device (default: cuda:1 or cpu)")
     parser.add_argument("--nccl-pushes", type=int, default=3, help="timed pushes after the one that connects")
-    parser.add_argument("--disk-pushes", type=int, default=2)
+    parser.add_argument("--disk-pushes", type=int, default=1)
     parser.add_argument("--bucket-mb", type=int, default=512, help="the config's sync.bucket_mb")
     return parser.parse_args(argv)
 
@@ -91,8 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         gather = _timed_gather(actor)
         if dist.get_rank() == 0:
             with tempfile.TemporaryDirectory() as tmp:
-                figures = asyncio.run(_lead(args, Path(tmp), config, device, gather))
-            _print(figures)
+                asyncio.run(_lead(args, Path(tmp), config, device, gather))
         else:
             for _ in range(1 + 1 + args.nccl_pushes + args.disk_pushes):  # rank 0's gathers, one for one
                 gather()
@@ -119,7 +118,7 @@ async def _lead(
     device: torch.device,
     gather: Callable[[], tuple[dict[str, torch.Tensor], float]],
 ) -> Figures:
-    """Rank 0: write the engine's first checkpoint, serve it, then time each transport's pushes."""
+    """Rank 0: write the engine's first checkpoint, serve it, time each transport's pushes, and print."""
     source = write_tiny_checkpoint(tmp / "source")  # the tokenizer and processor files the engine needs
     weights, _ = gather()
     save_hf_weights(weights, config, tmp / "initial", source, dtype=torch.bfloat16)
@@ -154,6 +153,10 @@ async def _lead(
                 gathers.append(gathered)
                 version = next(versions)
                 seconds.append(await _seconds(sync.push(weights, version)))
+                print(
+                    f"{type(sync).__name__} v{version}: gather {gathered:.2f} s, push {seconds[-1]:.2f} s",
+                    flush=True,
+                )
                 served = httpx.get(f"{url}/model_info", timeout=30).json()["weight_version"]
                 if served != str(version):
                     raise AssertionError(f"pushed version {version}, the engine serves {served}")
@@ -163,9 +166,25 @@ async def _lead(
             (first,) = await pushes(nccl, 1)
             nccl_s = await pushes(nccl, args.nccl_pushes)
             disk_s = await pushes(disk, args.disk_pushes)
+            figures = _figures(args, device, engine_device, gib, gathers, first, nccl_s, disk_s)
+            _print(figures)
         finally:
             await nccl.close()
             await engine.close()
+    return figures
+
+
+def _figures(
+    args: argparse.Namespace,
+    device: torch.device,
+    engine_device: str,
+    gib: float,
+    gathers: list[float],
+    first: float,
+    nccl_s: list[float],
+    disk_s: list[float],
+) -> Figures:
+    """The run's figures from its timings."""
     gather_s = statistics.mean(gathers)
     return Figures(
         model="tiny-qwen2.5-vl" if args.tiny else "qwen2.5-vl-3b-shape",

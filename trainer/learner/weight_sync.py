@@ -23,6 +23,7 @@ import contextlib
 import copy
 import logging
 import shutil
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -78,6 +79,7 @@ WEIGHTS_FILE = "model.safetensors"
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.safetensors.index.json", "config.json")
 DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024
 DEFAULT_GROUP_NAME = "vistarl_weight_sync"
+CLOSE_TIMEOUT_S = 30.0
 
 
 class WeightSyncMismatch(AssertionError):
@@ -377,10 +379,20 @@ class DistributedSync:
             work.wait(self.target.timeout)
 
     async def close(self) -> None:
-        """Leave the weight-update group."""
-        if self._group is not None:
-            dist.destroy_process_group(self._group)
-            self._group = None
+        """Leave the weight-update group, waiting at most `CLOSE_TIMEOUT_S`: NCCL's teardown can wait for
+        an engine that stays in the group, so it runs on a daemon thread that may outlive the wait."""
+        if self._group is None:
+            return
+        leaving = threading.Thread(
+            target=dist.destroy_process_group, args=(self._group,), name="vistarl-leave-group", daemon=True
+        )
+        self._group = None
+        leaving.start()
+        await asyncio.to_thread(leaving.join, CLOSE_TIMEOUT_S)
+        if leaving.is_alive():
+            log.warning(
+                "left the weight-update group without NCCL's teardown (%.0f s passed)", CLOSE_TIMEOUT_S
+            )
 
 
 @contextlib.asynccontextmanager
