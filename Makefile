@@ -17,12 +17,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# A few GRPO steps of the tiny Sokoban config on CPU, everything on this machine (see docs/training.md).
-TINY := runs/tiny-qwen2_5_vl
+# A random-init Qwen2.5-VL learns Sokoban from images on this CPU: solver demonstrations, SFT, GRPO, and
+# held-out success before, between and after (configs/sokoban_demo.yaml, README "What make demo shows").
+DEMO_MODEL := runs/demo-model
 
 demo: install
-	test -d $(TINY) || $(PY) -m cli.main model tiny --out $(TINY)
-	$(PY) -m cli.main train --config configs/sokoban_tiny.yaml
+	test -d $(DEMO_MODEL) || $(PY) -m cli.main model tiny --shape small --out $(DEMO_MODEL)
+	$(PY) -m cli.main demo learn --config configs/sokoban_demo.yaml
 
 lint: install
 	$(PY) -m ruff check .

@@ -29,12 +29,13 @@ Peak is `--peak-tflops` (989: H100 SXM dense bf16). Prints a markdown table and 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -293,13 +294,19 @@ def print_figures(figures: Figures) -> None:
     print(json.dumps(asdict(figures)))
 
 
-def single_rank_environment() -> None:
-    """Describe a one-rank process group when not launched by torchrun, so FSDP2 runs as in training."""
-    if "WORLD_SIZE" in os.environ:
-        return
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1"
-    )
+@contextlib.contextmanager
+def process_group() -> Iterator[None]:
+    """The process group torchrun describes, or a one-rank group when not launched by torchrun, so FSDP2
+    runs as in training; destroyed on the way out."""
+    if "WORLD_SIZE" not in os.environ:
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1"
+        )
+    init_distributed()
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -359,14 +366,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     """Run the benchmark on this rank; rank 0 prints."""
     args = parse_args(argv)
-    single_rank_environment()
-    init_distributed()
-    try:
+    with process_group():
         figures = run(args)
         if dist.get_rank() == 0:
             print_figures(figures)
-    finally:
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

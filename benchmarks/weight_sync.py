@@ -35,11 +35,11 @@ import torch.distributed as dist
 from transformers import PretrainedConfig
 
 from benchmarks.harness import benchmark_parser
-from benchmarks.train_step import build_actor, single_rank_environment
+from benchmarks.train_step import build_actor, process_group
 from devtools.model_shapes import SHAPES, qwen_vl_config
 from devtools.tiny_checkpoint import write_tiny_checkpoint
 from tests.servers import free_port, running_process, vistarl_cmd
-from trainer.learner.fsdp import full_state_dict, init_distributed, rank_device, shard_model
+from trainer.learner.fsdp import full_state_dict, rank_device, shard_model
 from trainer.learner.weight_sync import (
     DiskSync,
     DistributedSync,
@@ -81,9 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     """Every rank gathers; rank 0 also runs the engine, pushes and prints."""
     args = parse_args(argv)
-    single_rank_environment()
-    init_distributed()
-    try:
+    with process_group():
         device = rank_device()
         config = qwen_vl_config("qwen2_5_vl", SHAPES["tiny" if args.tiny else "qwen2_5_vl_3b"])
         torch.manual_seed(0)
@@ -95,8 +93,6 @@ def main(argv: list[str] | None = None) -> None:
         else:
             for _ in range(1 + 1 + args.nccl_pushes + args.disk_pushes):  # rank 0's gathers, one for one
                 gather()
-    finally:
-        dist.destroy_process_group()
 
 
 def _timed_gather(actor: torch.nn.Module) -> Callable[[], tuple[dict[str, torch.Tensor], float]]:

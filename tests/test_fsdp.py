@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -99,3 +99,34 @@ def test_train_step_benchmark_runs_tiny(tiny_qwen25: Path) -> None:
     assert figures["model"] == "tiny-qwen2.5-vl" and figures["micro_batches"] == 1
     assert figures["params_counted"] > 0
     assert figures["update_tokens_per_s"] > 0 and figures["recompute_tokens_per_s"] > 0
+
+
+def _torchrun_figures(ranks: int, *args: str) -> dict[str, Any]:
+    """A benchmark under `torchrun --nproc_per_node ranks` on CPU: its JSON line of figures."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), *args]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=300, check=True)
+    return cast(dict[str, Any], json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_train_step_benchmark_on_two_ranks_has_the_loss_of_one_rank_on_the_same_global_batch(
+    tiny_qwen25: Path,
+) -> None:
+    """2 ranks of 2 micro-batches each see the 1-rank run's 4 micro-batches: same first loss and
+    gradient norm, so the 2-GPU figures of docs/benchmarks.md compare like with like."""
+    common = ["-m", "benchmarks.train_step", "--tiny", "--processor", str(tiny_qwen25), "--steps", "1"]
+    two = _torchrun_figures(2, *common, "--micro-batches", "2")
+    one = _torchrun_figures(1, *common, "--micro-batches", "4")
+    assert (two["world_size"], one["world_size"]) == (2, 1)
+    assert two["first_loss"] == pytest.approx(one["first_loss"], rel=1e-5)
+    assert two["first_grad_norm"] == pytest.approx(one["first_grad_norm"], rel=1e-4)
+    other = _torchrun_figures(1, *common, "--micro-batches", "2")
+    assert other["first_loss"] != pytest.approx(one["first_loss"], rel=1e-5), "the loss depends on the batch"
+
+
+def test_weight_sync_benchmark_pushes_from_two_torchrun_ranks_to_a_served_engine() -> None:
+    """`benchmarks/weight_sync.py --tiny` under torchrun: both transports reach `vistarl engine serve`,
+    which reports every pushed version (the benchmark checks it after each push)."""
+    figures = _torchrun_figures(2, "-m", "benchmarks.weight_sync", "--tiny", "--nccl-pushes", "1")
+    assert figures["trainer_ranks"] == 2 and figures["engine_device"] == "cpu"
+    assert figures["nccl_push_s"] > 0 and figures["disk_push_s"] > 0 and figures["gather_s"] > 0
