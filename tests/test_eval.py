@@ -18,25 +18,21 @@ CONFIG = Path(__file__).resolve().parents[1] / "configs" / "sokoban_tiny.yaml"
 VSI_CONFIG = CONFIG.with_name("vsi_tiny.yaml")
 
 
+def dummy_eval(config: Path, model: Path, out: Path, *flags: str) -> str:
+    """`vistarl eval --dummy` of `config` with `model`'s processor, saving under `out`; its stdout."""
+    command = vistarl_cmd("eval", "--config", str(config), "--set", f"model.path={model}", "--dummy")
+    command += [*flags, "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
 def test_dummy_eval_plays_two_levels_and_saves_images_and_trajectories(
     tiny_qwen25: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "eval"
-    command = vistarl_cmd(
-        "eval",
-        "--config",
-        str(CONFIG),
-        "--set",
-        f"model.path={tiny_qwen25}",
-        "--dummy",
-        "--max-episodes",
-        "2",
-        "--out",
-        str(out),
-    )
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "success_rate" in done.stdout
+    stdout = dummy_eval(CONFIG, tiny_qwen25, out, "--max-episodes", "2")
+    assert "success_rate" in stdout
     episodes = sorted(out.glob("episode-*"))
     assert [e.name for e in episodes] == ["episode-000", "episode-001"]
     for episode in episodes:
@@ -53,24 +49,9 @@ def test_the_vsi_dummy_eval_prints_vsibench_scores_and_saves_each_question(
     tiny_qwen25: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "vsi"
-    command = vistarl_cmd(
-        "eval",
-        "--config",
-        str(VSI_CONFIG),
-        "--set",
-        f"model.path={tiny_qwen25}",
-        "--env",
-        "vsi",
-        "--dummy",
-        "--max-questions",
-        "2",
-        "--out",
-        str(out),
-    )
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "benchmark/overall" in done.stdout and "benchmark/object_counting" in done.stdout
-    assert "benchmark/object_abs_distance" in done.stdout, "the first two questions are of two tasks"
+    stdout = dummy_eval(VSI_CONFIG, tiny_qwen25, out, "--env", "vsi", "--max-questions", "2")
+    assert "benchmark/overall" in stdout and "benchmark/object_counting" in stdout
+    assert "benchmark/object_abs_distance" in stdout, "the first two questions are of two tasks"
     for episode in sorted(out.glob("episode-*")):
         trajectory = json.loads((episode / "trajectory.json").read_text())
         assert trajectory["labels"]["question_type"] in ("object_counting", "object_abs_distance")
