@@ -20,6 +20,7 @@ import dataclasses
 import importlib
 import json
 import random
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict, TypeVar
@@ -76,6 +77,10 @@ def user_message(obs: EnvObservation) -> dict[str, Any]:
     """An OpenAI-style user message: one `image_url` part per image (PIL or data URL), then the text."""
     images = [{"type": "image_url", "image_url": {"url": image}} for image in obs["images"]]
     return {"role": "user", "content": [*images, {"type": "text", "text": obs["text"]}]}
+
+
+TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
+"""A `<tool_call>` block of a response, as `tool_call_markup` writes it; group 1 is its JSON object text."""
 
 
 def tool_call_markup(name: str, arguments: Mapping[str, Any]) -> str:

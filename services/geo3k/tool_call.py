@@ -10,11 +10,11 @@
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
-TOOL_CALL_RE = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
+from services.env_api import TOOL_CALL_BLOCK
+
 TOOL_NAMES = ("calc_score", "calc_geo3k_reward")
 """The names the checker answers to: the seed's instruction says `calc_score`, verl's `calc_geo3k_reward`."""
 
@@ -34,7 +34,7 @@ class ToolCall:
 
 def parse_tool_call(text: str) -> ToolCall | None:
     """The last `<tool_call>` of `text`, or None when there is none or it is not a named JSON object."""
-    matches = TOOL_CALL_RE.findall(text)
+    matches = TOOL_CALL_BLOCK.findall(text)
     if not matches:
         return None
     try:

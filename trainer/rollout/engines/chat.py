@@ -11,13 +11,13 @@ form Qwen's templates teach) come back as OpenAI `tool_calls` when the request h
 from __future__ import annotations
 
 import json
-import re
 import time
 import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from services.env_api import TOOL_CALL_BLOCK
 from trainer.rollout.engines.base import GenerateRequest, GenerateResult
 from trainer.rollout.engines.sglang_api import SamplingParams
 from trainer.rollout.processor import VLProcessor
@@ -25,7 +25,6 @@ from trainer.rollout.tokenization import image_urls
 
 DEFAULT_MAX_TOKENS = 256
 ChatFinish = Literal["stop", "length", "tool_calls"]
-_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 
 
 class ChatCompletionRequest(BaseModel):
@@ -119,7 +118,7 @@ def completion(result: GenerateResult, model: str, with_tools: bool) -> ChatComp
     content: str | None = result.text
     calls = parse_tool_calls(result.text) if with_tools else []
     if calls:
-        content = _TOOL_CALL.sub("", result.text).strip() or None
+        content = TOOL_CALL_BLOCK.sub("", result.text).strip() or None
     finish: ChatFinish = (
         "tool_calls" if calls else ("length" if result.finish_reason.type == "length" else "stop")
     )
@@ -141,7 +140,7 @@ def completion(result: GenerateResult, model: str, with_tools: bool) -> ChatComp
 def parse_tool_calls(text: str) -> list[ToolCallOut]:
     """The `<tool_call>` blocks of a reply that hold a JSON object with a string `name`, in order."""
     calls = []
-    for block in _TOOL_CALL.findall(text):
+    for block in TOOL_CALL_BLOCK.findall(text):
         try:
             call = json.loads(block)
         except json.JSONDecodeError:
