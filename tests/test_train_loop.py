@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainer.config import TrainConfig
+from trainer.eval import eval_starts
 from trainer.rollout.engines.base import GenerateRequest
 from trainer.rollout.engines.scripted import ScriptedEngine
 from trainer.rollout.processor import VLProcessor
@@ -137,3 +138,17 @@ async def test_a_task_split_gives_task_ids_of_the_envs_own_split() -> None:
     missing = TrainConfig.model_validate({"env": {"name": "geo3k", "task_split": "nope"}})
     with pytest.raises(ValueError, match="nope"):
         await PromptSource.create(missing, "geo3k")
+
+
+async def test_a_held_out_split_the_env_lacks_is_an_error_naming_the_key() -> None:
+    cfg = TrainConfig.model_validate({"env": {"name": "geo3k", "eval_split": "nope"}})
+    with pytest.raises(ValueError, match=r"env.eval_split 'nope': the env holds no tasks there .*'test'"):
+        await eval_starts(cfg, "geo3k")
+    assert (
+        len(
+            await eval_starts(
+                cfg.model_copy(update={"env": cfg.env.model_copy(update={"eval_split": "test"})}), "geo3k", 3
+            )
+        )
+        == 3
+    )

@@ -20,7 +20,7 @@ from services.env_api import EnvFactory, EpisodeScore, load_env_factory
 from trainer.config import TrainConfig
 from trainer.rollout.engines.base import GenerateRequest
 from trainer.rollout.engines.scripted import Responder
-from trainer.rollout.env_handle import describe_env
+from trainer.rollout.env_handle import split_size
 from trainer.rollout.job import group_jobs
 from trainer.rollout.processor import VLProcessor
 from trainer.rollout.trajectory import Trajectory
@@ -38,10 +38,8 @@ async def eval_starts(cfg: TrainConfig, env: str, limit: int | None = None) -> l
     split = cfg.env.eval_split
     if split is None:
         return [{"seed": seed, "options": dict(cfg.env.options)} for seed in cfg.env.eval_seed_range][:limit]
-    sizes = {info.name: info.size for info in (await describe_env(env)).datasets.splits}
-    if split not in sizes:
-        raise ValueError(f"env.eval_split {split!r} is not a split of the env (it has: {sorted(sizes)})")
-    count = min(sizes[split], limit or sizes[split])
+    size = await split_size(env, split, "env.eval_split")
+    count = min(size, limit or size)
     return [{"task_id": f"{split}/{index}", "options": dict(cfg.env.options)} for index in range(count)]
 
 

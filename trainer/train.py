@@ -72,7 +72,7 @@ from trainer.learner.weight_sync import (
 from trainer.rollout.engines.base import Engine
 from trainer.rollout.engines.hf import HFEngine
 from trainer.rollout.engines.sglang import SGLangEngine
-from trainer.rollout.env_handle import describe_env
+from trainer.rollout.env_handle import split_size
 from trainer.rollout.job import group_jobs
 from trainer.rollout.processor import VLProcessor
 from trainer.rollout.trajectory import Status, Trajectory
@@ -121,10 +121,7 @@ class PromptSource:
         if cfg.env.dataset is not None:
             return cls(cfg, rows=_dataset_rows(cfg.env.dataset, cfg.env.eval_seed_range))
         if cfg.env.task_split is not None:
-            sizes = {info.name: info.size for info in (await describe_env(env)).datasets.splits}
-            if not sizes.get(cfg.env.task_split):
-                raise ValueError(f"env.task_split {cfg.env.task_split!r}: the env's splits are {sizes}")
-            return cls(cfg, tasks=sizes[cfg.env.task_split])
+            return cls(cfg, tasks=await split_size(env, cfg.env.task_split, "env.task_split"))
         return cls(cfg)
 
     def take(self, cursor: int, count: int) -> list[dict[str, Any]]:

@@ -34,7 +34,7 @@ from services.server.errors import ServiceError
 from services.server.settings import ServerSettings
 from trainer.rollout.job import EpisodeJob
 
-__all__ = ["EnvError", "EnvHandle", "EnvSessions", "Envs", "describe_env", "is_url"]
+__all__ = ["EnvError", "EnvHandle", "EnvSessions", "Envs", "describe_env", "is_url", "split_size"]
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +176,15 @@ async def describe_env(spec: str) -> InfoResponse:
         return await (await envs.open(spec)).sessions.describe()
     finally:
         await envs.aclose()
+
+
+async def split_size(spec: str, split: str, key: str) -> int:
+    """How many tasks the env `spec` names holds in `split`; a ValueError naming the config `key` when it
+    holds no such split, or an empty one."""
+    sizes = {info.name: info.size for info in (await describe_env(spec)).datasets.splits}
+    if not sizes.get(split):
+        raise ValueError(f"{key} {split!r}: the env holds no tasks there (its splits: {sizes})")
+    return sizes[split]
 
 
 class EnvHandle:
