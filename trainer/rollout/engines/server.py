@@ -151,11 +151,7 @@ def create_app(engine: HFEngine, settings: EngineServerSettings | None = None) -
         """Join the trainer's weight-update group; answers once every rank has joined (bounded wait)."""
         try:
             await asyncio.to_thread(receiver.join, body)
-        except (
-            EngineRequestError,
-            RuntimeError,
-            ValueError,
-        ) as exc:  # a rendezvous timeout is a RuntimeError
+        except (EngineRequestError, RuntimeError, ValueError) as exc:  # a timeout: RuntimeError
             return _update_answer(False, f"cannot join weight-update group {body.group_name!r}: {exc}")
         return _update_answer(True, f"joined weight-update group {body.group_name!r}")
 
