@@ -79,8 +79,7 @@ def learn_command(
     """SFT on solver demonstrations, then GRPO; prints held-out success before, after SFT and after RL."""
     import asyncio
 
-    from services.server.encoding import message_to_wire
-    from services.sokoban.demos import demonstration
+    from cli.sokoban import write_demonstrations
     from services.sokoban.options import SokobanOptions
     from trainer.config import ConfigError, load_config
     from trainer.curriculum import run_curriculum
@@ -95,11 +94,7 @@ def learn_command(
     console = Console()
     data = demos_from or root / "demos.jsonl"
     if demos_from is None:
-        with data.open("w", encoding="utf-8") as sink:
-            for seed in _training_seeds(demos, cfg.env.eval_seed_range):
-                record = demonstration(options, seed)
-                record["messages"] = [message_to_wire(m).model_dump(mode="json") for m in record["messages"]]
-                sink.write(json.dumps(record) + "\n")
+        write_demonstrations(options, _training_seeds(demos, cfg.env.eval_seed_range), data)
         console.print(f"wrote {demos} solver demonstrations to {data}")
     cfg = cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"data": data})})
     result = asyncio.run(run_curriculum(cfg, root, console))

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from services.sokoban.options import SokobanOptions
 
 sokoban_app = typer.Typer(
     help="Sokoban tools: the solver over the vendored Boxoban levels, expert demonstrations.",
@@ -132,8 +136,6 @@ def demos_command(
 
     from pydantic import ValidationError
 
-    from services.server.encoding import message_to_wire
-    from services.sokoban.demos import demonstration
     from services.sokoban.options import SokobanOptions
 
     try:
@@ -142,14 +144,27 @@ def demos_command(
         raise typer.BadParameter(str(exc), param_hint="--options") from None
     out.parent.mkdir(parents=True, exist_ok=True)
     columns = (TextColumn("demonstrations"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    moves = []
-    with out.open("w", encoding="utf-8") as sink, Progress(*columns, transient=True) as progress:
-        for seed in progress.track(range(first_seed, first_seed + n)):
-            record = demonstration(env_options, seed)
+    with Progress(*columns, transient=True) as progress:
+        turns = write_demonstrations(env_options, progress.track(range(first_seed, first_seed + n)), out)
+    typer.echo(f"wrote {n} demonstrations ({statistics.fmean(turns):.1f} turns each) to {out}")
+
+
+def write_demonstrations(options: SokobanOptions, seeds: Iterable[int], out: Path) -> list[int]:
+    """Write the solved levels `seeds` to `out` as JSONL conversations (images as data URLs), the form
+    `vistarl sft` reads; returns each one's number of turns."""
+    import json
+
+    from services.server.encoding import message_to_wire
+    from services.sokoban.demos import demonstration
+
+    turns = []
+    with out.open("w", encoding="utf-8") as sink:
+        for seed in seeds:
+            record = demonstration(options, seed)
             record["messages"] = [message_to_wire(m).model_dump(mode="json") for m in record["messages"]]
             sink.write(json.dumps(record) + "\n")
-            moves.append(sum(m["role"] == "assistant" for m in record["messages"]))
-    typer.echo(f"wrote {n} demonstrations ({statistics.fmean(moves):.1f} turns each) to {out}")
+            turns.append(sum(m["role"] == "assistant" for m in record["messages"]))
+    return turns
 
 
 def register(app: typer.Typer) -> None:
