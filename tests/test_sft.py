@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks import paired_eval
 from services.sokoban.demos import demonstration
 from services.sokoban.env import SokobanEnv
 from services.sokoban.options import SokobanOptions
@@ -93,9 +94,10 @@ def test_sft_lowers_the_loss_and_its_checkpoint_loads_as_the_policy(
 
 
 def test_demo_learn_reports_three_held_out_evaluations_and_plots_the_rl_curve(
-    demos_file: Path, tiny_qwen25: Path, tmp_path: Path
+    demos_file: Path, tiny_qwen25: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`vistarl demo learn`, cut to seconds: SFT on the demonstrations, one GRPO step, three evaluations."""
+    """`vistarl demo learn`, cut to seconds: SFT on the demonstrations, one GRPO step, three evaluations;
+    `benchmarks.paired_eval` then compares two of them level by level."""
     sets = [
         f"model.path={tiny_qwen25}",
         "env.eval_seeds=[100000,100004]",
@@ -115,3 +117,13 @@ def test_demo_learn_reports_three_held_out_evaluations_and_plots_the_rl_curve(
     for stage in ("eval-before", "eval-sft", "eval-rl"):
         assert len(list((root / stage).glob("episode-*/trajectory.json"))) == 4, stage
     assert (root / "rl" / "reward_curve.png").stat().st_size > 0
+    paired_eval.main([str(root / "eval-sft"), str(root / "eval-rl")])
+    printed = capsys.readouterr().out
+    assert re.search(r"eval-sft: \d of 4 solved; replies", printed), printed
+    assert re.search(r"exact McNemar p = [01]\.\d{3}$", printed.strip()), printed
+
+
+def test_the_exact_mcnemar_p_value() -> None:
+    assert paired_eval.mcnemar_p(0, 0) == 1.0
+    assert paired_eval.mcnemar_p(10, 0) == pytest.approx(2 / 2**10)
+    assert paired_eval.mcnemar_p(45, 58) == paired_eval.mcnemar_p(58, 45) == pytest.approx(0.2369, abs=1e-4)
