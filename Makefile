@@ -19,10 +19,10 @@ install: $(STAMP)
 
 # A random-init Qwen2.5-VL learns Sokoban from images on this CPU: solver demonstrations, SFT, GRPO, and
 # held-out success before, between and after (configs/sokoban_demo.yaml, README "What make demo shows").
-DEMO_MODEL := runs/demo-model
+DEMO_MODEL := runs/demo-model-tiny
 
 demo: install
-	test -d $(DEMO_MODEL) || $(PY) -m cli.main model tiny --shape small --out $(DEMO_MODEL)
+	test -d $(DEMO_MODEL) || $(PY) -m cli.main model tiny --shape tiny --out $(DEMO_MODEL)
 	$(PY) -m cli.main demo learn --config configs/sokoban_demo.yaml
 
 lint: install
