@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import paired_eval
+from benchmarks import paired_eval, perception_probe
 from services.sokoban.demos import demonstration
 from services.sokoban.env import SokobanEnv
 from services.sokoban.options import SokobanOptions
@@ -121,6 +121,32 @@ def test_demo_learn_reports_three_held_out_evaluations_and_plots_the_rl_curve(
     printed = capsys.readouterr().out
     assert re.search(r"eval-sft: \d of 4 solved; replies", printed), printed
     assert re.search(r"exact McNemar p = [01]\.\d{3}$", printed.strip()), printed
+
+
+@pytest.mark.parametrize("readout", [False, True], ids=["text-model", "vision-readout"])
+def test_the_perception_probe_scores_every_held_out_level(
+    readout: bool, tiny_qwen25: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`benchmarks.perception_probe`, cut to two steps: each evaluation picks one of the four replies for
+    every held-out level, and the vision read-out reports its accuracy."""
+    argv = [
+        "--model",
+        str(tiny_qwen25),
+        *("--demos", "8", "--held-out", "5", "--epochs", "1", "--batch-size", "4", "--eval-every", "1"),
+        *("--config", str(DEMO_CONFIG), "--out", str(tmp_path)),
+    ]
+    perception_probe.main(argv + (["--vision-readout"] if readout else []))
+    lines = capsys.readouterr().out.strip().splitlines()
+    if readout:
+        assert [line.split()[:2] for line in lines] == [["step", "1"], ["step", "2"]], lines
+        assert all(0.0 <= float(line.split("accuracy ")[1].split()[0]) <= 1.0 for line in lines)
+        return
+    assert lines[0].startswith("8 levels of ") and lines[0].endswith("held out: 5"), lines
+    steps = [line for line in lines if line.startswith("step ")]
+    assert [line.split()[1] for line in steps] == ["0", "1", "2"], lines
+    for line in steps:
+        picks = json.loads(line.split("picks ")[1].split("]")[0] + "]")
+        assert len(picks) == 4 and sum(picks) == 5, line
 
 
 def test_the_exact_mcnemar_p_value() -> None:
