@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# A random-init Qwen2.5-VL learns Sokoban from images on this CPU: solver demonstrations, SFT, GRPO, and
-# held-out success before, between and after (configs/sokoban_demo.yaml, README "What make demo shows").
+# A random-init Qwen2.5-VL learns Sokoban (its image and text grid) on this CPU: solver demonstrations,
+# SFT, GRPO, and held-out success before, between and after (configs/sokoban_demo.yaml, README
+# "What make demo shows").
 DEMO_MODEL := runs/demo-model-tiny
 
 demo: install
