@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.harness import benchmark_parser
 from cli.sokoban import write_demonstrations
 from services.sokoban.options import SokobanOptions
 from trainer.config import load_config
@@ -45,7 +46,7 @@ Conversation = list[dict[str, Any]]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--model", required=True, help="HF checkpoint (`vistarl model tiny --out DIR`).")
     parser.add_argument("--options", default="{}", help="Sokoban options (JSON) over one-move 6x6 levels.")
     parser.add_argument("--demos", type=int, default=600, help="Training levels (seeds 0..N-1).")

@@ -113,7 +113,7 @@ async def _lead(
     config: PretrainedConfig,
     device: torch.device,
     gather: Callable[[], tuple[dict[str, torch.Tensor], float]],
-) -> Figures:
+) -> None:
     """Rank 0: write the engine's first checkpoint, serve it, time each transport's pushes, and print."""
     source = write_tiny_checkpoint(tmp / "source")  # the tokenizer and processor files the engine needs
     weights, _ = gather()
@@ -162,12 +162,10 @@ async def _lead(
             (first,) = await pushes(nccl, 1)
             nccl_s = await pushes(nccl, args.nccl_pushes)
             disk_s = await pushes(disk, args.disk_pushes)
-            figures = _figures(args, device, engine_device, gib, gathers, first, nccl_s, disk_s)
-            _print(figures)
+            _print(_figures(args, device, engine_device, gib, gathers, first, nccl_s, disk_s))
         finally:
             await nccl.close()
             await engine.close()
-    return figures
 
 
 def _figures(
