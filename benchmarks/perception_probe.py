@@ -61,7 +61,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--config", type=Path, default=Path("configs/sokoban_demo.yaml"))
     parser.add_argument("--out", type=Path, default=Path("runs/perception-probe"))
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        args.options = SokobanOptions.model_validate(ONE_MOVE | json.loads(args.options))
+    except ValueError as exc:  # bad JSON, or options the env refuses
+        parser.error(f"--options: {exc}")
+    if not Path(args.model).is_dir():
+        parser.error(f"--model {args.model}: no such checkpoint directory")
+    return args
 
 
 def conversations(options: SokobanOptions, seeds: range, path: Path, system: bool) -> list[Conversation]:
@@ -139,7 +146,7 @@ def vision_readout(args: argparse.Namespace, train: list[Conversation], held_out
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    options = SokobanOptions.model_validate(ONE_MOVE | json.loads(args.options))
+    options: SokobanOptions = args.options
     args.out.mkdir(parents=True, exist_ok=True)
     system = not args.no_system_prompt
     train = conversations(options, range(args.demos), args.out / "train.jsonl", system)
