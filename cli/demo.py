@@ -75,6 +75,9 @@ def learn_command(
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override a config key: section.key=value; repeatable.")
     ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Run directory (default runs/demo-<time>).")
+    ] = None,
 ) -> None:
     """SFT on solver demonstrations, then GRPO; prints held-out success before, after SFT and after RL."""
     import asyncio
@@ -89,7 +92,7 @@ def learn_command(
         options = SokobanOptions.model_validate(cfg.env.options)
     except (ConfigError, ValueError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--config/--set") from None
-    root = Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    root = out or Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     root.mkdir(parents=True, exist_ok=True)
     console = Console()
     data = demos_from or root / "demos.jsonl"

@@ -96,24 +96,28 @@ def test_sft_lowers_the_loss_and_its_checkpoint_loads_as_the_policy(
 def test_demo_learn_reports_three_held_out_evaluations_and_plots_the_rl_curve(
     demos_file: Path, tiny_qwen25: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`vistarl demo learn`, cut to seconds: SFT on the demonstrations, one GRPO step, three evaluations;
-    `benchmarks.paired_eval` then compares two of them level by level."""
+    """`vistarl demo learn`, cut to seconds: SFT on the demonstrations, one GRPO step (of three, as
+    `train.max_time_s` has passed after the first), three evaluations; `benchmarks.paired_eval` then
+    compares two of them level by level."""
     sets = [
         f"model.path={tiny_qwen25}",
         "env.eval_seeds=[100000,100004]",
         "sft.batch_size=8",
         "sft.epochs=1",
-        "train.steps=1",
+        "train.steps=3",
+        "train.max_time_s=0.001",
         "rollout.rollout_batch_size=2",
         "rollout.n_samples_per_prompt=2",
     ]
+    root = tmp_path / "demo"
     command = vistarl_cmd("demo", "learn", "--config", str(DEMO_CONFIG), "--demos-from", str(demos_file))
     for value in sets:
         command += ["--set", value]
-    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([*command, "--out", str(root)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert HEADLINE.match(done.stdout.strip().splitlines()[-1]), done.stdout[-2000:]
-    (root,) = (tmp_path / "runs").glob("demo-*")
+    assert "train.max_time_s=0.001 s has passed; stopping" in done.stdout
+    assert len((root / "rl" / "metrics.jsonl").read_text().splitlines()) == 1
     for stage in ("eval-before", "eval-sft", "eval-rl"):
         assert len(list((root / stage).glob("episode-*/trajectory.json"))) == 4, stage
     assert (root / "rl" / "reward_curve.png").stat().st_size > 0

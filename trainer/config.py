@@ -231,6 +231,9 @@ class TrainLoopConfig(_Section):
     """The training loop: length, batch sizes, seed, checkpoints and the run directory."""
 
     steps: int = Field(default=100, ge=1)
+    max_time_s: float | None = Field(
+        default=None, gt=0, description="end (and save) after the step that passes this many seconds of RL"
+    )
     global_batch_size: int | None = Field(
         default=None, ge=1, description="trajectories per optimizer step; None: a whole step's (on-policy)"
     )

@@ -13,7 +13,8 @@ One step:
 5. run `ppo_epochs` passes over mini-batches of `global_batch_size` trajectories, each split into
    micro-batches by token budget and accumulated, with gradient clipping and AdamW;
 6. push the weights to the engine (bumping `policy_version`);
-7. log; save a checkpoint every `train.save_every` steps (and at the end).
+7. log; save a checkpoint every `train.save_every` steps (and at the end: after `train.steps`, or after
+   the first step that ends past `train.max_time_s`).
 
 In synchronous mode (the default) a step's episodes all come from the current policy. In
 asynchronous mode step k+1's jobs are enqueued before training on step k, so rollouts overlap
@@ -364,6 +365,7 @@ class _Run:
         stack.policy_version = self.state.policy_version
         if self.state.step < cfg.train.steps:
             await submit(self.state.step + 1)
+        deadline = time.monotonic() + (cfg.train.max_time_s or math.inf)
         for step in range(self.state.step + 1, cfg.train.steps + 1):
             started = time.perf_counter()
             gathered = await stack.gather(f"s{step}", cfg.rollout.collect_timeout_s)
@@ -375,7 +377,7 @@ class _Run:
                     f"{cfg.rollout.collect_timeout_s:g} s ({gathered.missing} missing, "
                     f"{gathered.stale} stale); see {failure_places(cfg, self.run_dir)}"
                 )
-            last = step == cfg.train.steps
+            last = step == cfg.train.steps or time.monotonic() >= deadline
             if cfg.rollout.async_mode and not last:
                 await submit(step + 1)
             learnable = any(t.trainable for t in gathered.trajectories)
@@ -415,6 +417,9 @@ class _Run:
             metrics["perf/tokens_per_s"] = generated / timings["time/step"]
             logger.log_step(step, metrics)
             logger.save_samples(step, gathered.trajectories, cfg.train.save_samples)
+            if last and step < cfg.train.steps:
+                logger.note(f"step {step}: train.max_time_s={cfg.train.max_time_s:g} s has passed; stopping")
+                return
 
     def _weight_sync(self, engine: Engine) -> WeightSync:
         """The transport to this engine: in process for an `HFEngine`, else by the configured mode."""
