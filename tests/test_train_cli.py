@@ -17,7 +17,7 @@ from cli.main import app
 from tests.servers import free_port, vistarl_cmd
 from trainer.config import load_config
 from trainer.rollout.engines.base import EngineUnavailableError
-from trainer.run_logging import failure_places
+from trainer.run_logging import draw_curve, failure_places
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "sokoban_tiny.yaml"
 
@@ -121,3 +121,21 @@ def test_a_step_without_episodes_points_where_their_failures_are(tmp_path: Path)
     elsewhere = failure_places(external, tmp_path)
     assert "env-server.log" not in elsewhere and "http://envs:8000" in elsewhere
     assert "vistarl queue dlq --namespace run-7" in elsewhere
+
+
+def test_the_curve_draws_held_out_success_over_training_success_where_the_run_evaluated(
+    tmp_path: Path,
+) -> None:
+    """`draw_curve` adds the periodic held-out evaluation as a second (orange) line on the success panel."""
+    records = [{"step": s, "reward/mean": 0.1 * s, "env/success": 0.1 * s} for s in range(1, 5)]
+
+    def orange_pixels(path: Path) -> int:
+        with Image.open(path) as image:
+            pixels = image.convert("RGB").getdata()
+            return sum(1 for r, g, b in pixels if r > 230 and 100 < g < 150 and b < 60)
+
+    plain = draw_curve(records, tmp_path / "plain.png")
+    records[1]["eval/success_rate"] = records[3]["eval/success_rate"] = 0.5
+    evaluated = draw_curve(records, tmp_path / "evaluated.png")
+    assert orange_pixels(plain) == 0
+    assert orange_pixels(evaluated) > 100

@@ -4,8 +4,9 @@ Everything lives under the run directory:
 
 - `config.yaml`: the resolved configuration;
 - `metrics.jsonl`: one JSON object per step (`step` plus every metric);
-- `reward_curve.png`: mean reward and success rate (or the SFT loss) per step, redrawn after every
-  step (matplotlib's object API renders it with Agg, no display needed);
+- `reward_curve.png`: mean reward and success rate (or the SFT loss) per step, with held-out success
+  where the run evaluates (`train.eval_every`), redrawn after every step (matplotlib's object API
+  renders it with Agg, no display needed; `draw_curve` redraws it from `metrics.jsonl`);
 - `tensorboard/`: the same scalars for TensorBoard;
 - `samples/step-NNNNNN/<episode>/`: a few trajectories per step as `trajectory.json` plus their images;
 - Weights & Biases, when `WANDB_API_KEY` is set and the `wandb` package is installed.
@@ -35,7 +36,15 @@ from trainer.config import TrainConfig
 from trainer.rollout.trajectory import Trajectory
 from trainer.stack import ENV_SERVER_LOG
 
-__all__ = ["CURVE_FILE", "METRICS_FILE", "RunLogger", "failure_places", "read_metrics", "save_trajectory"]
+__all__ = [
+    "CURVE_FILE",
+    "METRICS_FILE",
+    "RunLogger",
+    "draw_curve",
+    "failure_places",
+    "read_metrics",
+    "save_trajectory",
+]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +54,8 @@ REWARD_KEY = "reward/mean"
 SUCCESS_KEY = "env/success"
 CURVES = [(REWARD_KEY, "mean reward"), (SUCCESS_KEY, "success rate"), ("train/nll", "SFT loss (nats/token)")]
 """The panels of the curve: RL runs report reward and success, SFT runs their loss."""
+HELD_OUT = {SUCCESS_KEY: ("eval/success_rate", "held out, greedy")}
+"""A second line on a panel: the periodic held-out evaluation (`train.eval_every`) over training success."""
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -53,6 +64,32 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def draw_curve(records: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Plot each of `CURVES` that `records` (metrics.jsonl's) report, per step, with its `HELD_OUT` line."""
+    panels = [(key, title) for key, title in CURVES if any(key in r for r in records)]
+    panels = panels or CURVES[:1]
+    steps = [r["step"] for r in records]
+    figure = Figure(figsize=(5 * len(panels), 3.5))
+    axes = figure.subplots(1, len(panels), squeeze=False)
+    for axis, (key, title) in zip(axes[0], panels, strict=True):
+        lines = [(key, "training")]
+        if key in HELD_OUT and any(HELD_OUT[key][0] in r for r in records):
+            lines.append(HELD_OUT[key])
+        for line_key, label in lines:
+            points = [(r["step"], r[line_key]) for r in records if line_key in r]
+            axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+        if len(lines) > 1:
+            axis.legend()
+        axis.set_title(title)
+        axis.set_xlabel("step")
+        axis.grid(alpha=0.3)
+        if steps:
+            axis.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    return path
 
 
 def failure_places(cfg: TrainConfig, run_dir: Path) -> str:
@@ -135,24 +172,8 @@ class RunLogger:
         self._show(step, metrics)
 
     def draw_curve(self) -> Path:
-        """Redraw `reward_curve.png`: each of `CURVES` that the run reports, per step."""
-        panels = [(key, title) for key, title in CURVES if any(key in r for r in self.history)]
-        panels = panels or CURVES[:1]
-        steps = [r["step"] for r in self.history]
-        figure = Figure(figsize=(5 * len(panels), 3.5))
-        axes = figure.subplots(1, len(panels), squeeze=False)
-        for axis, (key, title) in zip(axes[0], panels, strict=True):
-            points = [(r["step"], r[key]) for r in self.history if key in r]
-            axis.plot([p[0] for p in points], [p[1] for p in points], marker="o")
-            axis.set_title(title)
-            axis.set_xlabel("step")
-            axis.grid(alpha=0.3)
-            if steps:
-                axis.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
-        figure.tight_layout()
-        path = self.run_dir / CURVE_FILE
-        figure.savefig(path, dpi=100)
-        return path
+        """Redraw `reward_curve.png` from this run's history."""
+        return draw_curve(self.history, self.run_dir / CURVE_FILE)
 
     def save_samples(self, step: int, trajectories: Sequence[Trajectory], limit: int) -> None:
         """Keep the first `limit` trajectories of a step, with their images, under `samples/`."""
