@@ -131,7 +131,7 @@ def test_the_curve_draws_held_out_success_over_training_success_where_the_run_ev
 
     def orange_pixels(path: Path) -> int:
         with Image.open(path) as image:
-            pixels = image.convert("RGB").getdata()
+            pixels = image.convert("RGB").get_flattened_data()
             return sum(1 for r, g, b in pixels if r > 230 and 100 < g < 150 and b < 60)
 
     plain = draw_curve(records, tmp_path / "plain.png")
