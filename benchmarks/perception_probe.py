@@ -28,6 +28,7 @@ import torch
 
 from benchmarks.harness import benchmark_parser
 from cli.sokoban import write_demonstrations
+from services.sokoban.actions import parse_actions
 from services.sokoban.options import SokobanOptions
 from trainer.config import load_config
 from trainer.learner.fsdp import rank_device
@@ -83,8 +84,9 @@ def conversations(options: SokobanOptions, seeds: range, path: Path, system: boo
 
 
 def answer(messages: Conversation) -> int:
-    """Index in DIRECTIONS of the demonstration's one move."""
-    return DIRECTIONS.index(messages[-1]["content"].removeprefix("<answer>").removesuffix("</answer>"))
+    """Index in DIRECTIONS of the demonstration's one move, read by the env's own parser."""
+    (move,) = parse_actions(messages[-1]["content"], limit=1)
+    return DIRECTIONS.index(move.capitalize())
 
 
 @torch.no_grad()
