@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU runs of docs/results.md, on one GPU: a `medium` random-init Qwen2.5-VL trains on 6x6 one-box Sokoban,
-# SFT on 600 solver demonstrations then GRPO (`vistarl demo learn`), three curricula side by side:
+# The GPU runs of docs/results.md, on one GPU: a `medium` random-init Qwen2.5-VL trains on 6x6 one-box
+# Sokoban, SFT on 600 solver demonstrations then GRPO (`vistarl demo learn`), three curricula side by side:
 #   3moves    levels of up to 3 moves, one reply of up to 3 moves (configs/sokoban_demo_gpu.yaml as it is);
 #   3turns    the same levels, up to 3 turns to solve them;
 #   1move     levels one move from solved.
