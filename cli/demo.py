@@ -76,7 +76,8 @@ def learn_command(
         list[str] | None, typer.Option("--set", help="Override a config key: section.key=value; repeatable.")
     ] = None,
     out: Annotated[
-        Path | None, typer.Option("--out", help="Run directory (default runs/demo-<time>).")
+        Path | None,
+        typer.Option("--out", file_okay=False, help="Run directory (default runs/demo-<time>)."),
     ] = None,
 ) -> None:
     """SFT on solver demonstrations, then GRPO; prints held-out success before, after SFT and after RL."""

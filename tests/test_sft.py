@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from benchmarks import paired_eval, perception_probe
+from cli.main import app
 from services.sokoban.demos import demonstration
 from services.sokoban.env import SokobanEnv
 from services.sokoban.options import SokobanOptions
@@ -125,6 +127,14 @@ def test_demo_learn_reports_three_held_out_evaluations_and_plots_the_rl_curve(
     printed = capsys.readouterr().out
     assert re.search(r"eval-sft: \d of 4 solved; replies", printed), printed
     assert re.search(r"exact McNemar p = [01]\.\d{3}$", printed.strip()), printed
+
+
+def test_demo_learn_refuses_a_run_directory_that_is_a_file(tmp_path: Path) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    result = CliRunner().invoke(app, ["demo", "learn", "--config", str(DEMO_CONFIG), "--out", str(taken)])
+    assert result.exit_code == 2
+    assert "is a file" in " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.output).split())
 
 
 @pytest.mark.parametrize("readout", [False, True], ids=["text-model", "vision-readout"])
