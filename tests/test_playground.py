@@ -1,6 +1,7 @@
 """The browser playground in a real browser: Debian's chromium driven by playwright. `/play` of a real
 `vistarl serve sokoban` with a token is played to the end by clicking (moves from the Sokoban solver);
-`/play/replay` steps through trajectories written by the real rollout path (`run_episode`)."""
+Geo3k and VSI episodes keep every observation in the transcript; `/play/replay` steps through
+trajectories written by the real rollout path (`run_episode`). No page load meets a 404."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
@@ -38,6 +40,12 @@ FLAGS = [
 TOKEN = "play-token"
 KEYS = {"Up": "ArrowUp", "Down": "ArrowDown", "Left": "ArrowLeft", "Right": "ArrowRight"}
 WAIT_MS = 5000
+VIEWPORT = {"width": 900, "height": 600}
+CURRENT_TURN_FIRST_IN_VIEW = """() => {  // the page is scrolled (the controls stick) to the last turn
+  const current = document.querySelector("#transcript .turn:last-child");
+  const controls = document.getElementById("controls").getBoundingClientRect();
+  return Math.abs(controls.top) <= 1 && Math.abs(current.getBoundingClientRect().top - controls.bottom) <= 1;
+}"""
 CORRIDOR = {"xsb": "########\n#@ $  .#\n########"}
 
 pytestmark = pytest.mark.skipif(
@@ -57,13 +65,16 @@ def browser() -> Iterator[Browser]:
 @pytest.fixture
 def page(browser: Browser) -> Iterator[Page]:
     """A fresh page; the test fails if a script on it throws."""
-    opened = browser.new_page()
+    opened = browser.new_page(viewport=VIEWPORT)
     opened.set_default_timeout(WAIT_MS)
     script_errors: list[Exception] = []
+    missing: list[str] = []
     opened.on("pageerror", lambda error: script_errors.append(error))
+    opened.on("response", lambda answer: missing.append(answer.url) if answer.status == 404 else None)
     yield opened
     opened.close()
     assert not script_errors
+    assert not missing
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +91,7 @@ def test_a_sokoban_level_is_played_to_the_end_by_clicking(page: Page, url: str) 
     expect(page.locator("#env-name")).to_have_text("sokoban")
     page.fill("#seed", "11")
     page.click("#reset")
-    expect(page.locator("#images img")).to_have_count(1)
+    expect(page.locator("#transcript .turn img")).to_have_count(1)
     level = Level.from_xsb(json.loads(page.locator("#info").text_content() or "")["level"])
     moves = [move.capitalize() for move in solve(level).moves or ()]
     assert moves
@@ -91,7 +102,7 @@ def test_a_sokoban_level_is_played_to_the_end_by_clicking(page: Page, url: str) 
             page.keyboard.press(KEYS[move])
         expect(page.locator("#turn")).to_have_text(str(turn))
     expect(page.locator("#done")).to_be_visible()
-    expect(page.locator("#log tr")).to_have_count(len(moves))
+    expect(page.locator("#transcript .turn")).to_have_count(len(moves) + 1)
     assert json.loads(page.locator("#info").text_content() or "")["success"] is True
     expect(page.locator('#tools button[data-value="Up"]')).to_be_disabled()
 
@@ -110,6 +121,54 @@ def test_a_typed_action_and_an_error_show_on_the_page(page: Page, url: str) -> N
     page.fill("#options", '{"grid_size": 99}')
     page.click("#reset")
     expect(page.locator("#error")).to_contain_text("invalid_options: options.grid_size")
+
+
+def connect_and_reset(page: Page, base: str, seed: int) -> None:
+    """Open `/play` of a server without a token, and reset with `seed`."""
+    page.goto(f"{base}/play")
+    expect(page.locator("#tools button").first).to_be_attached()
+    page.fill("#seed", str(seed))
+    page.click("#reset")
+    expect(page.locator("#transcript .turn")).to_have_count(1)
+
+
+def expect_transcript(page: Page, images: list[int], texts: list[str]) -> None:
+    """Turn k of the transcript shows `images[k]` images and contains `texts[k]`; the last is first in view."""
+    turns = page.locator("#transcript .turn")
+    expect(turns).to_have_count(len(images))
+    for turn, (count, text) in enumerate(zip(images, texts, strict=True)):
+        expect(turns.nth(turn).locator("img")).to_have_count(count)
+        expect(turns.nth(turn).locator("pre.text")).to_contain_text(text)
+    page.wait_for_function(CURRENT_TURN_FIRST_IN_VIEW)
+
+
+def test_a_geo3k_problem_and_its_diagram_stay_in_the_transcript(page: Page) -> None:
+    with served("geo3k") as base:
+        connect_and_reset(page, base, seed=3)
+        first = page.locator("#transcript .turn pre.text").first.text_content() or ""
+        assert first.strip()
+        for answer in ("1", "2"):
+            page.fill('#tools input[placeholder="answer"]', answer)
+            page.click('#tools button[data-tool="calc_score"]')
+        expect_transcript(page, [1, 0, 0], [first, "answer '1'", "answer '2'"])
+
+
+def test_the_vsi_tour_frames_and_question_stay_in_the_transcript(page: Page) -> None:
+    with served("vsi") as base:
+        connect_and_reset(page, base, seed=0)
+        tour = json.loads(page.locator("#info").text_content() or "")["tour_frames"]  # and the first view
+        question = page.locator("#transcript .turn pre.text").first.text_content() or ""
+        for _ in range(4):
+            page.click('#tools button[data-tool="look_up"]')
+        expect_transcript(page, [tour + 1, 1, 1, 1, 1], [question, "look_up", "look_up", "look_up", "limit"])
+        assert tour > 1
+
+
+def test_the_favicon_is_served_without_a_token(url: str) -> None:
+    answer = httpx.get(f"{url}/favicon.ico")
+    assert answer.status_code == 200
+    assert answer.headers["content-type"] == "image/svg+xml"
+    assert answer.content.startswith(b"<svg")
 
 
 @pytest.fixture(scope="module")

@@ -99,6 +99,17 @@ def test_the_turn_budget_ends_the_episode_with_reward_0() -> None:
         env.step("<answer>A</answer>")
 
 
+def test_a_tilt_past_the_pitch_limit_says_the_camera_is_at_its_limit() -> None:
+    env = build_env(seed=2, scene_set="test", **SMALL)
+    env.reset()
+    ups = [env.step("<action>look_up</action>") for _ in range(4)]
+    assert [info["pose"][3] for _, _, info in ups] == [15.0, 30.0, 45.0, 45.0]
+    assert [obs["text"].startswith("look_up: done.") for obs, _, _ in ups] == [True, True, True, False]
+    assert "at its limit (45° up)" in ups[-1][0]["text"]
+    down, _, info = env.step("<action>look_down</action>")
+    assert down["text"].startswith("look_down: done.") and info["pose"][3] == 30.0
+
+
 def test_coverage_shaping_is_off_by_default_and_rewards_new_objects() -> None:
     plain = build_env(seed=8, scene_name=SCENE, **SMALL)
     shaped = build_env(seed=8, scene_name=SCENE, coverage_reward=1.0, **SMALL)

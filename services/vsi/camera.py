@@ -90,10 +90,21 @@ class Pose:
 
 @dataclass(frozen=True)
 class MoveResult:
-    """A move's outcome: the new pose, and whether a wall refused it."""
+    """A move's outcome: the new pose, whether a wall refused it, and whether the camera was already
+    tilted as far as it goes that way (the view did not change)."""
 
     pose: Pose
     blocked: bool
+    at_limit: bool = False
+
+    def feedback(self, action: Action) -> str:
+        """The turn's feedback text: done, blocked by a wall, or the camera at its pitch limit."""
+        if self.blocked:
+            return f"{action.value}: a wall blocks the way, so you did not move."
+        if self.at_limit:
+            way = "up" if action is Action.LOOK_UP else "down"
+            return f"{action.value}: the camera is at its limit ({MAX_PITCH_DEG:g}° {way}), so the view did not change."
+        return f"{action.value}: done."
 
 
 def apply_action(scene: Scene, pose: Pose, action: Action) -> MoveResult:
@@ -104,7 +115,7 @@ def apply_action(scene: Scene, pose: Pose, action: Action) -> MoveResult:
     if action in (Action.LOOK_UP, Action.LOOK_DOWN):
         tilt = PITCH_STEP_DEG if action is Action.LOOK_UP else -PITCH_STEP_DEG
         pitch = min(MAX_PITCH_DEG, max(-MAX_PITCH_DEG, pose.pitch + tilt))
-        return MoveResult(replace(pose, pitch=pitch), blocked=False)
+        return MoveResult(replace(pose, pitch=pitch), blocked=False, at_limit=pitch == pose.pitch)
     ahead, left = _STEPS[action]
     yaw = math.radians(pose.yaw)
     x = pose.x + ahead * math.cos(yaw) - left * math.sin(yaw)

@@ -105,11 +105,7 @@ class VsiEnv:
             blocked = moved.blocked
             self.blocked_moves += blocked
             self.pose = moved.pose
-            feedback = (
-                f"{turn.action.value}: a wall blocks the way, so you did not move."
-                if blocked
-                else f"{turn.action.value}: done."
-            )
+            feedback = moved.feedback(turn.action)
         else:
             feedback = f"Invalid response: {turn.problem}. Nothing happened."
         frame = render_frames(self.scene, [self.pose], self.options.image_size, self.options.labels)[0]

@@ -3,7 +3,8 @@ through the server's own HTTP API, `GET /play/replay` steps through trajectory f
 
 The pages are plain HTML, JavaScript and CSS files of this package, served as they are (no build
 step): each page is `page.html` around its body (`play.html`, `replay.html`), loading `play.css`,
-`common.js` and its script. They are static and hold nothing of a session, so the request guard lets
+`common.js` and its script; `favicon.svg` is their icon, also at `/favicon.ico`, where browsers look
+for one. They are static and hold nothing of a session, so the request guard lets
 them through without a token; the play page sends the token that a person types in with each API call.
 """
 
@@ -23,7 +24,10 @@ MEDIA_TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
     ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
 }
+ICON = "favicon.svg"
+ICON_PATH = "/favicon.ico"
 
 
 @dataclass(frozen=True)
@@ -38,18 +42,18 @@ PAGES = (
     Page("/play", "vistarl playground", "play.html", "play.js"),
     Page("/play/replay", "vistarl replay", "replay.html", "replay.js"),
 )
-ASSETS = ("common.js", "play.js", "replay.js", "play.css")
-PLAY_PATHS = frozenset([page.path for page in PAGES] + [f"{ASSET_ROOT}/{name}" for name in ASSETS])
+ASSETS = ("common.js", "play.js", "replay.js", "play.css", ICON)
+PLAY_PATHS = frozenset(
+    [page.path for page in PAGES] + [f"{ASSET_ROOT}/{name}" for name in ASSETS] + [ICON_PATH]
+)
 
 
 def play_routes() -> list[BaseRoute]:
-    """A GET route for each page and asset, answering what was read once, here. None is in the OpenAPI
-    schema, which describes the JSON API."""
+    """A GET route for each page and asset, and the icon at `/favicon.ico`, answering what was read once,
+    here. None is in the OpenAPI schema, which describes the JSON API."""
     pages: list[BaseRoute] = [_route(page.path, _render(page), MEDIA_TYPES[".html"]) for page in PAGES]
-    assets = [
-        _route(f"{ASSET_ROOT}/{name}", _read(name), MEDIA_TYPES[posixpath.splitext(name)[1]])
-        for name in ASSETS
-    ]
+    served = [(f"{ASSET_ROOT}/{name}", name) for name in ASSETS] + [(ICON_PATH, ICON)]
+    assets = [_route(path, _read(name), MEDIA_TYPES[posixpath.splitext(name)[1]]) for path, name in served]
     return pages + assets
 
 

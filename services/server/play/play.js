@@ -1,5 +1,7 @@
 // The play page (docs/server.md, "Playground"): reset, act and watch one episode through the env
 // server's own HTTP API (/info, /reset, /step, DELETE /sessions/{id}), with the typed token if any.
+// The episode is a transcript: every observation (text and images) in turn order, under the action
+// that led to it, the current one scrolled to the top of the view, below the sticky controls.
 "use strict";
 const ARROWS = { ArrowUp: "Up", ArrowDown: "Down", ArrowLeft: "Left", ArrowRight: "Right" };
 const state = { session: null, done: false, turn: 0, total: 0, splits: [] };
@@ -56,8 +58,8 @@ async function reset() {
   const answer = await call("POST", "reset", body);
   Object.assign(state, { session: answer.session_id, done: false, turn: 0, total: 0 });
   $("session").textContent = answer.session_id;
-  $("log").replaceChildren();
-  showTurn(answer, 0, false);
+  $("transcript").replaceChildren();
+  showTurn(answer, "reset", 0, false);
   setPlaying(true);
 }
 
@@ -68,13 +70,8 @@ async function act(step) {
   state.turn += 1;
   state.total += answer.reward;
   state.done = answer.done;
-  showTurn(answer, answer.reward, answer.done);
   const label = step.action !== undefined ? step.action : `${step.tool_call.name} ${JSON.stringify(step.tool_call.arguments)}`;
-  const row = document.createElement("tr");
-  for (const cell of [`turn ${state.turn}`, label, `reward ${answer.reward}`, answer.done ? "done" : ""]) {
-    row.insertCell().textContent = cell;
-  }
-  $("log").append(row);
+  showTurn(answer, label, answer.reward, answer.done);
   setPlaying(!answer.done);
 }
 
@@ -86,17 +83,37 @@ async function endSession() {
   await call("DELETE", `sessions/${encodeURIComponent(session)}`).catch(() => null);
 }
 
-// Show a reset's or a step's answer: the observation, the rewards, done and the env's info.
-function showTurn({ observation, info }, reward, done) {
-  $("images").replaceChildren(
-    ...observation.images.map((url) => Object.assign(document.createElement("img"), { src: url, alt: "observation" })),
+// Show a reset's or a step's answer: its observation appended to the transcript (under the action that
+// led to it) and brought into view, the rewards, done and the env's info.
+function showTurn({ observation, info }, label, reward, done) {
+  const entry = Object.assign(document.createElement("div"), { className: "message turn" });
+  entry.dataset.turn = state.turn;
+  const head = `turn ${state.turn}: ${label}` + (state.turn ? ` (reward ${Number(reward.toFixed(4))}${done ? ", done" : ""})` : "");
+  const images = Object.assign(document.createElement("div"), { className: "images" });
+  images.append(...observation.images.map((url) => Object.assign(document.createElement("img"), { src: url, alt: `turn ${state.turn}` })));
+  entry.append(
+    Object.assign(document.createElement("div"), { className: "role", textContent: head }),
+    images,
+    Object.assign(document.createElement("pre"), { className: "text", textContent: observation.text }),
   );
-  $("text").textContent = observation.text;
+  $("transcript").append(entry);
   $("turn").textContent = state.turn;
   $("reward").textContent = Number(reward.toFixed(4));
   $("total").textContent = Number(state.total.toFixed(4));
   $("done").hidden = !done;
   $("info").textContent = JSON.stringify(info, null, 1);
+  bringIntoView(entry);
+}
+
+// Scroll so that `entry` starts just below the sticky controls, once its images have their size (unless a
+// later turn came meanwhile); as the last entry it is made tall enough to be scrolled there.
+async function bringIntoView(entry) {
+  await Promise.all([...entry.querySelectorAll("img")].map((img) => img.decode().catch(() => null)));
+  if (entry !== $("transcript").lastElementChild) return;
+  const below = $("controls").offsetHeight;
+  for (const earlier of $("transcript").children) earlier.style.minHeight = "";
+  entry.style.minHeight = `${window.innerHeight - below}px`;
+  window.scrollTo({ top: entry.getBoundingClientRect().top + window.scrollY - below, behavior: "instant" });
 }
 
 function setPlaying(playing) {
