@@ -70,6 +70,10 @@ def _base64_payload(data_url: str) -> str:
     if not isinstance(data_url, str):
         raise ImageError(f"image must be a data URL string, got {type(data_url).__name__}")
     text = data_url.strip()
+    if text.lower().startswith(("http://", "https://")):
+        raise ImageError(
+            "image URLs are not fetched; send the image as a data URL (data:image/png;base64,...)"
+        )
     if not text.startswith("data:"):
         return text
     header, sep, payload = text.partition(",")

@@ -11,10 +11,26 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 PROTOCOL_VERSION = "1"
 TASK_ID_FORM = "SPLIT/INDEX: a split listed under datasets.splits and a row index from 0, e.g. test/17"
+SEED_LIMIT = 2**63
+"""Seeds lie in [-SEED_LIMIT, SEED_LIMIT): a signed 64-bit integer, as every client language and the
+trajectory records (msgpack) hold one."""
+
+
+def _seed_in_range(value: Any) -> Any:
+    """Refuse a numeric seed outside the 64-bit range with a message naming the range; a big JSON number
+    (a float past 2**53, as JavaScript writes 2**70) would otherwise read as "Unable to parse"."""
+    numeric = isinstance(value, int | float) and not isinstance(value, bool)
+    if numeric and not -SEED_LIMIT <= value < SEED_LIMIT:
+        raise ValueError(f"a seed is an integer from -2**63 to 2**63 - 1, got {value:g}")
+    return value
+
+
+Seed = Annotated[int, BeforeValidator(_seed_in_range)]
+"""A task's seed: a signed 64-bit integer."""
 
 
 class _Strict(BaseModel):
@@ -66,7 +82,7 @@ class ResetRequest(_Strict):
     the options), `task_id` (a row of a split the server holds, `SPLIT/INDEX`) or `sample` (a whole
     row inline, images as data URLs). With none, the env picks a task."""
 
-    seed: int | None = None
+    seed: Seed | None = None
     task_id: str | None = Field(default=None, min_length=1, max_length=256)
     sample: dict[str, Any] | None = None
     options: dict[str, Any] = Field(default_factory=dict)
@@ -116,8 +132,13 @@ class StepRequest(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _action_or_tool_call(cls, data: Any) -> Any:
-        """A tool call stands for the action, so it comes without one (or with an empty one)."""
-        if not isinstance(data, dict) or data.get("tool_call") is None:
+        """A tool call stands for the action, so it comes without one (or with an empty one); a turn needs
+        one of the two."""
+        if not isinstance(data, dict):
+            return data
+        if data.get("tool_call") is None:
+            if "action" not in data:
+                raise ValueError("a step needs action (the response text) or tool_call (a call of a tool)")
             return data
         if data.get("action"):
             raise ValueError("give the turn as action or as tool_call, not both")
@@ -210,6 +231,8 @@ class ErrorCode(str, Enum):
     INVALID_IMAGE = "invalid_image"
     INVALID_SAMPLE = "invalid_sample"
     UNAUTHORIZED = "unauthorized"
+    FORBIDDEN = "forbidden"
+    MISDIRECTED = "misdirected_request"
     NOT_FOUND = "not_found"
     SESSION_NOT_FOUND = "session_not_found"
     TASK_NOT_FOUND = "task_not_found"
@@ -231,6 +254,8 @@ ERROR_STATUS: dict[ErrorCode, int] = {
     ErrorCode.INVALID_IMAGE: 422,
     ErrorCode.INVALID_SAMPLE: 422,
     ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.FORBIDDEN: 403,
+    ErrorCode.MISDIRECTED: 421,
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.SESSION_NOT_FOUND: 404,
     ErrorCode.TASK_NOT_FOUND: 404,

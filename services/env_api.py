@@ -155,6 +155,9 @@ class EnvFactory:
     """The splits the env holds built in, by name; called once per process, on first use."""
     tools: list[dict[str, Any]] = field(default_factory=list)
     """The env's actions as OpenAI function-tool schemas, for chat-completion agents."""
+    tool_aliases: Mapping[str, str] = field(default_factory=dict)
+    """Other names a `/step` `tool_call` may give a tool by, each mapped to its name in `tools` (Geo3k's
+    `calc_geo3k_reward` for `calc_score`); the call's text keeps the name it was given."""
     tool_call_text: Callable[[str, Mapping[str, Any]], str] = tool_call_markup
     """The response text that a call of one of `tools` stands for (its arguments already valid against
     the tool's schema); `/step` with a `tool_call` steps with it. A ValueError names what is wrong."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from clients.errors import BadRequestError
@@ -64,3 +65,32 @@ def test_info_publishes_the_options_schema(client: EnvClient) -> None:
     assert {"max_turns", "grade_timeout_s", "show_choices", "end_on_correct"} <= info.config_schema[
         "properties"
     ].keys()
+
+
+def test_both_tool_names_are_taken_in_the_tool_call_field_as_in_the_text(client: EnvClient) -> None:
+    answer = generate(31).answer
+    session = client.reset(seed=31).session_id
+    for name in ("calc_geo3k_reward", "calc_score"):
+        body = {"session_id": session, "tool_call": {"name": name, "arguments": {"answer": answer}}}
+        step = httpx.post(f"{client.base_url}/step", json=body, timeout=60)
+        assert step.status_code == 200, step.text
+        assert step.json()["info"]["outcome"] == "correct"
+        assert step.json()["info"]["tool_call"]["name"] == name
+    client.close(session)
+
+
+@pytest.mark.parametrize(
+    ("image", "mention"),
+    [
+        ("data:image/png;base64,!!!", "invalid base64"),
+        ("https://example.com/diagram.png", "image URLs are not fetched; send the image as a data URL"),
+    ],
+)
+def test_a_bad_image_in_a_sample_is_invalid_image_with_a_plain_message(
+    client: EnvClient, image: str, mention: str
+) -> None:
+    sample = {"problem": "<image>Find x.", "answer": "3", "images": [image]}
+    with pytest.raises(BadRequestError) as caught:
+        client.reset(sample=sample)
+    assert (caught.value.status, caught.value.code) == (422, "invalid_image")
+    assert caught.value.message.startswith(f"sample.images.0: {mention}")

@@ -23,6 +23,7 @@ from services.sokoban.game import Level
 from services.sokoban.prompt import ACTION_FORMAT
 from services.sokoban.solver import solve
 from tests.envs.serving import served
+from tests.wire import assert_error
 
 TOKEN = "mcp-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -204,11 +205,27 @@ async def test_mcp_needs_the_token(url: str, headers: dict[str, str]) -> None:
     assert metric(url, 'vistarl_env_errors_total{code="unauthorized"}') >= refused + 2
 
 
-def test_a_loopback_server_refuses_other_hosts_on_mcp(url: str) -> None:
-    """DNS rebinding: a page of another name that resolves to 127.0.0.1 sends its own Host header."""
+@pytest.mark.parametrize(
+    ("header", "status", "code"),
+    [
+        ({"Host": "evil.example"}, 421, "misdirected_request"),
+        ({"Origin": "http://evil.example"}, 403, "forbidden"),
+    ],
+)
+def test_a_loopback_server_refuses_other_hosts_and_origins_on_mcp(
+    url: str, header: dict[str, str], status: int, code: str
+) -> None:
+    """DNS rebinding: a page of another name that resolves to 127.0.0.1 sends its own Host and Origin."""
     listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
-    rebound = httpx.post(f"{url}/mcp", json=listing, headers={**AUTH, "Host": "evil.example"})
-    assert rebound.status_code == 421
+    accept = {"Accept": "application/json, text/event-stream"}
+    rebound = httpx.post(f"{url}/mcp", json=listing, headers={**AUTH, **accept, **header})
+    assert_error(rebound, status, code, f"Invalid {next(iter(header))} header", "loopback")
+
+
+def test_get_on_mcp_is_405_as_no_stream_is_served(url: str) -> None:
+    answer = httpx.get(f"{url}/mcp", headers={**AUTH, "Accept": "text/event-stream"}, timeout=5)
+    assert_error(answer, 405, "bad_request", "no SSE stream")
+    assert answer.headers["allow"] == "POST"
 
 
 async def test_stdio_serves_the_same_tools() -> None:

@@ -133,7 +133,7 @@ def connect_and_reset(page: Page, base: str, seed: int) -> None:
 
 
 def expect_transcript(page: Page, images: list[int], texts: list[str]) -> None:
-    """Turn k of the transcript shows `images[k]` images and contains `texts[k]`; the last is first in view."""
+    """Turn k of the transcript shows `images[k]` images and contains `texts[k]`; the last is shown first."""
     turns = page.locator("#transcript .turn")
     expect(turns).to_have_count(len(images))
     for turn, (count, text) in enumerate(zip(images, texts, strict=True)):

@@ -110,6 +110,12 @@ def test_the_schema_declares_the_bearer_scheme_errors_and_prometheus_text(
     assert ready["content"]["application/json"]["schema"]["$ref"].endswith("/ReadyResponse")
 
 
+def test_the_schema_is_served_without_a_token(url: str) -> None:
+    assert requests.get(f"{url}/info", timeout=TIMEOUT).status_code == 401
+    schema = requests.get(f"{url}/openapi.json", timeout=TIMEOUT)
+    assert schema.status_code == 200 and "/step" in schema.json()["paths"]
+
+
 def test_ready_at_503_is_the_ready_object(http: requests.Session, url: str) -> None:
     sessions = [http.post(f"{url}/reset", json={}).json()["session_id"] for _ in range(2)]
     full = http.get(f"{url}/ready")

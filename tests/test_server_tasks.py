@@ -152,6 +152,18 @@ def test_at_most_one_task_per_reset(http: httpx.Client) -> None:
     assert_error(both, 422, "validation_error", "at most one", "seed and task_id")
 
 
+@pytest.mark.parametrize("seed", [str(2**70), "1.1805916207174113e+21", str(-(2**63) - 1)])
+def test_a_seed_past_64_bits_is_422_naming_the_range(http: httpx.Client, seed: str) -> None:
+    """2**70 as Python and as JavaScript write it, and one below the range."""
+    answer = http.post("/reset", content=f'{{"seed": {seed}}}', headers={"content-type": "application/json"})
+    assert_error(answer, 422, "validation_error", "body.seed: a seed is an integer from -2**63 to 2**63 - 1")
+
+
+def test_a_seed_at_the_64_bit_bounds_is_taken(http: httpx.Client) -> None:
+    for seed in (2**63 - 1, -(2**63)):
+        reset(http, seed=seed)
+
+
 def test_the_clients_reset_from_tasks(url: str) -> None:
     row = quiz_row("extra", 4)
     with EnvClient(url, token="") as client:

@@ -92,6 +92,18 @@ def test_an_action_and_a_tool_call_together_are_a_422(http: httpx.Client) -> Non
     assert_error(http.post("/step", json=body), 422, "validation_error", "action", "tool_call")
 
 
+def test_a_step_with_neither_action_nor_tool_call_says_so(http: httpx.Client) -> None:
+    answer = http.post("/step", json={"session_id": start(http)})
+    assert_error(answer, 422, "validation_error", "needs action", "or tool_call")
+
+
+def test_a_tool_call_too_long_is_refused_as_a_tool_call(http: httpx.Client) -> None:
+    limit = http.get("/info").json()["limits"]["max_action_chars"]
+    moves = ["Up"] * (limit // 4)
+    answer = http.post("/step", json={"session_id": start(http), "tool_call": act(moves)})
+    assert_error(answer, 422, "validation_error", "tool_call: its arguments make a response of", str(limit))
+
+
 def test_an_env_without_its_own_conversion_gets_the_tool_call_markup() -> None:
     quiz = load_env_factory("tests.envs.quiz")
     text = ToolActions(quiz).action(ToolCall(name="answer", arguments='{"answer": "4"}'))

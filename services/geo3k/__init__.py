@@ -10,6 +10,7 @@ from services.geo3k.options import Geo3kOptions
 from services.geo3k.prompt import ACTION_FORMAT, SYSTEM_PROMPT, random_reply
 from services.geo3k.sample import Geo3kSample
 from services.geo3k.splits import builtin_splits
+from services.geo3k.tool_call import TOOL_NAMES
 
 __all__ = ["ENV_FACTORY", "TOOLS", "Geo3kEnv", "Geo3kOptions", "Geo3kSample", "build_env"]
 
@@ -56,6 +57,7 @@ ENV_FACTORY = EnvFactory(
     sample_model=Geo3kSample,
     splits=builtin_splits,
     tools=TOOLS,
+    tool_aliases={alias: TOOL_NAMES[0] for alias in TOOL_NAMES[1:]},
     random_reply=random_reply,
     import_path=__name__,
 )

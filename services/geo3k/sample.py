@@ -17,7 +17,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from typing_extensions import Self
 
-from clients.images import ImageError, decode_image
+from clients.images import decode_image
 
 IMAGE_PLACEHOLDER = "<image>"
 MAX_IMAGES = 8
@@ -26,11 +26,9 @@ LETTERS = string.ascii_uppercase[:MAX_CHOICES]
 
 
 def _decodable(url: str) -> str:
-    """A data URL whose image decodes within the default image limits."""
-    try:
-        decode_image(url)
-    except ImageError as exc:
-        raise ValueError(str(exc)) from None
+    """A data URL whose image decodes within the default image limits; an `ImageError` (a ValueError)
+    says why not, and tells the server to answer `invalid_image`."""
+    decode_image(url)
     return url
 
 

@@ -44,7 +44,7 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
     """A FastAPI app hosting sessions of `env_factory`, bounded and configured by `settings`."""
     service = EnvService(env_factory, settings)
     settings, metrics, manager = service.settings, service.metrics, service.manager
-    tool_actions = ToolActions(env_factory)
+    tool_actions = ToolActions(env_factory, settings.max_action_chars)
     mcp = EnvTools(service)
 
     @contextlib.asynccontextmanager

@@ -21,6 +21,9 @@ from services.server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
 
+VALUE_ERROR_PREFIX = "Value error, "
+"""What pydantic puts before the message of a ValueError raised in a validator; left out of answers."""
+
 _CODE_BY_STATUS = {
     401: ErrorCode.UNAUTHORIZED,
     404: ErrorCode.NOT_FOUND,
@@ -47,11 +50,13 @@ def error_response(
 
 
 def describe_validation_errors(errors: Iterable[Mapping[str, Any]], prefix: str = "") -> str:
-    """One line naming each invalid field: `body.action: Field required; body.seed: ...`."""
+    """One line naming each invalid field: `body.action: Field required; body.seed: ...`, each message as
+    the validator wrote it."""
     parts = []
     for err in errors:
         loc = ".".join(str(p) for p in (prefix, *err.get("loc", ())) if p != "")
-        parts.append(f"{loc}: {err.get('msg', 'invalid')}" if loc else str(err.get("msg", "invalid")))
+        message = str(err.get("msg", "invalid")).removeprefix(VALUE_ERROR_PREFIX)
+        parts.append(f"{loc}: {message}" if loc else message)
     return "; ".join(parts)
 
 

@@ -27,11 +27,18 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.routing import BaseRoute
 
-from clients.protocol import ErrorCode, Observation, ResetRequest, ResetResponse, StepRequest, StepResponse
+from clients.protocol import (
+    ErrorCode,
+    Observation,
+    ResetRequest,
+    ResetResponse,
+    Seed,
+    StepRequest,
+    StepResponse,
+)
 from services.server.embedded import EnvService
 from services.server.errors import ServiceError, describe_validation_errors
-
-MCP_PATH = "/mcp"
+from services.server.security import MCP_PATH
 
 
 class _Arguments(BaseModel):
@@ -41,7 +48,7 @@ class _Arguments(BaseModel):
 class StartEpisode(_Arguments):
     """Arguments of `start_episode`: at most one task source, and the env options."""
 
-    seed: int | None = Field(default=None, description="A generated task's seed.")
+    seed: Seed | None = Field(default=None, description="A generated task's seed.")
     task_id: str | None = Field(
         default=None, description="A dataset row the server holds, SPLIT/INDEX (e.g. test/17)."
     )

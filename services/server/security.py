@@ -3,10 +3,13 @@ and the CORS options that let browser pages of chosen origins past it.
 
 It runs before routing and before the body is parsed, so an unauthenticated or oversized request costs
 the server almost nothing, and it reads the headers of every request once. Its refusals are
-`ErrorResponse` bodies like every other error.
+`ErrorResponse` bodies like every other error. At `/mcp` it also answers GET with 405 (the stateless
+transport has no server-initiated messages to stream) and gives the MCP SDK's plain-text refusals (421,
+403) that body too.
 
 The probe and scrape paths stay open with a token set (docs/server.md, "Authentication"): Kubernetes
 probes and Prometheus send no token, and these paths reveal only counts, never a session or an observation.
+So does `/openapi.json`, which describes the wire and no secret, so that clients can be generated from it.
 """
 
 from __future__ import annotations
@@ -22,8 +25,17 @@ from clients.protocol import ErrorCode
 from services.server.errors import error_response
 from services.server.metrics import ServerMetrics
 
-OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/openapi.json"})
+MCP_PATH = "/mcp"
 MCP_HEADERS = ("mcp-protocol-version", "mcp-session-id", "mcp-method", "mcp-name", "last-event-id")
+NO_MCP_STREAM = (
+    "GET /mcp: this server sends no server-initiated messages, so it opens no SSE stream; "
+    "POST each JSON-RPC request (MCP's streamable HTTP allows 405 here)"
+)
+PLAIN_REFUSALS = {403: ErrorCode.FORBIDDEN, 421: ErrorCode.MISDIRECTED}
+"""The statuses of the MCP SDK's plain-text refusals (its DNS-rebinding guard: a foreign `Origin`, a
+foreign `Host`), answered as `ErrorResponse` bodies with these codes."""
+LOOPBACK_HINT = "a server bound to a loopback address answers /mcp only for loopback Host and Origin headers"
 
 
 def cors_options(origins: list[str]) -> dict[str, Any]:
@@ -81,7 +93,10 @@ class RequestGuard:
         elif declared.isdigit() and int(declared) > self.max_bytes:
             too_large = self._too_large(f"{declared.decode()} bytes")
             refusal = self._refusal(ErrorCode.PAYLOAD_TOO_LARGE, too_large)
+        elif scope["path"] == MCP_PATH and scope["method"] == "GET":
+            refusal = self._refusal(ErrorCode.BAD_REQUEST, NO_MCP_STREAM, {"Allow": "POST"}, status=405)
         else:
+            send = self._json_refusals(send) if scope["path"] == MCP_PATH else send
             await self.app(scope, receive if declared.isdigit() else self._counting(receive), send)
             return
         await refusal(scope, receive, send)
@@ -108,10 +123,37 @@ class RequestGuard:
 
         return counting_receive
 
-    def _refusal(self, code: ErrorCode, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    def _json_refusals(self, send: Send) -> Send:
+        """`send`, with a plain-text answer of a `PLAIN_REFUSALS` status (the MCP SDK's) sent instead as an
+        `ErrorResponse` body carrying its text."""
+        refused: list[Message] = []
+
+        async def json_send(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] in PLAIN_REFUSALS:
+                media_type = dict(message.get("headers", [])).get(b"content-type", b"")
+                if not media_type.startswith(b"application/json"):
+                    refused.append(message)
+                    return
+            if not refused:
+                await send(message)
+                return
+            refused.append(message)
+            if message.get("more_body", False):
+                return
+            text = b"".join(part.get("body", b"") for part in refused[1:]).decode(errors="replace").strip()
+            status = refused[0]["status"]
+            answer = self._refusal(PLAIN_REFUSALS[status], f"{text}: {LOOPBACK_HINT}", status=status)
+            await send({"type": "http.response.start", "status": status, "headers": answer.raw_headers})
+            await send({"type": "http.response.body", "body": answer.body})
+
+        return json_send
+
+    def _refusal(
+        self, code: ErrorCode, message: str, headers: dict[str, str] | None = None, status: int | None = None
+    ) -> JSONResponse:
         """An `ErrorResponse` answered instead of calling the app, counted by code."""
         self.metrics.errors.labels(code=code.value).inc()
-        return error_response(code, message, headers)
+        return error_response(code, message, headers, status)
 
     def _too_large(self, size: str) -> str:
         return f"request body of {size} exceeds the limit of {self.max_bytes} bytes"

@@ -5,7 +5,7 @@ A `TaskCatalog` holds the splits a server serves, the env's own (`EnvFactory.spl
 - `task_id` `SPLIT/INDEX` names a row of a split: 422 `validation_error` when it is not of that form,
   404 `task_not_found` when there is no such row;
 - `sample` is a row sent inline: 422 `invalid_sample` naming each bad field, 422 `invalid_image` naming
-  an image over the server's image limits.
+  an image that does not decode (the sample model's own check) or is over the server's image limits.
 Reading a row and decoding images take time, so the session manager calls `resolve` in a thread.
 """
 
@@ -119,15 +119,18 @@ class TaskCatalog:
         return model
 
     def _parse(self, row: Mapping[str, Any], *, prefix: str) -> BaseModel:
-        """`row` as the env's sample model; 422 `invalid_sample` naming each bad field (`sample.answer`)."""
+        """`row` as the env's sample model; 422 `invalid_sample` naming each bad field (`sample.answer`), or
+        `invalid_image` when every error is an image the model's own check refused (an `ImageError`)."""
         if self.sample_model is None:
             message = f"env {self.env!r} takes no samples; start it from a seed or its options"
             raise ServiceError(ErrorCode.INVALID_SAMPLE, message)
         try:
             return self.sample_model.model_validate(row)
         except ValidationError as exc:
-            message = describe_validation_errors(exc.errors(include_url=False), prefix=prefix)
-            raise ServiceError(ErrorCode.INVALID_SAMPLE, message) from None
+            errors = exc.errors(include_url=False)
+            images = all(isinstance(error.get("ctx", {}).get("error"), ImageError) for error in errors)
+            code = ErrorCode.INVALID_IMAGE if images else ErrorCode.INVALID_SAMPLE
+            raise ServiceError(code, describe_validation_errors(errors, prefix=prefix)) from None
 
 
 def _image_urls(value: Any, where: str) -> Iterator[tuple[str, str]]:

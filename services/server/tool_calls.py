@@ -2,8 +2,9 @@
 text the call stands for (`EnvFactory.tool_call_text`), so a chat-completion agent passes the model's
 tool calls through unchanged (docs/agents.md).
 
-A call naming no tool of the env, or whose arguments are not a JSON object valid against the tool's
-parameter schema, is a 422 `validation_error` naming what is wrong; nothing steps.
+A call naming no tool of the env (nor one of its `tool_aliases`), whose arguments are not a JSON object
+valid against the tool's parameter schema, or whose text would pass the server's `max_action_chars`, is
+a 422 `validation_error` naming what is wrong; nothing steps.
 """
 
 from __future__ import annotations
@@ -19,20 +20,28 @@ from services.server.errors import ServiceError
 
 
 class ToolActions:
-    """Turns the calls of one env's tools into its response text, checking them against the schemas."""
+    """Turns the calls of one env's tools (by their names or `tool_aliases`) into its response text,
+    checking them against the schemas and the server's action length limit."""
 
-    def __init__(self, factory: EnvFactory) -> None:
+    def __init__(self, factory: EnvFactory, max_action_chars: int | None = None) -> None:
         self.factory = factory
+        self.max_action_chars = max_action_chars
         self.validators = {
             tool["function"]["name"]: Draft202012Validator(tool["function"].get("parameters", {}))
             for tool in factory.tools
         }
+        self.validators.update({alias: self.validators[name] for alias, name in factory.tool_aliases.items()})
 
     def resolve(self, request: StepRequest) -> StepRequest:
         """`request` with the text of its tool call as the action; unchanged when it has none."""
         if request.tool_call is None:
             return request
         action = self.action(request.tool_call)
+        if self.max_action_chars is not None and len(action) > self.max_action_chars:
+            raise _invalid(
+                f"tool_call: its arguments make a response of {len(action)} characters; the limit "
+                f"(max_action_chars) is {self.max_action_chars}"
+            )
         return request.model_copy(update={"action": action, "tool_call": None})
 
     def action(self, call: ToolCall) -> str:

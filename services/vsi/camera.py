@@ -103,7 +103,8 @@ class MoveResult:
             return f"{action.value}: a wall blocks the way, so you did not move."
         if self.at_limit:
             way = "up" if action is Action.LOOK_UP else "down"
-            return f"{action.value}: the camera is at its limit ({MAX_PITCH_DEG:g}° {way}), so the view did not change."
+            limit = f"{MAX_PITCH_DEG:g}° {way}"
+            return f"{action.value}: the camera is at its limit ({limit}), so the view did not change."
         return f"{action.value}: done."
 
 
