@@ -13,8 +13,9 @@ import time
 
 import pytest
 
+from services.choices import choice_letter
 from services.geo3k import Geo3kEnv, Geo3kOptions, Geo3kSample
-from services.geo3k.answers import choice_letter, last_boxed
+from services.geo3k.answers import last_boxed
 from services.geo3k.equivalence import answers_match
 from services.geo3k.generator import generate
 from services.geo3k.grader import GraderPool, Verdict, shared_pool
@@ -76,16 +77,28 @@ def test_last_boxed_takes_the_last_balanced_box() -> None:
     assert last_boxed("no box") is None
 
 
-def test_choice_letters() -> None:
-    assert [choice_letter(text, "ABCD") for text in ("B", "(C)", "D.", "\\text{A}", "E", "b", "12")] == [
-        "B",
-        "C",
-        "D",
-        "A",
-        None,
-        None,
-        None,
-    ]
+@pytest.mark.parametrize(
+    ("text", "letter"),
+    [
+        ("B", "B"),
+        ("(C)", "C"),
+        ("D.", "D"),
+        ("\\text{A}", "A"),
+        ("b", "B"),
+        ("[b]:", "B"),
+        ("Answer: B", "B"),
+        ("The answer is (C).", "C"),
+        ("B. 12", "B"),
+        ("C sofa", "C"),
+        ("E", None),  # not a listed letter
+        ("12", None),
+        ("AB", None),  # a segment
+        ("b = 12", None),  # a length
+        ("Answer: 2\\sqrt{3}", None),
+    ],
+)
+def test_choice_letters(text: str, letter: str | None) -> None:
+    assert choice_letter(text, "ABCD") == letter
 
 
 def test_a_grading_timeout_scores_zero_is_counted_and_does_not_hang() -> None:

@@ -57,7 +57,13 @@ def test_parsing_takes_the_first_token_without_trailing_dots(text: str, token: s
         (QT.OBJECT_ABS_DISTANCE, "2.0", "nan", 0.0),
         (QT.OBJECT_REL_DISTANCE, "C", "C. sofa", 1.0),
         (QT.OBJECT_REL_DISTANCE, "C", "c", 1.0),
-        (QT.OBJECT_REL_DISTANCE, "C", "The answer is C", 0.0),  # only the first token counts
+        (QT.OBJECT_REL_DISTANCE, "C", "The answer is C", 1.0),
+        (QT.OBJECT_REL_DISTANCE, "B", "(B)", 1.0),
+        (QT.OBJECT_REL_DISTANCE, "B", "Answer: B", 1.0),
+        (QT.OBJECT_REL_DISTANCE, "B", "answer: (b).", 1.0),
+        (QT.OBJECT_REL_DISTANCE, "B", "\\text{B}", 1.0),
+        (QT.OBJECT_REL_DISTANCE, "B", "BC", 0.0),
+        (QT.OBJECT_REL_DISTANCE, "C", "sofa C", 0.0),
         (QT.ROUTE_PLANNING, "A", "B", 0.0),
     ],
 )

@@ -1,11 +1,8 @@
-"""Pulling answers out of the model's own text: the last `\\boxed{...}`, and a bare choice letter."""
+"""Pulling answers out of the model's own text: the last `\\boxed{...}` (choice letters: services.choices)."""
 
 from __future__ import annotations
 
-import re
-
 BOXED = "\\boxed"
-_LETTER_RE = re.compile(r"^\(?\s*(?:\\text\{|\\mathrm\{|\\textbf\{)?\s*([A-Z])\s*\}?\s*\)?\.?$")
 
 
 def last_boxed(text: str) -> str | None:
@@ -30,11 +27,3 @@ def _braced(text: str, open_at: int) -> str | None:
             if depth == 0:
                 return text[open_at + 1 : index]
     return None
-
-
-def choice_letter(answer: str, letters: str) -> str | None:
-    """The choice letter `answer` consists of ("B", "(B)", "B.", "\\text{B}"), if it is one of `letters`."""
-    match = _LETTER_RE.match(answer.strip())
-    if match is None or match.group(1) not in letters:
-        return None
-    return match.group(1)

@@ -20,9 +20,10 @@ from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 
 from clients.images import decode_image
+from services.choices import choice_letter
 from services.env_api import EnvObservation, check_steppable
 from services.geo3k import prompt
-from services.geo3k.answers import choice_letter, last_boxed
+from services.geo3k.answers import last_boxed
 from services.geo3k.generator import generate
 from services.geo3k.grader import GraderPool, Verdict, shared_pool
 from services.geo3k.options import Geo3kOptions

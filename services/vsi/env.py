@@ -26,7 +26,7 @@ from services.vsi.prompt import reset_text, system_prompt, turn_text
 from services.vsi.question import VsiQuestion
 from services.vsi.render import render_frames, visible_pixels
 from services.vsi.responses import parse_turn
-from services.vsi.scoring import parse_answer, score_answer
+from services.vsi.scoring import read_answer, score_answer
 
 
 class VsiEnv:
@@ -95,7 +95,7 @@ class VsiEnv:
         turn = parse_turn(response_text)
         reward, blocked = 0.0, False
         if turn.answer is not None:
-            self.answer = parse_answer(turn.answer)
+            self.answer = read_answer(self.question.question_type, turn.answer)
             self.score = score_answer(self.question.question_type, self.question.ground_truth, turn.answer)
             reward, feedback = self.score, f"You answered {self.answer!r}. The episode is over."
             self._done = True

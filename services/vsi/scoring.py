@@ -1,17 +1,20 @@
 """VSI-Bench's scoring: answer parsing, MRA for numbers, exact letters for choices, and the aggregate.
 
-An answer is read as VSI-Bench's evaluation reads a prediction: its first whitespace-separated token
-with trailing "." removed. A numeric answer scores its mean relative accuracy against the ground truth
-over the 10 thresholds 0.50, 0.55, …, 0.95; a multiple-choice answer scores 1 when it is the correct
-letter (case-insensitive). Anything unparseable scores 0.
+A numeric answer is read as VSI-Bench's evaluation reads a prediction: its first whitespace-separated
+token with trailing "." removed; it scores its mean relative accuracy against the ground truth over the
+10 thresholds 0.50, 0.55, …, 0.95. A multiple-choice answer is read as every env reads one
+(`services.choices`: `B`, `(B)`, `b.`, `Answer: B`, `B. sofa`, …) and scores 1 when it names the
+correct letter. Anything unparseable scores 0.
 """
 
 from __future__ import annotations
 
 import math
+import string
 from collections import defaultdict
 from collections.abc import Iterable
 
+from services.choices import choice_letter
 from services.vsi.question import DIRECTION_TASK, DIRECTION_TYPES, TASKS, QuestionType
 
 MRA_THRESHOLDS = (0.50, 0.55, 0.60, 0.65, 0.70, 0.75, 0.80, 0.85, 0.90, 0.95)
@@ -43,15 +46,23 @@ def mean_relative_accuracy(prediction: float, target: float) -> float:
     return sum(error <= 1 - theta for theta in MRA_THRESHOLDS) / len(MRA_THRESHOLDS)
 
 
+def read_answer(question_type: QuestionType, answer: str) -> str | None:
+    """What `answer` (the text inside the answer tag) says: a numeric question's first token, or the
+    choice letter a multiple-choice answer names; None when it says nothing readable."""
+    if question_type.numeric:
+        return parse_answer(answer)
+    return choice_letter(answer, string.ascii_uppercase)
+
+
 def score_answer(question_type: QuestionType, ground_truth: str, answer: str) -> float:
     """The VSI-Bench score of `answer` (the text inside the answer tag) for one question."""
-    token = parse_answer(answer)
+    said = read_answer(question_type, answer)
     if question_type.numeric:
-        prediction, target = to_number(token), to_number(ground_truth)
+        prediction, target = to_number(said), to_number(ground_truth)
         if prediction is None or target is None:
             return 0.0
         return mean_relative_accuracy(prediction, target)
-    return float(token is not None and token.lower() == ground_truth.strip().lower())
+    return float(said is not None and said == ground_truth.strip().upper())
 
 
 def aggregate(scores: Iterable[tuple[QuestionType | str, float]]) -> dict[str, float]:
