@@ -53,8 +53,17 @@ def test_size_is_the_longest_side_in_centimetres(room: Scene) -> None:
     assert found == {"sofa": "200", "tv": "120", "table": "100", "bed": "200", "lamp": "100"}
 
 
-def test_room_size_is_the_layouts_rounded_to_a_decimetre(room: Scene) -> None:
-    assert list(answers(room, QT.ROOM_SIZE_ESTIMATION).values()) == ["40.0"]
+def test_room_size_is_asked_where_the_walls_grow_to_it(room: Scene) -> None:
+    """The footprints and the centre span x [-4, 4.1], y [-3.8, 3.5]: 59.13 m². Walls grown evenly to 64.04 m²
+    keep the rectangle's middle and its sides' difference; 40.04 m² is less than the objects need, so
+    the walls hold them 5 cm off and the room gets no room-size question."""
+    roomy = make_scene(ROOM, room_size=64.04)
+    x0, y0, x1, y1 = roomy.extent
+    assert roomy.floor_area == pytest.approx(64.04) and roomy.floor_shows_room_size
+    assert ((x0 + x1) / 2, (y0 + y1) / 2, (x1 - x0) - (y1 - y0)) == pytest.approx((0.05, -0.15, 0.8))
+    assert list(answers(roomy, QT.ROOM_SIZE_ESTIMATION).values()) == ["64.0"]
+    assert room.extent == pytest.approx((-4.05, -3.85, 4.15, 3.55))
+    assert not room.floor_shows_room_size and answers(room, QT.ROOM_SIZE_ESTIMATION) == {}
 
 
 def test_closest_point_distance_between_boxes() -> None:

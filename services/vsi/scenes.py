@@ -3,7 +3,9 @@
 `load_vsibench()` reads the vendored VSI-Bench layouts (`data/README.md`). The walls enclose the room's
 extent: the rectangle, turned to the objects' dominant heading, that holds every object's footprint and
 the room centre, grown evenly on all sides to the layout's `room_size` when the objects span less floor
-than that (`docs/vsi.md`).
+than that, so the drawn floor has the area room-size questions ask for; otherwise they hold the objects
+with `WALL_MARGIN` to spare, and a room drawn more than `ROOM_SIZE_TOLERANCE` larger than its
+`room_size` gets no room-size question (`docs/vsi.md`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ VSIBENCH_FILES = {
     "scannetpp": "scannetpp_meta_info_val.json",
 }
 WALL_MARGIN = 0.05
-"""Metres between the outermost object and a wall."""
+"""Metres between the outermost object and a wall, where the objects span more than `room_size`."""
+ROOM_SIZE_TOLERANCE = 0.05
+"""How much larger than `room_size` the drawn floor may be for the room to keep room-size questions: within
+it an exact measurement of the drawn floor still scores full marks (MRA's strictest threshold is 0.95)."""
 MIN_WALL_HEIGHT = 2.5
 
 
@@ -89,17 +94,29 @@ class Scene:
     @functools.cached_property
     def extent(self) -> tuple[float, float, float, float]:
         """The walls' rectangle (x0, y0, x1, y1) in the walls' frame (`to_room`): objects and centre, grown
-        to `room_size` if smaller."""
+        evenly to an area of exactly `room_size` if they span less, else by `WALL_MARGIN`."""
         points = np.concatenate(
             [obj.box.corners[:, :2] for obj in self.objects] + [self.room_center[None, :2]]
         )
         corners = self.to_room(points)
-        (x0, y0), (x1, y1) = corners.min(axis=0) - WALL_MARGIN, corners.max(axis=0) + WALL_MARGIN
+        (x0, y0), (x1, y1) = corners.min(axis=0), corners.max(axis=0)
         width, depth = x1 - x0, y1 - y0
+        grow = WALL_MARGIN
         if width * depth < self.room_size:
             grow = (math.sqrt((width - depth) ** 2 + 4 * self.room_size) - width - depth) / 4
-            x0, y0, x1, y1 = x0 - grow, y0 - grow, x1 + grow, y1 + grow
-        return float(x0), float(y0), float(x1), float(y1)
+        return float(x0 - grow), float(y0 - grow), float(x1 + grow), float(y1 + grow)
+
+    @property
+    def floor_area(self) -> float:
+        """The drawn floor's area in m², inside the walls."""
+        x0, y0, x1, y1 = self.extent
+        return (x1 - x0) * (y1 - y0)
+
+    @property
+    def floor_shows_room_size(self) -> bool:
+        """Whether the drawn floor is within `ROOM_SIZE_TOLERANCE` of `room_size`, so that a room-size
+        question is fair to an agent that measures what it sees."""
+        return self.floor_area <= self.room_size * (1 + ROOM_SIZE_TOLERANCE)
 
     @property
     def center_xy(self) -> Array:

@@ -151,7 +151,9 @@ def _size(scene: Scene, qt: QuestionType, rng: random.Random) -> list[Draft]:
 
 
 def _room_size(scene: Scene, qt: QuestionType, rng: random.Random) -> list[Draft]:
-    """The layout's floor area, one question per scene."""
+    """The layout's floor area, one question per scene whose drawn floor shows it."""
+    if not scene.floor_shows_room_size:
+        return []
     return [Draft(qt, ROOM_SIZE, answer=f"{round(scene.room_size, 1):.1f}")]
 
 
