@@ -18,6 +18,7 @@ def test_env_options_validate_and_agree_with_the_rollout_turns(name: str) -> Non
     cfg = load_config(CONFIGS / name, [])
     options = load_env_factory(cfg.env.name).options_model.model_validate(cfg.env.options)
     assert isinstance(options, Geo3kOptions) and options.max_turns == cfg.rollout.max_turns == 3
+    assert cfg.env.options["calc_score"] == options.calc_score == "oracle"  # said, as docs/geo3k.md tells
 
 
 def test_the_full_config_keeps_the_seed_budgets() -> None:

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from services.geo3k import ENV_FACTORY, Geo3kEnv, Geo3kOptions, Geo3kSample, build_env
 from services.geo3k.generator import generate
@@ -270,3 +271,30 @@ def test_restore_continues_identically_after_every_step(episode: int) -> None:
         assert restored.state() == env.state()
         if played < len(turns):
             replay.step(turns[played])
+
+
+def test_the_oracle_checker_lets_the_choices_be_tried_one_by_one() -> None:
+    """The reward-hacking risk of the seed's checker (docs/geo3k.md, "What the checker tells")."""
+    env = started(max_turns=8)
+    letters = env.shown_letters
+    outcomes = [env.step(call(letter))[2]["outcome"] for letter in letters]
+    assert outcomes.count("correct") == 1 and outcomes.count("wrong") == len(letters) - 1
+
+
+def test_the_format_checker_tells_only_that_the_call_was_well_formed() -> None:
+    right, wrong_env = started(calc_score="format"), started(calc_score="format")
+    right_obs, done, info = right.step(call(right.answer))
+    wrong_obs, _, wrong_info = wrong_env.step(call(wrong(right.answer)))
+    assert not done and info["outcome"] == wrong_info["outcome"] == "recorded"
+    assert info["tool_score"] is wrong_info["tool_score"] is None
+    assert right_obs["text"].replace(right.answer, "X") == wrong_obs["text"].replace(wrong(right.answer), "X")
+    assert "well formed" in right_obs["text"] and "does not say" in right_obs["text"]
+    assert info["metrics"]["tool_calls"] == 1 and info["metrics"]["correct_tool_calls"] == 0
+    for env, expected in ((right, 1.0), (wrong_env, 0.0)):
+        _, done, final = env.step("Done.")
+        assert done and final["episode_reward"] == expected and final["final_answer_source"] == "tool"
+
+
+def test_end_on_correct_needs_the_oracle() -> None:
+    with pytest.raises(ValidationError, match="end_on_correct needs calc_score: oracle"):
+        Geo3kOptions(calc_score="format", end_on_correct=True)

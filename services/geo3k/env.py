@@ -39,6 +39,8 @@ class Outcome(str, enum.Enum):
     MISSING_ANSWER = "missing_answer"
     CORRECT = "correct"
     WRONG = "wrong"
+    RECORDED = "recorded"
+    """A well-formed call under `calc_score: format`: its answer is recorded, not graded."""
 
 
 class FinalSource(str, enum.Enum):
@@ -205,14 +207,17 @@ class Geo3kEnv:
             return Outcome.UNSUPPORTED_TOOL, prompt.unsupported_tool(call.name), None
         if not call.answer.strip():
             return Outcome.MISSING_ANSWER, prompt.missing_answer(), None
-        verdict = self._grade(call.answer)
         episode = self.episode
         episode.tool_calls += 1
+        last_chance = episode.turn - 1 >= max(self.options.max_turns - 2, 0)
+        if self.options.calc_score == "format":
+            episode.last_tool_answer, episode.last_tool_score = call.answer, None
+            return Outcome.RECORDED, prompt.recorded_answer(call.answer, last_chance), None
+        verdict = self._grade(call.answer)
         episode.last_tool_answer, episode.last_tool_score = call.answer, verdict.score
         if verdict is Verdict.CORRECT:
             episode.correct_calls += 1
             return Outcome.CORRECT, prompt.correct_answer(call.answer), verdict.score
-        last_chance = episode.turn - 1 >= max(self.options.max_turns - 2, 0)
         return Outcome.WRONG, prompt.wrong_answer(call.answer, last_chance), verdict.score
 
     def _finish(self, response_text: str) -> float:
@@ -228,6 +233,8 @@ class Geo3kEnv:
             score = episode.last_tool_score if reuse else self._grade(boxed).score
         elif episode.last_tool_answer is not None:
             source, answer, score = FinalSource.TOOL, episode.last_tool_answer, episode.last_tool_score
+            if score is None:  # recorded under `calc_score: format`, graded only now
+                score = self._grade(answer).score
         else:
             source, answer, score = FinalSource.NONE, None, 0.0
         episode.final_source, episode.final_answer = source, answer

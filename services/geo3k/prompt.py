@@ -66,6 +66,15 @@ def correct_answer(answer: str) -> str:
     )
 
 
+def recorded_answer(answer: str, last_chance: bool) -> str:
+    """The format-only checker's reply to a well-formed call: recorded, not a word on whether it is right."""
+    text = (
+        f"calc_score: the call is well formed and answer '{answer}' is recorded. This checker does not say "
+        f"whether an answer is right; give your final answer as {FINAL_ANSWER_FORM}."
+    )
+    return f"{text} {LAST_CHANCE}" if last_chance else text
+
+
 def wrong_answer(answer: str, last_chance: bool) -> str:
     """The checker's reply to a wrong answer, with the final-answer warning on the last chance."""
     text = f"calc_score result: 0.0. Parsed answer '{answer}' does not match the reference. {WRONG_HINT}"
