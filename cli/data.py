@@ -1,5 +1,6 @@
 """`vistarl data ...`: build data sets: `sokoban` writes the Sokoban parquet splits, `geo3k` converts the
-real Geometry3K parquet into Geo3k samples, `vsi` imports VSI-Bench's questions."""
+real Geometry3K (its original folders, or parquet) into Geo3k samples, `vsi` imports VSI-Bench's
+questions."""
 
 from __future__ import annotations
 
@@ -97,15 +98,16 @@ def geo3k_command(
         typer.Option(
             "--from",
             exists=True,
-            help="The real Geometry3K parquet: a file, or a directory of them (hiyouga/geometry3k, or the "
-            "seed's geo3k_imgurl_processed).",
+            help="The real Geometry3K: the original folders (SPLIT/ID/data.json + img_diagram.png, as "
+            "the Inter-GPS release ships them), or parquet: a file, or a directory of them "
+            "(hiyouga/geometry3k, or the seed's geo3k_imgurl_processed).",
         ),
     ],
     out: Annotated[
         Path, typer.Option("--out", help="Directory for <split>.parquet in the Geo3k sample schema.")
     ],
 ) -> None:
-    """Convert the real Geometry3K parquet files into Geo3k samples, one parquet per split."""
+    """Convert the real Geometry3K (folders or parquet) into Geo3k samples, one parquet per split."""
     from services.geo3k.geometry3k import ConversionError, convert, count_rows, source_files
 
     console = Console()

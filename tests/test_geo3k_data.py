@@ -1,9 +1,11 @@
-"""`vistarl data geo3k`: the real Geometry3K parquet layouts, written from generated problems, converted."""
+"""`vistarl data geo3k`: the real Geometry3K layouts (the original folders, the parquet files), written
+from generated problems, converted."""
 
 from __future__ import annotations
 
 import base64
 import io
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -120,6 +122,49 @@ def test_processed_layout_drops_the_instruction_and_reads_every_image_form(tmp_p
     for row, problem in zip(rows, problems, strict=False):
         assert row["problem"] == problem.problem and row["answer"] == problem.answer
         assert same_pixels(row["images"][0], problem.image)
+
+
+def write_folders(root: Path, split: str, problems: list[GeneratedProblem]) -> None:
+    """The original distribution (Inter-GPS): SPLIT/ID/data.json with the answer as a letter, and
+    img_diagram.png beside it (and other files, which are not read)."""
+    for problem in problems:
+        folder = root / split / str(problem.seed)
+        folder.mkdir(parents=True)
+        data = {
+            "id": problem.seed,
+            "problem_text": problem.problem.replace("<image>", ""),
+            "choices": problem.choices,
+            "answer": LETTERS[problem.choices.index(problem.answer)],
+            "problem_type_graph": ["Triangle"],
+            "compact_text": "unused",
+        }
+        (folder / "data.json").write_text(json.dumps(data))
+        (folder / "img_diagram.png").write_bytes(png_bytes(problem.image))
+        (folder / "logic_form.json").write_text("{}")
+
+
+def test_the_original_folders_convert_split_by_split(tmp_path: Path) -> None:
+    train, test = multiple_choice(3, 0), multiple_choice(2, 500)
+    write_folders(tmp_path / "geometry3k", "train", train)
+    write_folders(tmp_path / "geometry3k", "test", test)
+    (tmp_path / "geometry3k" / "test" / str(test[1].seed) / "img_diagram.png").unlink()
+    (tmp_path / "geometry3k" / "train" / "9999").mkdir()
+    (tmp_path / "geometry3k" / "train" / "9999" / "data.json").write_text('{"problem": "x"}')
+    output = " ".join(convert(tmp_path / "geometry3k", tmp_path / "out").split())
+    assert "train: wrote 3 rows" in output and "test: wrote 1 rows" in output
+    assert f"skipped {test[1].seed}/data.json: images: 'img_diagram.png' is neither base64 nor" in output
+    assert "skipped 9999/data.json: data.json: expected an object with problem_text, choices" in output
+    for split, problems in (("train", train), ("test", test[:1])):
+        rows = pd.read_parquet(tmp_path / "out" / f"{split}.parquet").to_dict("records")
+        for row, problem in zip(rows, problems, strict=True):
+            sample = Geo3kSample.model_validate(row)
+            assert sample.problem == "<image>" + problem.problem.replace("<image>", "")
+            assert (sample.answer, sample.choices, sample.id) == (
+                problem.answer,
+                problem.choices,
+                str(problem.seed),
+            )
+            assert same_pixels(sample.images[0], problem.image)
 
 
 def test_a_source_without_the_columns_is_refused(tmp_path: Path) -> None:

@@ -1,6 +1,8 @@
-"""Converting the real Geometry3K parquet files into the project's dataset format (`vistarl data geo3k`).
+"""Converting the real Geometry3K into the project's dataset format (`vistarl data geo3k`).
 
-Sources, read by column name (other columns are ignored):
+Sources: the original distribution (the Inter-GPS release), folders `SPLIT/ID/` each holding
+`data.json` (`problem_text`, `choices`, `answer` as the choice's letter, `id`; other keys are ignored)
+and the diagram `img_diagram.png`; and parquet files, read by column name (other columns are ignored):
 - hiyouga/geometry3k: `images` (a list of `{bytes, path}` image structs), `problem` ("<image>" and the
   text), `answer` (the correct choice's value), `id`, `choices`, `ground_truth` (the letter);
 - the seed's `*_imgurl_processed` parquet (slime's geo3k example): `problem`, `answer`, `images`, where
@@ -9,8 +11,9 @@ Sources, read by column name (other columns are ignored):
 An image may be a `{bytes, path}` struct, raw bytes, a data URL, bare base64, or a file path (relative
 to the parquet file); it is re-encoded as a PNG data URL. A URL to download is refused: nothing is
 fetched. Files are grouped into splits by name (`train-00000-of-00001.parquet` and `train.parquet`
-are both `train`), and each split is written to `OUT/<split>.parquet`, one row per sample in the
-`Geo3kSample` schema. Rows that do not validate are skipped and reported.
+are both `train`; a problem folder's split is the folder above it), and each split is written to
+`OUT/<split>.parquet`, one row per sample in the `Geo3kSample` schema. Rows that do not validate are
+skipped and reported.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import functools
 import io
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +38,9 @@ from clients.images import encode_image
 from services.geo3k.sample import IMAGE_PLACEHOLDER, Geo3kSample
 
 INSTRUCTION_MARKERS = ("calc_score", "<tool_call>")
+FOLDER_DATA = "data.json"
+FOLDER_DIAGRAM = "img_diagram.png"
+FOLDER_KEYS = ("problem_text", "choices", "answer")
 BATCH_ROWS = 256
 SCHEMA = pa.schema(
     [
@@ -60,19 +68,29 @@ class SplitReport:
 
 
 def source_files(source: Path) -> dict[str, list[Path]]:
-    """The parquet files of `source` (a file, or a directory searched recursively), by split name."""
-    files = [source] if source.is_file() else sorted(source.rglob("*.parquet"))
+    """The parquet files and problem folders' `data.json` of `source` (a file, or a directory searched
+    recursively), by split name; problem folders in the order of their ids."""
+    if source.is_file():
+        files = [source]
+    else:
+        folders = sorted(source.rglob(FOLDER_DATA), key=lambda p: (p.parent.parent, len(p.parent.name), p))
+        files = sorted(source.rglob("*.parquet")) + folders
     if not files:
-        raise ConversionError(f"{source}: no parquet files found")
+        raise ConversionError(f"{source}: no parquet files, nor problem folders with a {FOLDER_DATA}")
     splits: dict[str, list[Path]] = {}
     for path in files:
-        splits.setdefault(path.stem.split("-")[0], []).append(path)
+        split = path.parent.parent.name if path.name == FOLDER_DATA else path.stem.split("-")[0]
+        splits.setdefault(split, []).append(path)
     return splits
 
 
 def count_rows(files: dict[str, list[Path]]) -> int:
-    """Rows in all the files, from their footers."""
-    return sum(pq.ParquetFile(path).metadata.num_rows for paths in files.values() for path in paths)
+    """Rows in all the files: a parquet file's from its footer, one per problem folder."""
+    return sum(
+        1 if path.name == FOLDER_DATA else pq.ParquetFile(path).metadata.num_rows
+        for paths in files.values()
+        for path in paths
+    )
 
 
 def convert(
@@ -93,27 +111,67 @@ def convert(
     return reports
 
 
+Conversion = Callable[[], tuple[dict[str, Any], bool]]
+"""One source row's conversion, run where its failure can be reported: `_sample_row`'s result."""
+
+
 def _converted_batches(paths: list[Path], report: SplitReport) -> Iterator[list[dict[str, Any]]]:
     """Batches of converted rows (possibly empty, so progress still advances) from `paths`, in order."""
+    for batch in _source_batches(paths):
+        converted = []
+        for where, conversion in batch:
+            try:
+                sample, dropped = conversion()
+            except (ValidationError, ValueError, OSError) as exc:
+                report.skipped.append(f"{where}: {_reason(exc)}")
+            else:
+                converted.append(sample)
+                report.instructions_dropped += dropped
+        report.rows += len(converted)
+        yield converted
+
+
+def _source_batches(paths: list[Path]) -> Iterator[list[tuple[str, Conversion]]]:
+    """The rows of `paths` in batches, each named for the report and not yet converted."""
     index = 0
     for path in paths:
+        if path.name == FOLDER_DATA:
+            continue
         parquet = pq.ParquetFile(path)
         missing = {"problem", "answer", "images"} - set(parquet.schema_arrow.names)
         if missing:
             raise ConversionError(f"{path}: no column {', '.join(sorted(missing))}; is it Geometry3K?")
         for batch in parquet.iter_batches(batch_size=BATCH_ROWS):
-            converted = []
-            for row in batch.to_pylist():
-                try:
-                    sample, dropped = _sample_row(row, path.parent)
-                except (ValidationError, ValueError) as exc:
-                    report.skipped.append(f"{path.name} row {index}: {_reason(exc)}")
-                else:
-                    converted.append(sample)
-                    report.instructions_dropped += dropped
-                index += 1
-            report.rows += len(converted)
-            yield converted
+            rows = batch.to_pylist()
+            yield [
+                (f"{path.name} row {index + i}", functools.partial(_sample_row, row, path.parent))
+                for i, row in enumerate(rows)
+            ]
+            index += len(rows)
+    folders = [path for path in paths if path.name == FOLDER_DATA]
+    for start in range(0, len(folders), BATCH_ROWS):
+        yield [
+            (f"{path.parent.name}/{FOLDER_DATA}", functools.partial(_folder_row, path))
+            for path in folders[start : start + BATCH_ROWS]
+        ]
+
+
+def _folder_row(path: Path) -> tuple[dict[str, Any], bool]:
+    """One problem folder of the original distribution as a validated sample row: the diagram before the
+    problem text, the choices, and the answer's letter (read as that choice)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or not all(key in data for key in FOLDER_KEYS):
+        raise ValueError(
+            f"{FOLDER_DATA}: expected an object with {', '.join(FOLDER_KEYS)}; is it Geometry3K?"
+        )
+    row = {
+        "problem": IMAGE_PLACEHOLDER + str(data["problem_text"]),
+        "answer": str(data["answer"]),
+        "images": [FOLDER_DIAGRAM],
+        "choices": [str(choice) for choice in data["choices"] or []],
+        "id": data.get("id", path.parent.name),
+    }
+    return _sample_row(row, path.parent)
 
 
 def _sample_row(row: dict[str, Any], base: Path) -> tuple[dict[str, Any], bool]:
