@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import random
 
 import pytest
 from pydantic import ValidationError
@@ -106,3 +107,57 @@ def test_a_bad_sample_names_its_field(changes: dict, field: str) -> None:
 def test_a_choice_letter_as_answer_is_read_as_that_choice() -> None:
     sample = Geo3kSample.model_validate(sample_row(answer="C", choices=["1", "2", "3", "4"]))
     assert sample.answer == "3"
+
+
+# One problem of every template (and of each variant of the circle and inscribed-angle templates), with
+# its answer worked out by hand from the numbers in its key, which the diagram labels.
+HAND_COMPUTED = [
+    # triangles
+    (10, "pythagoras_hypotenuse:8,9", "\\sqrt{145}"),  # legs 8, 9: √(64 + 81)
+    (33, "pythagoras_leg:6,18", "12 \\sqrt{2}"),  # leg 6, hypotenuse 18: √(324 − 36) = √288
+    (5, "angle_sum:23,79", "78"),  # 180 − 23 − 79
+    (17, "angle_sum_algebra:4,-4,4,35,53", "12"),  # (4x − 4) + (4x + 35) + 53 = 180 → 8x = 96
+    (74, "exterior_angle:80,32", "148"),  # remote interiors 80 and 180 − 80 − 32 = 68: 80 + 68
+    (142, "isosceles_base_angle:106", "37"),  # apex 106: (180 − 106) / 2
+    (6, "similar_triangles:2/1,5,7,49", "14"),  # ratio 2 : 1, the matching side is 7: 2 · 7
+    # circles
+    (15, "circle_area:10,False", "100 \\pi"),  # radius 10: π · 10²
+    (18, "circle_area:12,True", "144 \\pi"),  # diameter 24 labelled: radius 12, π · 12²
+    (78, "circle_circumference:6,False", "12 \\pi"),  # radius 6: 2π · 6
+    (158, "circle_circumference:2,True", "4 \\pi"),  # diameter 4 labelled: π · 4
+    (22, "arc_length:30,11", "\\frac{11 \\pi}{6}"),  # 30/360 of 2π · 11
+    (4, "sector_area:40,8", "\\frac{64 \\pi}{9}"),  # 40/360 of π · 8²
+    (21, "inscribed_angle:136,False", "136"),  # inscribed angle 68 labelled: the arc is twice it
+    (54, "inscribed_angle:106,True", "53"),  # arc 106 labelled: the inscribed angle is half of it
+    (1, "chord_length:7,2", "6 \\sqrt{5}"),  # radius 7, 2 from the centre: 2√(49 − 4) = 2√45
+    # parallel lines (slope φ; at a crossing angles 0 and 2 are φ, 1 and 3 are 180 − φ)
+    (7, "transversal_angle:118,00,13", "62"),  # φ = 118 given; angle 3 at the other crossing: 180 − 118
+    (13, "transversal_algebra:122,02,11,3,19", "13"),  # φ = 122; angle 1 = 58 = 3x + 19
+    # polygons
+    (25, "regular_interior:6", "120"),  # (6 − 2) · 180 / 6
+    (24, "regular_exterior:6", "60"),  # 360 / 6
+    (9, "interior_angle_sum:6", "720"),  # (6 − 2) · 180
+    (0, "missing_polygon_angle:86,94,97", "83"),  # quadrilateral: 360 − (86 + 94 + 97)
+    (11, "missing_polygon_angle:98,108,109,110", "115"),  # pentagon: 540 − 425
+    # areas
+    (42, "rectangle_area:9,10", "90"),  # 9 · 10
+    (2, "rectangle_perimeter:4,13", "34"),  # 2 · (4 + 13)
+    (28, "parallelogram_area:10,5,2", "50"),  # base 10, height 5 (the lean does not count)
+    (43, "trapezoid_area:14,17,4", "62"),  # (14 + 17) / 2 · 4
+    (31, "triangle_area:6,14", "42"),  # 6 · 14 / 2
+    (14, "right_triangle_perimeter:10,12", "2 \\sqrt{61} + 22"),  # 10 + 12 + √(100 + 144) = 22 + 2√61
+]
+
+
+def test_every_template_and_variant_has_a_hand_computed_answer() -> None:
+    computed = {key.split(":")[0] for _, key, _ in HAND_COMPUTED}
+    for template in (template for templates in TOPICS.values() for template in templates):
+        made = {template(random.Random(draw)).key.split(":")[0] for draw in range(12)}
+        assert made <= computed, template.__name__
+
+
+@pytest.mark.parametrize(("seed", "key", "answer"), HAND_COMPUTED, ids=[key for _, key, _ in HAND_COMPUTED])
+def test_generated_answers_match_the_hand_computed_ones(seed: int, key: str, answer: str) -> None:
+    problem = generate(seed)
+    assert (problem.key, problem.answer) == (key, answer)
+    assert problem.choices is None or answer in problem.choices
