@@ -124,6 +124,9 @@ def eval_command(
     random_reply = load_env_factory(cfg.env.name).random_reply if dummy else None
     if dummy and random_reply is None:
         raise typer.BadParameter(f"env {cfg.env.name!r} has no random player", param_hint="--dummy")
+    if dummy and checkpoint is None and not model_path.is_dir():
+        model_path = _player_processor(cfg, run_dir)
+        console.print(f"no checkpoint at {cfg.model.path}: the random player tokenizes with {model_path}")
 
     async def main() -> dict[str, float]:
         processor = await asyncio.to_thread(VLProcessor.from_pretrained, model_path)
@@ -147,6 +150,15 @@ def eval_command(
     console.print(table)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     console.print(f"images, trajectories and summary.json saved under {run_dir}")
+
+
+def _player_processor(cfg: TrainConfig, run_dir: Path) -> Path:
+    """What the random player needs of a checkpoint, as it has no weights: Qwen's tokenizer and image
+    processor (of `model.arch`; Qwen2.5-VL's for auto), written under the run directory."""
+    from devtools.tiny_checkpoint import write_processor
+
+    arch = "qwen2_5_vl" if cfg.model.arch == "auto" else cfg.model.arch
+    return write_processor(run_dir / "processor", arch)
 
 
 def register(app: typer.Typer) -> None:

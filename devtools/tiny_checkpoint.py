@@ -142,11 +142,18 @@ def write_tiny_checkpoint(
     out_dir: str | Path, arch: Arch = "qwen2_5_vl", seed: int = 0, shape: ModelShape = SHAPES["tiny"]
 ) -> Path:
     """Write the full checkpoint directory (random weights of `shape`) and return its path."""
+    out = write_processor(out_dir, arch)
+    build_model(arch, seed, shape).save_pretrained(out)
+    return out
+
+
+def write_processor(out_dir: str | Path, arch: Arch = "qwen2_5_vl") -> Path:
+    """Write what `VLProcessor.from_pretrained` reads (tokenizer, chat template, image-processor config)
+    and no model: enough for a player that needs no weights (`vistarl eval --dummy`)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHS)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    build_model(arch, seed, shape).save_pretrained(out)
     tokenizer = build_tokenizer()
     tokenizer.chat_template = chat_template(arch)
     tokenizer.save_pretrained(out)
