@@ -50,7 +50,7 @@ def error_response(
 
 
 def describe_validation_errors(errors: Iterable[Mapping[str, Any]], prefix: str = "") -> str:
-    """One line naming each invalid field: `body.action: Field required; body.seed: ...`, each message as
+    """One line naming each invalid field: `body.session_id: Field required; body.seed: ...`, each message as
     the validator wrote it."""
     parts = []
     for err in errors:

@@ -7,7 +7,7 @@ FastAPI's `get_route_handler` hook) serves the endpoint directly: the raw body i
 `model_validate_json`, and the endpoint answers with the JSON body itself, encoded where the env ran.
 Route dependencies are documented but not run (the request guard does the auth they declare). Bad
 bodies raise `ServiceError`s for the app's error handlers, in FastAPI's shapes: 400 for malformed JSON,
-422 naming each invalid field (`body.action: Field required`).
+422 naming each invalid field (`body.session_id: Field required`).
 """
 
 from __future__ import annotations
