@@ -29,8 +29,8 @@ def _seed_in_range(value: Any) -> Any:
     return value
 
 
-Seed = Annotated[int, BeforeValidator(_seed_in_range)]
-"""A task's seed: a signed 64-bit integer."""
+Seed = Annotated[int, Field(ge=-SEED_LIMIT, le=SEED_LIMIT - 1), BeforeValidator(_seed_in_range)]
+"""A task's seed: a signed 64-bit integer (the bounds are published in the schema)."""
 
 
 class _Strict(BaseModel):
