@@ -3,9 +3,10 @@
 Both pools host the envs of live sessions and run `services.server.env_work.EnvHost` calls off the event loop,
 each bounded by `env_timeout_s`, answering with ready-to-send JSON bodies.
 
-- `ThreadEnvPool` (`env_workers = 0`): a thread pool in the server process. Cheapest to start, and
-  enough for envs that wait on I/O or release the GIL; the GIL caps CPU-bound envs at about one core.
-- `ProcessEnvPool` (`env_workers = N`): N `python -m services.server.env_worker` processes. Each session lives
+- `ThreadEnvPool` (`env_workers = 0`, the default on one core): a thread pool in the server process.
+  Cheapest to start, and enough for envs that wait on I/O or release the GIL; the GIL caps CPU-bound
+  envs at about one core.
+- `ProcessEnvPool` (`env_workers = N`, by default one per usable core): N `python -m services.server.env_worker` processes. Each session lives
   in the worker that reset (or restored) it, so its steps always reach its env; new sessions go to the
   worker with the fewest. The event loop only routes requests: msgpack frames on each worker's stdin and
   stdout. A worker that dies or overruns the timeout is replaced; the envs it held are lost (500), and
@@ -93,8 +94,12 @@ class EnvPool(Protocol):
 
 
 def create_pool(factory: EnvFactory, settings: ServerSettings, metrics: ServerMetrics) -> EnvPool:
-    """The pool that `settings.env_workers` asks for, exporting env states for a shared session store."""
-    if settings.env_workers == 0:
+    """The pool that `settings.env_workers` asks for, exporting env states for a shared session store.
+
+    A factory without an import path cannot be loaded by worker processes: it runs in threads unless env
+    workers were asked for by name."""
+    chosen = "env_workers" in settings.model_fields_set
+    if settings.env_workers == 0 or (factory.import_path is None and not chosen):
         return ThreadEnvPool(factory, settings)
     if factory.import_path is None:
         raise ValueError(
