@@ -6,9 +6,9 @@ each bounded by `env_timeout_s`, answering with ready-to-send JSON bodies.
 - `ThreadEnvPool` (`env_workers = 0`, the default on one core): a thread pool in the server process.
   Cheapest to start, and enough for envs that wait on I/O or release the GIL; the GIL caps CPU-bound
   envs at about one core.
-- `ProcessEnvPool` (`env_workers = N`, by default one per usable core): N `python -m services.server.env_worker` processes. Each session lives
-  in the worker that reset (or restored) it, so its steps always reach its env; new sessions go to the
-  worker with the fewest. The event loop only routes requests: msgpack frames on each worker's stdin and
+- `ProcessEnvPool` (`env_workers = N`, by default one per usable core): N `python -m
+  services.server.env_worker` processes. Each session lives in the worker that reset (or restored) it,
+  so its steps always reach its env; new sessions go to the worker with the fewest. The event loop only routes requests: msgpack frames on each worker's stdin and
   stdout. A worker that dies or overruns the timeout is replaced; the envs it held are lost (500), and
   their sessions with them unless a shared session store can restore them.
 

@@ -26,6 +26,7 @@ from clients.protocol import ErrorCode, Observation
 from services.env_api import load_env_factory
 from services.server.env_work import EnvHost, guarded, task_from_payload
 from services.server.errors import ServiceError
+from services.server.gc_tuning import collect_garbage_less_often
 
 READ_CHUNK = 1 << 16
 MAX_CALL_BYTES = 1 << 28
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format=f"env worker {os.getpid()}: %(levelname)s %(message)s")
     factory = load_env_factory(args.env)
     host = EnvHost(factory, args.max_image_bytes, args.max_image_pixels, args.export_state)
+    collect_garbage_less_often()
     answers.write(msgpack.packb([0, True, os.getpid()]))
     answers.flush()
     try:
