@@ -8,9 +8,10 @@ each bounded by `env_timeout_s`, answering with ready-to-send JSON bodies.
   envs at about one core.
 - `ProcessEnvPool` (`env_workers = N`, by default one per usable core): N `python -m
   services.server.env_worker` processes. Each session lives in the worker that reset (or restored) it,
-  so its steps always reach its env; new sessions go to the worker with the fewest. The event loop only routes requests: msgpack frames on each worker's stdin and
-  stdout. A worker that dies or overruns the timeout is replaced; the envs it held are lost (500), and
-  their sessions with them unless a shared session store can restore them.
+  so its steps always reach its env; new sessions go to the worker with the fewest. The event loop
+  only routes requests: msgpack frames on each worker's stdin and stdout. A worker that dies or
+  overruns the timeout is replaced; the envs it held are lost (500), and their sessions with them
+  unless a shared session store can restore them.
 
 With a shared session store (`session_store`), both return each env's state after a reset and every step,
 and `restore` rebuilds a session's env from a stored state.
