@@ -6,6 +6,7 @@ variables (`VISTARL_MAX_SESSIONS=64`, `VISTARL_API_TOKEN=...`), then the default
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Literal
@@ -20,9 +21,18 @@ REDIS_SCHEMES = ("redis:", "rediss:", "unix:")
 LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity, which containers and `taskset` narrow)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+
+
+def usable_cores(cpu_max: Path = CGROUP_CPU_MAX) -> int:
+    """The cores this process may use: those of its CPU affinity (which `taskset` and cpusets narrow),
+    fewer under a cgroup v2 CPU quota (a container's CPU limit), rounded up."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        quota, period = cpu_max.read_text().split()
+        return max(1, min(cores, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):  # no cgroup v2 file, or "max": no quota
+        return cores
 
 
 def default_env_workers() -> int:
