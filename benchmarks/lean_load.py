@@ -60,6 +60,8 @@ async def measure(
     numbers = itertools.count()
     per_user = await asyncio.gather(*(user(numbers, measure_from, stop_at) for _ in range(concurrency)))
     latencies = sorted(latency for one in per_user for latency in one)
+    if len(latencies) < 2:
+        raise RuntimeError(f"{server} answered {len(latencies)} steps of {env} in {seconds} s: measure longer")
     cuts = statistics.quantiles(latencies, n=100)
     steps = len(latencies)
     return Row(
