@@ -13,6 +13,7 @@ the end; latency is the client's, send to answer. CPU columns come from /proc: t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -61,7 +62,8 @@ async def measure(
     per_user = await asyncio.gather(*(user(numbers, measure_from, stop_at) for _ in range(concurrency)))
     latencies = sorted(latency for one in per_user for latency in one)
     if len(latencies) < 2:
-        raise RuntimeError(f"{server} answered {len(latencies)} steps of {env} in {seconds} s: measure longer")
+        raise RuntimeError(f"{server} answered {len(latencies)} steps of {env} in {seconds} s; run longer")
+
     cuts = statistics.quantiles(latencies, n=100)
     steps = len(latencies)
     return Row(
@@ -109,6 +111,7 @@ async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) 
 def openenv_user(url: str, episodes: Episodes) -> UserRun:
     """A user of OpenEnv's server over one WebSocket session: a reset message per episode, then steps."""
     from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
 
     async def play(numbers: Iterator[int], measure_from: float, stop_at: float) -> list[float]:
         latencies: list[float] = []
@@ -123,6 +126,9 @@ def openenv_user(url: str, episodes: Episodes) -> UserRun:
                     _record(latencies, sent, measure_from, stop_at)
                     if answer["data"]["done"]:
                         break
+            await ws.send(json.dumps({"type": "close"}))
+            with contextlib.suppress(ConnectionClosed):  # the server closes: its side ends cleanly
+                await ws.recv()
         return latencies
 
     return play
