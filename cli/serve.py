@@ -47,8 +47,9 @@ def serve(
     env_workers: Annotated[
         int | None,
         typer.Option(
-            help="Env worker processes; each session stays in the one that reset it. 0 runs envs in "
-            "threads of the server process. (env VISTARL_ENV_WORKERS)"
+            help="Env worker processes; each session stays in the one that reset it. Default: one per "
+            "usable core, or 0 on one core. 0 runs envs in threads of the server process, one process to "
+            "debug. (env VISTARL_ENV_WORKERS)"
         ),
     ] = None,
     data: DataPaths = None,
