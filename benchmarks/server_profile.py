@@ -104,13 +104,13 @@ def breakdown(profile: Profile) -> str:
     """A profile as markdown: its figures, then each part's share of the samples and CPU per step, and the
     server's overhead (every part but the env's own)."""
     row, samples = profile.row, profile.samples
-    per_step = row.cpu_ms_per_step or 0.0
+    per_step, first = row.cpu_ms_per_step or 0.0, row.front_cpu_ms_per_step or 0.0
     total = sum(samples.values()) or 1
     overhead = per_step * sum(samples[name] for name, _ in PARTS[ENV_PARTS:]) / total
     lines = [
         f"`vistarl serve {' '.join([row.env, *profile.flags])}`, {row.steps_per_s:.0f} steps/s, p99 "
-        f"{row.p99_ms:.1f} ms, {per_step:.2f} ms of server CPU per step, load avg {row.load:.1f}: "
-        f"**overhead {overhead:.3f} ms/step**",
+        f"{row.p99_ms:.1f} ms, {per_step:.2f} ms of server CPU per step ({first:.2f} in its first process), "
+        f"load avg {row.load:.1f}: **overhead {overhead:.3f} ms/step**",
         "",
         "| part | share of samples | CPU ms/step |",
         "|---|---:|---:|",
