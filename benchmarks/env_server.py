@@ -1,7 +1,10 @@
-"""Sokoban environment-server benchmark: the in-process floor, then HTTP throughput and latency.
+"""Environment-server benchmark: the in-process floor, then HTTP throughput and latency; or, with
+`--compare`, the default `vistarl serve` against OpenEnv's server, with each env's per-step overhead.
 
     .venv/bin/python -m benchmarks.env_server [--seconds 10] [--concurrency 1 16 64 256] [--env-workers 0 2]
         [--session-store memory redis]
+    .venv/bin/python -m benchmarks.env_server --compare [--seconds 8] [--concurrency 64] [--rounds 2]
+        [--envs sokoban geo3k vsi]
 
 (a) In process: `SokobanEnv.step` + render + PNG encode, one core, steps per second (the floor).
 (b) Over HTTP against a `vistarl serve sokoban --env-workers W` process, for each W (0: envs in the
@@ -15,6 +18,11 @@ markdown table. Its CPU columns are the CPU time per step of the processes doing
 one in process; the server and its env workers over HTTP) and of the client, which stay meaningful on
 a busy machine where wall-clock rates do not. With the `redis` store, the redis-server's CPU per step
 (from its `INFO cpu`) is a column of its own.
+
+`--compare` (`benchmarks/server_compare.py`) measures servers at their default settings, each in turn, under
+the same lean load: Sokoban on `vistarl serve sokoban` and, when `openenv-core` is installed, on
+OpenEnv's own server (`benchmarks.openenv_sokoban`); then each of `--envs` on `vistarl serve` alone,
+with its in-process floor, so that the server's own CPU per step (total minus the env's) shows.
 """
 
 from __future__ import annotations
@@ -29,19 +37,23 @@ from dataclasses import dataclass
 
 import redis
 
+from benchmarks.episodes import EPISODES, SOKOBAN_MOVES
 from benchmarks.harness import (
     add_load_arguments,
     benchmark_parser,
+    cpu_between,
+    ms_per_step,
     process_cpu_s,
     process_tree_cpu_s,
     served_env,
 )
+from benchmarks.server_compare import compare
 from clients.http import AsyncEnvClient, RetryPolicy
 from clients.images import encode_image
 from services.sokoban import SokobanEnv, SokobanOptions
 from tests.servers import redis_server
 
-ACTIONS = tuple(f"<answer>{move}</answer>" for move in ("Up", "Right", "Down", "Left"))
+ACTIONS = SOKOBAN_MOVES
 
 
 @dataclass(frozen=True)
@@ -102,10 +114,10 @@ async def over_http(
     async with AsyncEnvClient(server.url, token="", timeout=60.0, retry=retry) as client:
         start = time.perf_counter()
         measure_from, stop_at = start + warmup, start + warmup + seconds
-        server_cpu = asyncio.create_task(_cpu_between(server.pid, measure_from, stop_at, process_tree_cpu_s))
-        front_cpu = asyncio.create_task(_cpu_between(server.pid, measure_from, stop_at, process_cpu_s))
-        client_cpu = asyncio.create_task(_cpu_between(os.getpid(), measure_from, stop_at, process_cpu_s))
-        store_cpu = asyncio.create_task(_cpu_between(0, measure_from, stop_at, server.store_cpu_s))
+        server_cpu = asyncio.create_task(cpu_between(server.pid, measure_from, stop_at, process_tree_cpu_s))
+        front_cpu = asyncio.create_task(cpu_between(server.pid, measure_from, stop_at, process_cpu_s))
+        client_cpu = asyncio.create_task(cpu_between(os.getpid(), measure_from, stop_at, process_cpu_s))
+        store_cpu = asyncio.create_task(cpu_between(0, measure_from, stop_at, server.store_cpu_s))
         play = user or _user
         per_user = await asyncio.gather(*(play(client, measure_from, stop_at) for _ in range(concurrency)))
     latencies = sorted(latency for user in per_user for latency in user)
@@ -115,30 +127,13 @@ async def over_http(
         *setting,
         concurrency,
         len(latencies) / seconds,
-        _ms_per_step(await server_cpu, len(latencies)),
+        ms_per_step(await server_cpu, len(latencies)),
         cuts[49] * 1e3,
         cuts[98] * 1e3,
-        _ms_per_step(await client_cpu, len(latencies)),
-        _ms_per_step(await front_cpu, len(latencies)),
-        _ms_per_step(await store_cpu, len(latencies)),
+        ms_per_step(await client_cpu, len(latencies)),
+        ms_per_step(await front_cpu, len(latencies)),
+        ms_per_step(await store_cpu, len(latencies)),
     )
-
-
-async def _cpu_between(
-    pid: int, start: float, stop: float, cpu_s: Callable[[int], float | None]
-) -> float | None:
-    """CPU seconds (by `cpu_s`) that process `pid` used between two `perf_counter` instants (None without
-    /proc)."""
-    await asyncio.sleep(start - time.perf_counter())
-    before = cpu_s(pid)
-    await asyncio.sleep(stop - time.perf_counter())
-    after = cpu_s(pid)
-    return None if before is None or after is None else after - before
-
-
-def _ms_per_step(cpu_s: float | None, steps: int) -> float | None:
-    """CPU milliseconds per step, or None where the CPU time is unknown."""
-    return None if cpu_s is None else 1e3 * cpu_s / steps
 
 
 async def _user(client: AsyncEnvClient, measure_from: float, stop_at: float) -> list[float]:
@@ -197,7 +192,26 @@ def main() -> None:
         default=["memory"],
         help="Session stores to measure, in turn: the server's own, or a private redis-server.",
     )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="Default servers under one lean load: vistarl against OpenEnv (if installed) on Sokoban, at the "
+        "last --concurrency, then each of --envs with its floor (benchmarks/server_compare.py).",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="With --compare: vistarl/OpenEnv pairs, in turn."
+    )
+    parser.add_argument(
+        "--envs",
+        nargs="+",
+        choices=sorted(EPISODES),
+        default=["sokoban", "geo3k", "vsi"],
+        help="With --compare.",
+    )
     args = parser.parse_args()
+    if args.compare:
+        print(compare(args.envs, args.concurrency[-1], args.seconds, args.warmup, args.rounds))
+        return
 
     rows = [in_process(args.seconds)]
     for store in args.session_store:

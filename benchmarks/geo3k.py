@@ -23,60 +23,21 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-import json
 import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-
-from math_verify import parse
 
 from benchmarks.env_server import Figures, markdown, over_http, serving
+from benchmarks.episodes import Task, tasks
 from benchmarks.harness import add_load_arguments, benchmark_parser, process_tree_cpu_s
 from clients.http import AsyncEnvClient
 from clients.images import encode_image
 from services.geo3k import Geo3kEnv
 from services.geo3k.equivalence import answers_match
-from services.geo3k.generator import generate
 from services.geo3k.grader import GraderPool, Verdict
 
 GRADE_TIMEOUT_S = 5.0
-
-
-@dataclass(frozen=True)
-class Task:
-    """A generated problem's seed and the answers a model might give to it."""
-
-    seed: int
-    reference: str
-    decimal: str
-    wrong: str
-
-    def turns(self, first_right: bool) -> tuple[str, str, str]:
-        """An episode's three responses: a tool call (right or wrong), a right one, the boxed answer."""
-        return (
-            _tool_call(self.reference if first_right else self.wrong),
-            _tool_call(self.reference),
-            f"So the answer is settled. Answer: \\boxed{{{self.reference}}}",
-        )
-
-
-def _tool_call(answer: str) -> str:
-    payload = json.dumps({"name": "calc_score", "arguments": {"answer": answer}})
-    return f"Checking my result.\n<tool_call>{payload}</tool_call>\nAnswer: \\boxed{{{answer}}}"
-
-
-def tasks(count: int) -> list[Task]:
-    """Tasks for the first `count` seeds."""
-    made = []
-    for seed in range(count):
-        problem = generate(seed)
-        others = [choice for choice in problem.choices or [] if choice != problem.answer]
-        value = float(parse(f"\\boxed{{{problem.answer}}}")[0])
-        wrong = others[0] if others else f"{problem.answer} + 1"
-        made.append(Task(seed, problem.answer, f"{value:.6f}", wrong))
-    return made
 
 
 def grading_latency(all_tasks: list[Task]) -> list[str]:

@@ -4,9 +4,11 @@ of a process read from /proc."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,3 +80,20 @@ def _children(pid: int) -> list[int]:
         except OSError:
             continue
     return children
+
+
+async def cpu_between(
+    pid: int, start: float, stop: float, cpu_s: Callable[[int], float | None]
+) -> float | None:
+    """CPU seconds (by `cpu_s`) that process `pid` used between two `perf_counter` instants (None without
+    /proc)."""
+    await asyncio.sleep(start - time.perf_counter())
+    before = cpu_s(pid)
+    await asyncio.sleep(stop - time.perf_counter())
+    after = cpu_s(pid)
+    return None if before is None or after is None else after - before
+
+
+def ms_per_step(cpu_s: float | None, steps: int) -> float | None:
+    """CPU milliseconds per step, or None where the CPU time is unknown."""
+    return None if cpu_s is None else 1e3 * cpu_s / steps

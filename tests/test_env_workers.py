@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import threading
+from pathlib import Path
 
 import httpx
 import msgpack
@@ -13,10 +14,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from services.env_api import load_env_factory
+from services.server import settings as server_settings
 from services.server.app import create_app
+from services.server.env_pool import ProcessEnvPool, ThreadEnvPool, create_pool
 from services.server.env_work import EnvHost
 from services.server.env_worker import serve
-from services.server.settings import ServerSettings
+from services.server.metrics import ServerMetrics
+from services.server.settings import ServerSettings, usable_cores
 from tests.envs.counter import ENV_FACTORY
 from tests.envs.serving import COUNTER_ENV, counter_process
 from tests.servers import children, metric, wait_until
@@ -103,6 +107,38 @@ def test_the_worker_answers_every_call_in_order_and_survives_bad_ones() -> None:
         "options rejected by counter: no thanks",
     ]
     assert answers[5] == [6, True, None] and host.envs == {}
+
+
+@pytest.mark.parametrize(("cores", "workers"), [(1, 0), (2, 2), (6, 6)])
+def test_the_default_is_an_env_worker_per_usable_core_and_threads_on_one(
+    monkeypatch: pytest.MonkeyPatch, cores: int, workers: int
+) -> None:
+    monkeypatch.setattr(server_settings, "usable_cores", lambda: cores)
+    settings = ServerSettings(api_token=None)
+    assert settings.env_workers == workers
+    pool = create_pool(load_env_factory(COUNTER_ENV), settings, ServerMetrics())
+    if workers:
+        assert isinstance(pool, ProcessEnvPool) and len(pool.workers) == workers
+    else:
+        assert isinstance(pool, ThreadEnvPool)
+    assert ServerSettings(env_workers=0).env_workers == 0  # still there to ask for, e.g. to debug
+
+
+def test_usable_cores_are_the_affinity_narrowed_by_a_cgroup_cpu_quota(tmp_path: Path) -> None:
+    affinity = len(os.sched_getaffinity(0))
+    cpu_max = tmp_path / "cpu.max"
+    assert usable_cores(cpu_max) == affinity  # no cgroup v2 file
+    cpu_max.write_text("max 100000\n")
+    assert usable_cores(cpu_max) == affinity  # no quota
+    cpu_max.write_text("50000 100000\n")
+    assert usable_cores(cpu_max) == 1  # half a core is still one
+    cpu_max.write_text(f"{100000 * affinity + 1} 100000\n")
+    assert usable_cores(cpu_max) == affinity  # a quota above the affinity does not add cores
+
+
+def test_a_factory_without_an_import_path_runs_in_threads_unless_workers_are_asked_for() -> None:
+    pool = create_pool(ENV_FACTORY, ServerSettings(api_token=None), ServerMetrics())
+    assert isinstance(pool, ThreadEnvPool)
 
 
 def test_a_factory_without_an_import_path_cannot_run_in_workers() -> None:

@@ -6,7 +6,6 @@ the wire carries PNG data URLs only. Env `info` may hold numpy values; it leaves
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from PIL import Image
@@ -21,26 +20,15 @@ _CONTENT_PART: TypeAdapter[ContentPart] = TypeAdapter(ContentPart)
 
 
 def json_safe(value: Any) -> Any:
-    """`value` as plain JSON data: numpy scalars/arrays via `tolist()`, non-finite floats as None."""
-    plain = to_jsonable_python(value, fallback=_fallback)
-    return _finite(plain)
+    """`value` as plain JSON data: numpy scalars/arrays via `tolist()`, non-finite floats as None (which
+    JSON cannot carry), in one pass of pydantic-core."""
+    return to_jsonable_python(value, fallback=_fallback, inf_nan_mode="null")
 
 
 def _fallback(value: Any) -> Any:
     """Serialize what pydantic does not know: numpy-like values by `tolist()`, anything else by `str()`."""
     tolist = getattr(value, "tolist", None)
     return tolist() if callable(tolist) else str(value)
-
-
-def _finite(value: Any) -> Any:
-    """Replace NaN and infinities (which JSON cannot carry) by None, recursively."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_finite(item) for item in value]
-    return value
 
 
 def _image_url(image: Image.Image | str) -> str:

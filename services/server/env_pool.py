@@ -3,13 +3,15 @@
 Both pools host the envs of live sessions and run `services.server.env_work.EnvHost` calls off the event loop,
 each bounded by `env_timeout_s`, answering with ready-to-send JSON bodies.
 
-- `ThreadEnvPool` (`env_workers = 0`): a thread pool in the server process. Cheapest to start, and
-  enough for envs that wait on I/O or release the GIL; the GIL caps CPU-bound envs at about one core.
-- `ProcessEnvPool` (`env_workers = N`): N `python -m services.server.env_worker` processes. Each session lives
-  in the worker that reset (or restored) it, so its steps always reach its env; new sessions go to the
-  worker with the fewest. The event loop only routes requests: msgpack frames on each worker's stdin and
-  stdout. A worker that dies or overruns the timeout is replaced; the envs it held are lost (500), and
-  their sessions with them unless a shared session store can restore them.
+- `ThreadEnvPool` (`env_workers = 0`, the default on one core): a thread pool in the server process.
+  Cheapest to start, and enough for envs that wait on I/O or release the GIL; the GIL caps CPU-bound
+  envs at about one core.
+- `ProcessEnvPool` (`env_workers = N`, by default one per usable core): N `python -m
+  services.server.env_worker` processes. Each session lives in the worker that reset (or restored) it,
+  so its steps always reach its env; new sessions go to the worker with the fewest. The event loop
+  only routes requests: msgpack frames on each worker's stdin and stdout. A worker that dies or
+  overruns the timeout is replaced; the envs it held are lost (500), and their sessions with them
+  unless a shared session store can restore them.
 
 With a shared session store (`session_store`), both return each env's state after a reset and every step,
 and `restore` rebuilds a session's env from a stored state.
@@ -93,8 +95,12 @@ class EnvPool(Protocol):
 
 
 def create_pool(factory: EnvFactory, settings: ServerSettings, metrics: ServerMetrics) -> EnvPool:
-    """The pool that `settings.env_workers` asks for, exporting env states for a shared session store."""
-    if settings.env_workers == 0:
+    """The pool that `settings.env_workers` asks for, exporting env states for a shared session store.
+
+    A factory without an import path cannot be loaded by worker processes: it runs in threads unless env
+    workers were asked for by name."""
+    chosen = "env_workers" in settings.model_fields_set
+    if settings.env_workers == 0 or (factory.import_path is None and not chosen):
         return ThreadEnvPool(factory, settings)
     if factory.import_path is None:
         raise ValueError(
@@ -329,22 +335,31 @@ class EnvWorker:
             raise
 
     async def call(self, op: str, args: list[Any]) -> Any:
-        """Send one call and await its answer within the timeout; a timeout kills the worker."""
+        """Send one call and await its answer within the timeout; a timeout kills the worker.
+
+        The bound is a timer on the loop that fails the answer (`_overran`), cancelled when the answer
+        comes: cheaper per call than an `asyncio.timeout` scope, and a step makes one call."""
         if not self.alive or self._process is None or self._process.stdin is None:
             raise EnvLostError(f"env worker {self.slot} (pid {self.pid}) is not running")
         call_id = next(self._ids)
-        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Any] = loop.create_future()
         self.pending[call_id] = answer
         self._process.stdin.write(msgpack.packb([call_id, op, args]))
+        timer = loop.call_later(self.timeout_s, self._overran, op, answer)
         try:
-            async with asyncio.timeout(self.timeout_s):
-                return await answer
-        except TimeoutError:
-            logger.error("env %s exceeded %ss; killing env worker %d", op, self.timeout_s, self.slot)
-            self._kill()
-            raise EnvGoneError(f"environment {op} exceeded {self.timeout_s}s") from None
+            return await answer
         finally:
+            timer.cancel()
             self.pending.pop(call_id, None)
+
+    def _overran(self, op: str, answer: asyncio.Future[Any]) -> None:
+        """A call got no answer within the timeout: fail it and kill the worker, which cannot be trusted."""
+        if answer.done():
+            return
+        logger.error("env %s exceeded %ss; killing env worker %d", op, self.timeout_s, self.slot)
+        answer.set_exception(EnvGoneError(f"environment {op} exceeded {self.timeout_s}s"))
+        self._kill()
 
     async def stop(self, grace_s: float) -> None:
         """Close stdin (the worker then closes its envs and exits), then kill it if it outlives `grace_s`."""

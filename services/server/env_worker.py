@@ -14,6 +14,8 @@ to stderr, so stdout carries frames only. Ctrl-C is left to the server, which st
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import logging
 import os
 import signal
@@ -26,9 +28,11 @@ from clients.protocol import ErrorCode, Observation
 from services.env_api import load_env_factory
 from services.server.env_work import EnvHost, guarded, task_from_payload
 from services.server.errors import ServiceError
+from services.server.gc_tuning import collect_garbage_less_often
 
 READ_CHUNK = 1 << 16
 MAX_CALL_BYTES = 1 << 28
+PIPE_BYTES = 1 << 20  # Linux's default limit for unprivileged processes (/proc/sys/fs/pipe-max-size)
 
 
 def answer(host: EnvHost, op: str, args: list[Any]) -> Any:
@@ -66,6 +70,14 @@ def serve(host: EnvHost, calls: int, answers: BinaryIO) -> None:
             answers.flush()
 
 
+def widen_pipe(fd: int) -> None:
+    """Let the pipe behind `fd` hold `PIPE_BYTES`, so that a large answer (a VSI reset's frames, 80 kB)
+    is written at once instead of waiting for the server to drain the default 64 KiB; where that is
+    not possible (not Linux, not a pipe, above the system's limit) the pipe stays as it is."""
+    with contextlib.suppress(AttributeError, OSError):
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -78,9 +90,11 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not corrupt the frames
+    widen_pipe(answers.fileno())
     logging.basicConfig(level=logging.INFO, format=f"env worker {os.getpid()}: %(levelname)s %(message)s")
     factory = load_env_factory(args.env)
     host = EnvHost(factory, args.max_image_bytes, args.max_image_pixels, args.export_state)
+    collect_garbage_less_often()
     answers.write(msgpack.packb([0, True, os.getpid()]))
     answers.flush()
     try:

@@ -6,6 +6,8 @@ variables (`VISTARL_MAX_SESSIONS=64`, `VISTARL_API_TOKEN=...`), then the default
 
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -17,6 +19,27 @@ from clients.protocol import Limits
 REDIS_SCHEMES = ("redis:", "rediss:", "unix:")
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
+
+
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+
+
+def usable_cores(cpu_max: Path = CGROUP_CPU_MAX) -> int:
+    """The cores this process may use: those of its CPU affinity (which `taskset` and cpusets narrow),
+    fewer under a cgroup v2 CPU quota (a container's CPU limit), rounded up."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        quota, period = cpu_max.read_text().split()
+        return max(1, min(cores, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):  # no cgroup v2 file, or "max": no quota
+        return cores
+
+
+def default_env_workers() -> int:
+    """One env worker process per usable core; none (envs in threads) on a single core, where a worker
+    would only add a hop."""
+    cores = usable_cores()
+    return cores if cores > 1 else 0
 
 
 class ServerSettings(BaseSettings):
@@ -60,10 +83,11 @@ class ServerSettings(BaseSettings):
 
     idempotency_cache_size: int = Field(default=64, ge=1, description="Stored step answers per session.")
     env_workers: int = Field(
-        default=0,
+        default_factory=default_env_workers,
         ge=0,
         le=256,
-        description="Env worker processes, each session in the one that reset it; 0 runs envs in threads.",
+        description="Env worker processes, each session in the one that reset it; 0 runs envs in threads. "
+        "Default: the usable cores, or 0 on one core.",
     )
     env_threads: int = Field(
         default=32, ge=1, description="Threads that run env code off the event loop (with env_workers=0)."

