@@ -385,6 +385,7 @@ class AsyncEpisode:
         self.reward = 0.0
         self.total_reward = 0.0
         self.done = False
+        self.truncated = False
         self.turns = 0
 
     async def step(
@@ -400,6 +401,7 @@ class AsyncEpisode:
         self.reward = result.reward
         self.total_reward += result.reward
         self.done = result.done
+        self.truncated = result.truncated
         self.turns += 1
         return result
 
@@ -420,6 +422,7 @@ class Episode:
     reward = mirrored[float]()
     total_reward = mirrored[float]()
     done = mirrored[bool]()
+    truncated = mirrored[bool]()
     turns = mirrored[int]()
 
     def __init__(self, portal: BlockingPortal, episode: AsyncEpisode) -> None:
