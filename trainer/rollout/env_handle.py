@@ -133,7 +133,7 @@ class Envs:
     def __init__(self, *, token: str | None = None, timeout_s: float = 60.0, outage_s: float = 60.0) -> None:
         self.token = token
         self.timeout_s = timeout_s
-        self.retry = RetryPolicy(max_attempts=1_000_000, max_delay=2.0, deadline_s=outage_s)
+        self.retry = RetryPolicy.outage(outage_s, base_delay=0.2)
         self._remote: dict[str, RemoteSessions] = {}
         self._local: dict[str, LocalSessions] = {}
         self._starting = asyncio.Lock()
