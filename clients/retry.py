@@ -103,9 +103,8 @@ class RetryPolicy:
         given, else full-jitter exponential backoff, so that many clients do not retry in step."""
         if retry_after is not None:
             return retry_after + random.uniform(0, self.base_delay)
-        doublings = min(
-            attempt - 1, 64
-        )  # past that the cap holds anyway, and 2**attempt would overflow a float
+        # Past 64 doublings the cap holds anyway, and 2**attempt would overflow a float.
+        doublings = min(attempt - 1, 64)
         return random.uniform(0, min(self.max_delay, self.base_delay * 2**doublings))
 
     @classmethod
