@@ -254,6 +254,11 @@ def load_env_factory(name_or_module: str) -> EnvFactory:
     try:
         module = importlib.import_module(module_path)
     except ModuleNotFoundError as exc:
+        if exc.name and not f"{module_path}.".startswith(f"{exc.name}."):
+            extra = f": pip install 'vistarl[{name_or_module}]'" if name_or_module in ENV_MODULES else ""
+            raise ValueError(
+                f"environment {name_or_module!r} needs {exc.name!r}, which is not installed{extra}"
+            ) from exc
         known = ", ".join(sorted(ENV_MODULES))
         raise ValueError(f"unknown environment {name_or_module!r} (known: {known})") from exc
     factory = getattr(module, "ENV_FACTORY", None)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -126,3 +127,12 @@ def test_a_step_result_refuses_a_reward_or_flag_of_the_wrong_kind(fields: dict[s
         StepResult(
             **{"observation": {"text": "", "images": []}, "reward": 0.0, "terminated": False, **fields}
         )
+
+
+def test_an_env_whose_dependency_is_missing_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "env_needing_more.py").write_text("import no_such_dependency_of_an_env\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match="'env_needing_more' needs 'no_such_dependency_of_an_env'"):
+        load_env_factory("env_needing_more")
+    with pytest.raises(ValueError, match="unknown environment 'no_such_env_module'"):
+        load_env_factory("no_such_env_module")
