@@ -20,8 +20,8 @@ from typing import TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from clients.http import TOKEN_ENV_VAR, Reply, RetryPolicy, retry_delay
-from clients.retry import attempt_until_final
+from clients.http import TOKEN_ENV_VAR, Reply
+from clients.retry import RetryPolicy, attempt_until_final, retry_delay
 from trainer.rollout.engines.base import (
     EngineRequestError,
     EngineUnavailableError,
