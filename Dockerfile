@@ -1,6 +1,6 @@
 # One image for every vistarl role; EXTRAS picks what gets installed, TORCH_INDEX which torch build.
 #   docker build -t vistarl .                                   # everything, CPU torch
-#   docker build -t vistarl-env --build-arg EXTRAS=server .     # env servers only: no torch
+#   docker build -t vistarl-env --build-arg EXTRAS=server .     # env servers only (every env, MCP): no torch
 #   docker build -t vistarl:gpu --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 .
 FROM python:3.11-slim
 
@@ -28,7 +28,7 @@ COPY configs ./configs
 
 # torch from PyTorch's own index first, so the `train` extra does not pull the default CUDA wheels.
 RUN case ",${EXTRAS}," in \
-        *,train,*) pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}" ;; \
+        *,train,*|*,all,*) pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}" ;; \
     esac \
     && pip install "./[${EXTRAS}]"
 

@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# The CPU build of torch first: a bare `torch` requirement would pull multi-GB CUDA wheels.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[server,train,dev]'
+	$(PY) -m pip install --quiet -e '.[all,dev]'
 	bash scripts/ensure-gl.sh $(PY)
 	bash scripts/ensure-chromium.sh
 	touch $(STAMP)

@@ -81,11 +81,11 @@ def in_process(seconds: float) -> Figures:
     steps = 0
     started, cpu_started = time.perf_counter(), time.process_time()
     while time.perf_counter() - started < seconds:
-        obs, done, _ = env.step(ACTIONS[steps % len(ACTIONS)])
-        for image in obs["images"]:
+        result = env.step(ACTIONS[steps % len(ACTIONS)])
+        for image in result.observation["images"]:
             encode_image(image)
         steps += 1
-        if done:
+        if result.done:
             env = SokobanEnv(options)
             env.reset()
     cpu_ms = 1e3 * (time.process_time() - cpu_started) / steps

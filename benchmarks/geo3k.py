@@ -86,7 +86,7 @@ def in_process(all_tasks: list[Task], seconds: float) -> Figures:
             encode_image(image)
         for response in task.turns(first_right=index % 2 == 0):
             steps += 1
-            if env.step(response)[1]:
+            if env.step(response).done:
                 break
     cpu_ended = process_tree_cpu_s(os.getpid())
     cpu_ms = None if cpu_started is None or cpu_ended is None else 1e3 * (cpu_ended - cpu_started) / steps

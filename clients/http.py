@@ -3,9 +3,9 @@ cheap with hundreds of concurrent requests) and `EnvClient`, its blocking, threa
 docs/client.md).
 
 Every API call is first described as a `clients.calls.Call` (request, retry safety, decoder) and then
-run by one short I/O loop, `AsyncEnvClient._run`; whether and when to retry is `clients.retry`'s
-decision. `EnvClient` runs the same coroutines on an event loop of its own (`clients.blocking`), so
-the two clients share every rule and differ only in how the caller waits.
+sent by `AsyncEnvClient._send` in the retry loop that every caller shares (`clients.retry`, which also
+decides whether and when to retry). `EnvClient` runs the same coroutines on an event loop of its own
+(`clients.blocking`), so the two clients share every rule and differ only in how the caller waits.
 """
 
 from __future__ import annotations
@@ -49,7 +49,15 @@ from clients.protocol import (
     StepResponse,
 )
 from clients.replicas import Replicas
-from clients.retry import Delivery, RetryPolicy, delivery, fails_over, retry_after_seconds, retry_delay
+from clients.retry import (
+    Delivery,
+    RetryPolicy,
+    attempt_until_final,
+    delivery,
+    fails_over,
+    retry_after_seconds,
+    retry_delay,
+)
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -332,8 +340,8 @@ class AsyncEnvClient:
         replica the session lives."""
         session = self._open_session()
         call = attempts.call
-        while True:
-            outcome: Outcome
+
+        async def attempt() -> Outcome:
             try:
                 async with session.request(
                     call.method,
@@ -345,16 +353,15 @@ class AsyncEnvClient:
                     allow_redirects=False,
                 ) as response:
                     body = await response.read()
-                outcome = Reply(response.status, body, attempts.url, response.headers.get("retry-after"))
+                return Reply(response.status, body, attempts.url, response.headers.get("retry-after"))
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                outcome = exc
-            delay = attempts.next_delay(outcome)
-            if delay is None:
-                result = attempts.finish(outcome)
-                if call.session_id is not None:
-                    self._replicas.settle(call.session_id, attempts.replica)
-                return result
-            await asyncio.sleep(delay)
+                return exc
+
+        outcome, _ = await attempt_until_final(attempt, lambda outcome, _: attempts.next_delay(outcome))
+        result = attempts.finish(outcome)
+        if call.session_id is not None:
+            self._replicas.settle(call.session_id, attempts.replica)
+        return result
 
     def _open_session(self) -> aiohttp.ClientSession:
         """The connection pool, made on first use because aiohttp ties it to the running event loop."""
@@ -385,6 +392,7 @@ class AsyncEpisode:
         self.reward = 0.0
         self.total_reward = 0.0
         self.done = False
+        self.truncated = False
         self.turns = 0
 
     async def step(
@@ -400,6 +408,7 @@ class AsyncEpisode:
         self.reward = result.reward
         self.total_reward += result.reward
         self.done = result.done
+        self.truncated = result.truncated
         self.turns += 1
         return result
 
@@ -420,6 +429,7 @@ class Episode:
     reward = mirrored[float]()
     total_reward = mirrored[float]()
     done = mirrored[bool]()
+    truncated = mirrored[bool]()
     turns = mirrored[int]()
 
     def __init__(self, portal: BlockingPortal, episode: AsyncEpisode) -> None:

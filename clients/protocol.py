@@ -146,11 +146,27 @@ class StepRequest(_Strict):
 
 
 class StepResponse(BaseModel):
+    """One turn's answer. `done` says the episode is over; `truncated` says it was a budget of the env
+    (its turn or move limit) that ended it, not an ending of its own (Gymnasium's `terminated`)."""
+
     observation: Observation
     reward: float
     done: bool
+    truncated: bool = False
     info: dict[str, Any] = Field(default_factory=dict)
     message: Message | None = None
+
+    @model_validator(mode="after")
+    def _truncated_is_done(self) -> StepResponse:
+        """A truncated episode is over too."""
+        if self.truncated and not self.done:
+            raise ValueError("truncated is set but done is not: a truncated episode is done")
+        return self
+
+    @property
+    def terminated(self) -> bool:
+        """Whether the episode reached an ending of its own (Gymnasium's name): done and not truncated."""
+        return self.done and not self.truncated
 
 
 class FormatRequest(_Strict):

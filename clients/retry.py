@@ -1,8 +1,10 @@
-"""The retry rules of the env clients: which failures are worth another attempt, and when.
+"""The project's one retry policy: which failures are worth another attempt, when, and the loop that waits.
 
-Pure functions of a library-neutral `Reply` or of the transport exception (aiohttp's, or httpx's for the
-callers that still send with httpx), so that every client decides the same way; docs/client.md,
-"Timeouts, retries, auth", states the rules.
+`RetryPolicy` bounds every retry (attempts, backoff, deadline). `retry_delay` decides for an HTTP call,
+from a library-neutral `Reply` or the transport exception (aiohttp's, or httpx's for the SGLang engine,
+which still sends with httpx), so that every client decides the same way; docs/client.md, "Timeouts,
+retries, auth", states the rules. `attempt_until_final` is the loop that the env client, the SGLang engine
+and the queue worker all run their attempts in.
 """
 
 from __future__ import annotations
@@ -12,15 +14,30 @@ import contextlib
 import email.utils
 import enum
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import TypeVar
 
 import aiohttp
 import httpx
 
 from clients.calls import Outcome, Reply
 
-__all__ = ["Delivery", "RetryPolicy", "delivery", "fails_over", "retry_after_seconds", "retry_delay"]
+__all__ = [
+    "Delivery",
+    "RetryPolicy",
+    "attempt_until_final",
+    "delivery",
+    "fails_over",
+    "retry_after_seconds",
+    "retry_delay",
+]
+
+OutcomeT = TypeVar("OutcomeT")
+
+OUTAGE_ATTEMPTS = 1_000_000
+"""`max_attempts` of `RetryPolicy.outage`: more than any deadline allows, so that the deadline bounds it."""
 
 # Failures before the request reached the server (no connection, or none free in time).
 _NOT_SENT: tuple[type[Exception], ...] = (
@@ -86,7 +103,29 @@ class RetryPolicy:
         given, else full-jitter exponential backoff, so that many clients do not retry in step."""
         if retry_after is not None:
             return retry_after + random.uniform(0, self.base_delay)
-        return random.uniform(0, min(self.max_delay, self.base_delay * 2 ** (attempt - 1)))
+        # Past 64 doublings the cap holds anyway, and 2**attempt would overflow a float.
+        doublings = min(attempt - 1, 64)
+        return random.uniform(0, min(self.max_delay, self.base_delay * 2**doublings))
+
+    @classmethod
+    def outage(cls, deadline_s: float, base_delay: float = 0.1, max_delay: float = 2.0) -> RetryPolicy:
+        """A policy that its deadline alone bounds: for waiting out an outage of up to `deadline_s`
+        seconds (an env server, the engine, the queue), however many attempts that takes."""
+        return cls(
+            max_attempts=OUTAGE_ATTEMPTS, base_delay=base_delay, max_delay=max_delay, deadline_s=deadline_s
+        )
+
+    def spent(self, attempt: int, remaining: float) -> bool:
+        """Whether attempt number `attempt` was the last one allowed, by count or by the time left."""
+        return attempt >= self.max_attempts or remaining <= 0
+
+    def backoff(self, attempt: int, remaining: float, retry_after: float | None = None) -> float | None:
+        """The wait before the attempt after number `attempt`, or None when the attempts or the time are
+        spent: a retry never starts past the deadline (`remaining` seconds from now)."""
+        if self.spent(attempt, remaining):
+            return None
+        delay = self.delay(attempt, retry_after)
+        return delay if delay < remaining else None
 
 
 def retry_after_seconds(value: str | None) -> float | None:
@@ -119,20 +158,37 @@ def retry_delay(
     when the call is idempotent. Never schedules a retry that would start past the deadline. A retry
     on a replica that this call has not tried yet (`fresh_replica`) goes at once.
     """
-    if attempt >= policy.max_attempts or remaining <= 0:
-        return None
     if isinstance(outcome, Reply):
         if outcome.status not in policy.retry_statuses:
             return None
-        delay = policy.delay(attempt, retry_after_seconds(outcome.retry_after))
+        retry_after = retry_after_seconds(outcome.retry_after)
     else:
         sent = delivery(outcome)
         if not (sent is Delivery.NOT_SENT or (idempotent and sent is Delivery.MAYBE_APPLIED)):
             return None
-        delay = policy.delay(attempt, None)
+        retry_after = None
     if fresh_replica:
-        return 0.0
-    return delay if delay < remaining else None
+        return None if policy.spent(attempt, remaining) else 0.0
+    return policy.backoff(attempt, remaining, retry_after)
+
+
+async def attempt_until_final(
+    attempt: Callable[[], Awaitable[OutcomeT]], next_delay: Callable[[OutcomeT, int], float | None]
+) -> tuple[OutcomeT, int]:
+    """Run `attempt()` until `next_delay(outcome, attempts so far)` says the outcome is final (None),
+    sleeping the delay it gives between attempts; the final outcome and the number of attempts.
+
+    The loop of every retrying caller: the bounds live in `next_delay` (a `RetryPolicy` underneath, which
+    also logs why it retries), so this ends as soon as that policy does.
+    """
+    count = 0
+    while True:
+        count += 1
+        outcome = await attempt()
+        delay = next_delay(outcome, count)
+        if delay is None:
+            return outcome, count
+        await asyncio.sleep(delay)
 
 
 def fails_over(outcome: Outcome) -> bool:

@@ -5,7 +5,10 @@ An environment package (e.g. `services.sokoban`) exposes:
 - `ENV_FACTORY: EnvFactory`, which the server framework and the rollout loop use.
 
 Observations in process are `{"text": str, "images": [PIL.Image]}`; the server encodes images to
-data URLs at the boundary.
+data URLs at the boundary. `Env.step` returns a `StepResult`: the observation, the turn's `reward`, and
+whether the episode is over, split as Gymnasium splits it: `terminated` (the episode reached an ending of
+its own: solved, answered, given up) or `truncated` (a budget of the env ran out first, e.g. its turn or
+move limit). The server sends the reward as `StepResponse.reward`, `done` as either, and `truncated`.
 
 A task starts from a seed (generated tasks) or from a *sample*: one dataset row in the env's
 `sample_model` schema, JSON-safe, images as PNG data URLs. The splits an env holds (`splits`) are
@@ -19,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import math
+import numbers
 import random
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -37,6 +42,40 @@ class EnvObservation(TypedDict):
     images: list[Image.Image]
 
 
+@dataclass(frozen=True)
+class StepResult:
+    """One turn's outcome, with Gymnasium's names: the next observation, the turn reward, whether the
+    episode ended by its own rules (`terminated`) or by a budget of the env (`truncated`), and the info.
+
+    The info is the env's own JSON-safe extras (`metrics`, and `episode_reward` on the last turn); the
+    reward is never read from it. A reward that is not a finite number, or a flag that is not a bool, is a
+    TypeError or ValueError here, where the env builds it, rather than a silent 0 later.
+    """
+
+    observation: EnvObservation
+    reward: float
+    terminated: bool
+    truncated: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.reward, bool) or not isinstance(self.reward, numbers.Real):
+            raise TypeError(f"StepResult.reward must be a number, got {type(self.reward).__name__}")
+        object.__setattr__(self, "reward", float(self.reward))
+        if not math.isfinite(self.reward):
+            raise ValueError(f"StepResult.reward must be finite, got {self.reward}")
+        for name in ("terminated", "truncated"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"StepResult.{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        if not isinstance(self.info, dict):
+            raise TypeError(f"StepResult.info must be a dict, got {type(self.info).__name__}")
+
+    @property
+    def done(self) -> bool:
+        """Whether the episode is over, either way: no step may follow."""
+        return self.terminated or self.truncated
+
+
 class Env(Protocol):
     """One episode's worth of environment state."""
 
@@ -44,8 +83,9 @@ class Env(Protocol):
         """Start the episode; return the first observation and info."""
         ...
 
-    def step(self, response_text: str) -> tuple[EnvObservation, bool, dict[str, Any]]:
-        """Apply the model's full response; `info["reward"]` holds the turn reward."""
+    def step(self, response_text: str) -> StepResult:
+        """Apply the model's full response: the next observation, the turn reward, and whether (and how)
+        the episode ended."""
         ...
 
     def format_observation(self, obs: EnvObservation) -> dict[str, Any]:
@@ -59,6 +99,18 @@ class Env(Protocol):
     def state(self) -> dict[str, Any]:
         """The whole episode state as JSON-safe data; `EnvFactory.restore` rebuilds the env from it."""
         ...
+
+
+def checked_step(env: Env, response_text: str) -> StepResult:
+    """`env.step(response_text)`, refusing anything but a `StepResult` with a TypeError that names the env
+    and what it returned: an env that breaks the contract fails on its first step, not with a wrong score."""
+    result = env.step(response_text)
+    if not isinstance(result, StepResult):
+        raise TypeError(
+            f"{type(env).__name__}.step returned {type(result).__name__}, not a StepResult "
+            "(observation, reward, terminated, truncated, info)"
+        )
+    return result
 
 
 class TaskSplit(Protocol):
@@ -205,6 +257,11 @@ def load_env_factory(name_or_module: str) -> EnvFactory:
     try:
         module = importlib.import_module(module_path)
     except ModuleNotFoundError as exc:
+        if exc.name and not f"{module_path}.".startswith(f"{exc.name}."):
+            extra = f": pip install 'vistarl[{name_or_module}]'" if name_or_module in ENV_MODULES else ""
+            raise ValueError(
+                f"environment {name_or_module!r} needs {exc.name!r}, which is not installed{extra}"
+            ) from exc
         known = ", ".join(sorted(ENV_MODULES))
         raise ValueError(f"unknown environment {name_or_module!r} (known: {known})") from exc
     factory = getattr(module, "ENV_FACTORY", None)

@@ -59,7 +59,7 @@ from clients.protocol import (
     StepRequest,
     StepResponse,
 )
-from clients.retry import Delivery, delivery, retry_after_seconds, retry_delay
+from clients.retry import Delivery, attempt_until_final, delivery, retry_after_seconds, retry_delay
 from tests.client_kinds import Client
 from tests.servers import free_port
 
@@ -272,6 +272,32 @@ def test_transport_failures_are_classified_by_how_far_the_request_went(
     error: Exception, expected: Delivery
 ) -> None:
     assert delivery(error) is expected
+
+
+def test_backoff_stops_at_the_attempt_bound_and_never_sleeps_past_the_deadline() -> None:
+    policy = RetryPolicy(max_attempts=3, base_delay=0.5, max_delay=0.5, deadline_s=30)
+    assert all(0 <= (policy.backoff(1, remaining=30) or -1) <= 0.5 for _ in range(50))
+    assert policy.backoff(3, remaining=30) is None
+    assert policy.backoff(1, remaining=0.0) is None
+    near_deadline = [policy.backoff(1, remaining=0.05) for _ in range(200)]
+    assert None in near_deadline and all(delay is None or delay < 0.05 for delay in near_deadline)
+    outage = RetryPolicy.outage(5.0)
+    assert outage.backoff(10_000, remaining=5.0) is not None and outage.backoff(10_000, remaining=-1) is None
+
+
+async def test_the_retry_loop_runs_attempts_until_the_policy_says_final() -> None:
+    answers = iter([ConnectionError("down"), ConnectionError("down"), "up", "never asked"])
+    seen: list[tuple[object, int]] = []
+
+    async def attempt() -> object:
+        return next(answers)
+
+    def next_delay(outcome: object, attempts: int) -> float | None:
+        seen.append((outcome if isinstance(outcome, str) else type(outcome).__name__, attempts))
+        return 0.01 if isinstance(outcome, Exception) else None
+
+    assert await attempt_until_final(attempt, next_delay) == ("up", 3)
+    assert seen == [("ConnectionError", 1), ("ConnectionError", 2), ("up", 3)]
 
 
 def test_retry_policy_rejects_nonsense() -> None:

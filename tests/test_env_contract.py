@@ -1,4 +1,8 @@
-"""The env contract's state export and import: an env restored from `state()` continues identically.
+"""The env contract: `step` returns a `StepResult`, and an env restored from `state()` continues identically.
+
+Every step of every env below goes through `checked_step`, as the server steps it: an env whose `step`
+returns anything but a `StepResult` (the old `(obs, done, info)` tuple, a reward hidden in the info)
+fails here on its first step.
 
 Every registered env (`services.env_api.ENV_MODULES`, so an env is covered as soon as it registers) and
 the test envs play random episodes. After the reset and after every step, the env's state goes through
@@ -14,12 +18,21 @@ from __future__ import annotations
 
 import random
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
-from services.env_api import ENV_MODULES, Env, EnvFactory, load_env_factory
+from services.env_api import (
+    ENV_MODULES,
+    Env,
+    EnvFactory,
+    EnvObservation,
+    StepResult,
+    checked_step,
+    load_env_factory,
+)
 from services.server.encoding import json_safe, observation_to_wire
 from services.server.env_work import decode_state, encode_state
 
@@ -39,9 +52,11 @@ def candidate_actions(factory: EnvFactory) -> list[str]:
 
 
 def play(env: Env, action: str) -> tuple[Any, ...]:
-    """One step, as the server would answer it."""
-    obs, done, info = env.step(action)
-    return observation_to_wire(obs).model_dump(), done, json_safe(info)
+    """One step, as the server would answer it: observation, done, reward, terminated, truncated, info."""
+    result = checked_step(env, action)
+    assert "reward" not in result.info, "the turn reward is `StepResult.reward`, not an info key"
+    wire = observation_to_wire(result.observation).model_dump()
+    return wire, result.done, result.reward, result.terminated, result.truncated, json_safe(result.info)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -83,3 +98,41 @@ def test_an_env_refuses_options_of_another_model_and_a_step_before_reset(name: s
     with pytest.raises(RuntimeError, match=r"reset\(\) before step\(\)"):
         env.step(factory.action_format)
     env.close()
+
+
+class TupleEnv:
+    """An env that still returns the old `(obs, done, info)` tuple, its reward hidden in the info."""
+
+    def step(self, response_text: str) -> tuple[EnvObservation, bool, dict[str, Any]]:
+        return {"text": "", "images": []}, True, {"reward": 1.0}
+
+
+def test_a_step_that_is_not_a_step_result_fails_naming_the_env() -> None:
+    with pytest.raises(TypeError, match=r"TupleEnv\.step returned tuple, not a StepResult"):
+        checked_step(TupleEnv(), "anything")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"reward": None}, "reward must be a number"),
+        ({"reward": True}, "reward must be a number"),
+        ({"reward": float("nan")}, "reward must be finite"),
+        ({"terminated": 1}, "terminated must be a bool"),
+        ({"truncated": None}, "truncated must be a bool"),
+    ],
+)
+def test_a_step_result_refuses_a_reward_or_flag_of_the_wrong_kind(fields: dict[str, Any], error: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=error):
+        StepResult(
+            **{"observation": {"text": "", "images": []}, "reward": 0.0, "terminated": False, **fields}
+        )
+
+
+def test_an_env_whose_dependency_is_missing_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "env_needing_more.py").write_text("import no_such_dependency_of_an_env\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match="'env_needing_more' needs 'no_such_dependency_of_an_env'"):
+        load_env_factory("env_needing_more")
+    with pytest.raises(ValueError, match="unknown environment 'no_such_env_module'"):
+        load_env_factory("no_such_env_module")

@@ -72,15 +72,18 @@ async def test_in_process_and_remote_give_the_same_episode(sokoban_url: str, env
     first_message, _ = local_results[0]
     assert first_message["role"] == "user"
     assert image_urls(first_message)[0].startswith("data:image/png;base64,")
-    rewards = [result[1] for result in local_results[1:]]
+    rewards = [answer.reward for _, answer in local_results[1:]]
     assert all(isinstance(r, float) for r in rewards)
 
 
 async def test_a_solved_level_reports_done_and_the_env_reward(sokoban_url: str, envs: Envs) -> None:
     for spec in ("sokoban", sokoban_url):
         results = await play(await envs.open(spec), ["<answer>Right</answer>"], options=SOLVABLE)
-        _, reward, done, info = results[-1]
-        assert done and info["success"] and reward == pytest.approx(1.01)
+        _, answer = results[-1]
+        reward, info = answer.reward, answer.info
+        assert (
+            answer.terminated and not answer.truncated and info["success"] and reward == pytest.approx(1.01)
+        )
         assert env_reward([reward], info) == info["episode_reward"]
         assert load_reward_fn("services.sokoban.reward")([reward], info) == info["episode_reward"]
 
@@ -144,7 +147,7 @@ async def test_an_env_server_that_comes_back_within_the_outage_budget_is_waited_
     with running_process(args, ready_url=f"{url}/health", env={"VISTARL_API_TOKEN": ""}):
         _, info = await asyncio.wait_for(reset, timeout=30.0)
         assert info == {"target": 1}
-        assert (await handle.step("inc"))[2] is True
+        assert (await handle.step("inc"))[1].done is True
         await handle.close()
     await envs.aclose()
 
@@ -158,7 +161,7 @@ async def test_a_dataset_sample_starts_the_same_episode_in_process_and_remotely(
         first_message, _ = results[0]
         assert image_urls(first_message) == []
         assert "#@$.#" in first_message["content"][-1]["text"]
-        assert results[-1][2] is True
+        assert results[-1][1].done is True
         with pytest.raises(EnvError, match="extra_info"):
             await (await envs.open(spec)).reset(start(sample={"extra_info": {}}))
 

@@ -39,7 +39,8 @@ def test_dummy_eval_plays_two_levels_and_saves_images_and_trajectories(
     assert [e.name for e in episodes] == ["episode-000", "episode-001"]
     for episode in episodes:
         trajectory = json.loads((episode / "trajectory.json").read_text())
-        assert trajectory["status"] == "COMPLETED"
+        solved = trajectory["metrics"]["env/success"] == 1.0
+        assert trajectory["status"] == ("COMPLETED" if solved else "TRUNCATED"), trajectory["error"]
         assert trajectory["images"] and all((episode / name).is_file() for name in trajectory["images"])
         replies = [m["content"] for m in trajectory["messages"] if m["role"] == "assistant"]
         assert replies and all(r.startswith("<answer>") and r.endswith("</answer>") for r in replies)

@@ -65,9 +65,9 @@ def test_the_env_grades_equivalent_forms_through_the_grading_processes() -> None
     sample = Geo3kSample.model_validate({**generate(2).sample(), "answer": "2\\sqrt{3}", "choices": None})
     env = Geo3kEnv(Geo3kOptions(), sample=sample)
     env.reset()
-    _, _, info = env.step(
+    info = env.step(
         '<tool_call>{"name": "calc_score", "arguments": {"answer": "\\\\sqrt{12}"}}</tool_call>'
-    )
+    ).info
     assert info["outcome"] == "correct"
 
 
@@ -105,12 +105,12 @@ def test_a_grading_timeout_scores_zero_is_counted_and_does_not_hang() -> None:
     env = Geo3kEnv(Geo3kOptions(grade_timeout_s=1.0), seed=8)
     env.reset()
     started = time.monotonic()
-    _, _, info = env.step(
+    info = env.step(
         f'<tool_call>{{"name": "calc_score", "arguments": {{"answer": "{SLOW}"}}}}</tool_call>'
-    )
+    ).info
     assert time.monotonic() - started < 10
     assert info["outcome"] == "wrong" and info["tool_score"] == 0.0 and info["metrics"]["grade_timeouts"] == 1
-    _, _, after = env.step(json_call(env.answer))
+    after = env.step(json_call(env.answer)).info
     assert after["outcome"] == "correct"
 
 

@@ -54,16 +54,19 @@ NOT_CALLS = [
 @pytest.mark.parametrize("text", NOT_CALLS)
 def test_no_valid_tool_call_ends_the_episode(text: str) -> None:
     env = started()
-    obs, done, info = env.step(text)
-    assert done and info["outcome"] == "no_tool_call" and info["tool_score"] is None
-    assert obs == {"text": "No tool call detected; ending the episode.", "images": []}
+    result = env.step(text)
+    info = result.info
+    assert result.terminated and not result.truncated
+    assert info["outcome"] == "no_tool_call" and info["tool_score"] is None
+    assert result.observation == {"text": "No tool call detected; ending the episode.", "images": []}
 
 
 @pytest.mark.parametrize("final_turn", [False, True])
 def test_unsupported_tool_shows_the_format_and_ends_only_on_the_last_turn(final_turn: bool) -> None:
     env = started(max_turns=1 if final_turn else 3)
-    obs, done, info = env.step(call(env.answer, name="calculator"))
-    assert done is final_turn and info["outcome"] == "unsupported_tool"
+    result = env.step(call(env.answer, name="calculator"))
+    obs, info = result.observation, result.info
+    assert result.truncated is final_turn and not result.terminated and info["outcome"] == "unsupported_tool"
     assert "`calculator` is not supported" in obs["text"] and "<tool_call>" in obs["text"]
     assert info["tool_score"] is None and env.metrics()["tool_calls"] == 0
 
@@ -72,29 +75,31 @@ def test_unsupported_tool_shows_the_format_and_ends_only_on_the_last_turn(final_
 def test_empty_answer_shows_the_format(arguments: dict[str, str]) -> None:
     env = started()
     payload = json.dumps({"name": "calc_score", "arguments": arguments})
-    obs, done, info = env.step(f"<tool_call>{payload}</tool_call>")
-    assert not done and info["outcome"] == "missing_answer"
+    result = env.step(f"<tool_call>{payload}</tool_call>")
+    obs = result.observation
+    assert not result.done and result.info["outcome"] == "missing_answer"
     assert "no `answer` was provided" in obs["text"] and "<tool_call>" in obs["text"]
 
 
 @pytest.mark.parametrize("name", ["calc_score", "calc_geo3k_reward"])
 def test_a_correct_call_scores_one_and_asks_for_the_boxed_answer(name: str) -> None:
     env = started()
-    obs, done, info = env.step(call(env.answer, name=name))
-    assert not done and info["outcome"] == "correct" and info["tool_score"] == 1.0
+    result = env.step(call(env.answer, name=name))
+    obs, info = result.observation, result.info
+    assert not result.done and info["outcome"] == "correct" and info["tool_score"] == 1.0
     assert obs["images"] == [] and "calc_score result: 1.0" in obs["text"]
     assert f"'{env.answer}' matches the reference" in obs["text"] and "\\boxed{}" in obs["text"]
-    assert info["reward"] == 0.0 and "episode_reward" not in info
+    assert result.reward == 0.0 and "episode_reward" not in info
 
 
 def test_a_wrong_call_scores_zero_and_the_warning_starts_at_turn_max_turns_minus_2() -> None:
     env = started(max_turns=4)
     texts = []
     for turn in range(4):
-        obs, done, info = env.step(call(wrong(env.answer)))
-        assert info["outcome"] == "wrong" and info["tool_score"] == 0.0
-        assert done is (turn == 3)
-        texts.append(obs["text"])
+        result = env.step(call(wrong(env.answer)))
+        assert result.info["outcome"] == "wrong" and result.info["tool_score"] == 0.0
+        assert result.done is result.truncated is (turn == 3)
+        texts.append(result.observation["text"])
     assert all("does not match the reference" in text for text in texts)
     warned = ["one chance left" in text and "Answer: \\boxed{$Answer}" in text for text in texts]
     assert warned == [False, False, True, True]
@@ -102,22 +107,22 @@ def test_a_wrong_call_scores_zero_and_the_warning_starts_at_turn_max_turns_minus
 
 def test_call_layouts_nested_and_string_arguments() -> None:
     env = started()
-    _, _, nested = env.step(call(env.answer, nested=True))
-    _, _, as_string = env.step(call(env.answer, string_arguments=True))
+    nested = env.step(call(env.answer, nested=True)).info
+    as_string = env.step(call(env.answer, string_arguments=True)).info
     assert nested["outcome"] == as_string["outcome"] == "correct"
 
 
 def test_malformed_string_arguments_are_a_missing_answer() -> None:
     env = started()
     payload = json.dumps({"name": "calc_score", "arguments": "{answer: 5"})
-    _, done, info = env.step(f"<tool_call>{payload}</tool_call>")
-    assert not done and info["outcome"] == "missing_answer"
+    result = env.step(f"<tool_call>{payload}</tool_call>")
+    assert not result.done and result.info["outcome"] == "missing_answer"
 
 
 def test_of_several_calls_the_last_wins() -> None:
     env = started()
-    _, _, right_last = env.step(call(wrong(env.answer)) + call(env.answer))
-    _, _, wrong_last = env.step(call(env.answer) + call(wrong(env.answer)))
+    right_last = env.step(call(wrong(env.answer)) + call(env.answer)).info
+    wrong_last = env.step(call(env.answer) + call(wrong(env.answer))).info
     assert right_last["tool_call"]["answer"] == env.answer and right_last["outcome"] == "correct"
     assert wrong_last["outcome"] == "wrong"
 
@@ -126,39 +131,48 @@ def test_without_a_boxed_answer_the_last_tool_answer_is_the_reward() -> None:
     env = started()
     env.step(call(env.answer))
     env.step(call(wrong(env.answer)))
-    _, done, info = env.step("I will stop here.")
-    assert done and info["final_answer_source"] == "tool" and info["episode_reward"] == 0.0
+    result = env.step("I will stop here.")
+    info = result.info
+    assert result.done and info["final_answer_source"] == "tool" and info["episode_reward"] == 0.0
 
 
 def test_the_boxed_answer_of_the_last_turn_is_the_reward() -> None:
     env = started()
     env.step(call(wrong(env.answer)))
-    _, done, info = env.step(f"So the answer is settled. Answer: \\boxed{{{env.answer}}}")
-    assert done and info["final_answer_source"] == "boxed" and info["final_answer"] == env.answer
-    assert info["episode_reward"] == info["reward"] == 1.0 and info["metrics"]["success"]
+    result = env.step(f"So the answer is settled. Answer: \\boxed{{{env.answer}}}")
+    info = result.info
+    assert result.done and info["final_answer_source"] == "boxed" and info["final_answer"] == env.answer
+    assert info["episode_reward"] == result.reward == 1.0 and info["metrics"]["success"]
 
 
 def test_a_boxed_answer_in_the_feedback_is_never_graded() -> None:
     env = started()
-    feedback, _, _ = env.step(call(env.answer))
+    feedback = env.step(call(env.answer)).observation
     assert "\\boxed{}" in feedback["text"]
     env.step(call(wrong(env.answer)))
-    _, done, info = env.step("Thanks.")
-    assert done and info["episode_reward"] == 0.0 and info["final_answer"] == wrong(env.answer)
+    result = env.step("Thanks.")
+    info = result.info
+    assert result.done and info["episode_reward"] == 0.0 and info["final_answer"] == wrong(env.answer)
     assert env.metrics()["boxed_final_answer"] is False
 
 
 def test_turn_rewards_are_zero_until_the_final_turn() -> None:
     env = started()
-    rewards = [env.step(call(env.answer))[2]["reward"] for _ in range(3)]
+    rewards = [env.step(call(env.answer)).reward for _ in range(3)]
     assert rewards == [0.0, 0.0, 1.0] and env.done
 
 
 def test_the_vime_option_ends_on_a_correct_call() -> None:
     env = started(end_on_correct=True)
-    _, done_wrong, _ = env.step(call(wrong(env.answer)))
-    _, done, info = env.step(call(env.answer))
-    assert not done_wrong and done and info["episode_reward"] == 1.0 and info["final_answer_source"] == "tool"
+    done_wrong = env.step(call(wrong(env.answer))).done
+    result = env.step(call(env.answer))
+    info = result.info
+    assert (
+        not done_wrong
+        and result.terminated
+        and info["episode_reward"] == 1.0
+        and info["final_answer_source"] == "tool"
+    )
 
 
 def test_step_before_reset_or_after_done_raises() -> None:
@@ -182,8 +196,8 @@ def test_a_choice_letter_counts_only_when_the_choices_are_shown(show_choices: bo
     letter = LETTERS[env.choices.index(env.answer)]
     obs, _ = env.reset()
     assert (f"{letter}. {env.answer}" in obs["text"]) is show_choices
-    _, _, by_letter = env.step(call(f"({letter})"))
-    _, _, by_value = env.step(call(env.answer))
+    by_letter = env.step(call(f"({letter})")).info
+    by_value = env.step(call(env.answer)).info
     assert (
         by_letter["outcome"] == ("correct" if show_choices else "wrong") and by_value["outcome"] == "correct"
     )
@@ -193,7 +207,7 @@ def test_a_wrong_letter_is_wrong() -> None:
     env = started(multiple_choice_seed())
     assert env.choices is not None
     letter = next(LETTERS[i] for i, choice in enumerate(env.choices) if choice != env.answer)
-    assert env.step(call(letter))[2]["outcome"] == "wrong"
+    assert env.step(call(letter)).info["outcome"] == "wrong"
 
 
 def test_first_observation_is_the_problem_with_its_diagram() -> None:
@@ -211,7 +225,7 @@ def test_a_sample_is_played_like_a_generated_problem() -> None:
     obs, info = env.reset()
     assert info["seed"] is None and info["id"] == "generated-21"
     assert obs["images"][0].tobytes() == generated.image.tobytes()
-    assert env.step(call(generated.answer))[2]["outcome"] == "correct"
+    assert env.step(call(generated.answer)).info["outcome"] == "correct"
 
 
 def test_the_factory_builds_from_a_seed_or_a_sample_and_publishes_the_tool() -> None:
@@ -277,22 +291,24 @@ def test_the_oracle_checker_lets_the_choices_be_tried_one_by_one() -> None:
     """The reward-hacking risk of the seed's checker (docs/geo3k.md, "What the checker tells")."""
     env = started(max_turns=8)
     letters = env.shown_letters
-    outcomes = [env.step(call(letter))[2]["outcome"] for letter in letters]
+    outcomes = [env.step(call(letter)).info["outcome"] for letter in letters]
     assert outcomes.count("correct") == 1 and outcomes.count("wrong") == len(letters) - 1
 
 
 def test_the_format_checker_tells_only_that_the_call_was_well_formed() -> None:
     right, wrong_env = started(calc_score="format"), started(calc_score="format")
-    right_obs, done, info = right.step(call(right.answer))
-    wrong_obs, _, wrong_info = wrong_env.step(call(wrong(right.answer)))
-    assert not done and info["outcome"] == wrong_info["outcome"] == "recorded"
+    right_result, wrong_result = right.step(call(right.answer)), wrong_env.step(call(wrong(right.answer)))
+    right_obs, info = right_result.observation, right_result.info
+    wrong_obs, wrong_info = wrong_result.observation, wrong_result.info
+    assert not right_result.done and info["outcome"] == wrong_info["outcome"] == "recorded"
     assert info["tool_score"] is wrong_info["tool_score"] is None
     assert right_obs["text"].replace(right.answer, "X") == wrong_obs["text"].replace(wrong(right.answer), "X")
     assert "well formed" in right_obs["text"] and "does not say" in right_obs["text"]
     assert info["metrics"]["tool_calls"] == 1 and info["metrics"]["correct_tool_calls"] == 0
     for env, expected in ((right, 1.0), (wrong_env, 0.0)):
-        _, done, final = env.step("Done.")
-        assert done and final["episode_reward"] == expected and final["final_answer_source"] == "tool"
+        last = env.step("Done.")
+        final = last.info
+        assert last.done and final["episode_reward"] == expected and final["final_answer_source"] == "tool"
 
 
 def test_end_on_correct_needs_the_oracle() -> None:

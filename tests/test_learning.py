@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from services.env_api import EnvFactory, EnvObservation
+from services.env_api import EnvFactory, EnvObservation, StepResult
 from trainer.config import TrainConfig
 from trainer.train import run_training
 
@@ -39,8 +39,8 @@ class OneTurnEnv:
     def reset(self) -> tuple[EnvObservation, dict[str, Any]]:
         return EnvObservation(text="Write anything.", images=[]), {}
 
-    def step(self, response_text: str) -> tuple[EnvObservation, bool, dict[str, Any]]:
-        return EnvObservation(text="Thanks.", images=[]), True, {"reward": 0.0}
+    def step(self, response_text: str) -> StepResult:
+        return StepResult(EnvObservation(text="Thanks.", images=[]), 0.0, terminated=True)
 
     def format_observation(self, obs: EnvObservation) -> dict[str, Any]:
         return {"role": "user", "content": [{"type": "text", "text": obs["text"]}]}

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from services.env_api import EnvObservation
+from services.env_api import EnvObservation, StepResult
 from tests.test_learning import ENV_FACTORY as ONE_TURN_FACTORY
 from tests.test_learning import OneTurnEnv, even_token_reward, learning_config
 from tests.test_train_loop import with_changes
@@ -58,13 +58,11 @@ class TwoTurnEnv(OneTurnEnv):
         self.rewards = []
         return EnvObservation(text="Write a word.", images=[]), {}
 
-    def step(self, response_text: str) -> tuple[EnvObservation, bool, dict[str, Any]]:
+    def step(self, response_text: str) -> StepResult:
         self.rewards.append(even_start(response_text))
         done = len(self.rewards) == TURNS
-        info: dict[str, Any] = {"reward": self.rewards[-1]}
-        if done:
-            info["episode_reward"] = sum(self.rewards) / TURNS
-        return EnvObservation(text="Another one.", images=[]), done, info
+        info: dict[str, Any] = {"episode_reward": sum(self.rewards) / TURNS} if done else {}
+        return StepResult(EnvObservation(text="Another one.", images=[]), self.rewards[-1], done, info=info)
 
     def state(self) -> dict[str, Any]:
         return {"seed": self.seed, "rewards": self.rewards}

@@ -113,7 +113,7 @@ async def test_a_sokoban_episode_plays_to_the_end_over_http(url: str) -> None:
         await client.call_tool("end_episode", {"session_id": first.structured_content["session_id"]})
         session, turns = await play_to_the_end(client, {"seed": 11})
         last = turns[-1]
-        assert last["done"] and last["info"]["success"] is True
+        assert last["done"] and not last["truncated"] and last["info"]["success"] is True
         assert [turn["done"] for turn in turns[:-1]] == [False] * (len(turns) - 1)
         assert last["info"]["episode_reward"] > 5  # solved: +5 on top of the mean turn reward
         again = await call(client, "observe", session_id=session)
@@ -138,6 +138,7 @@ async def test_an_mcp_episode_is_a_session_of_the_http_api(url: str) -> None:
             "session_id": session,
             "reward": by_http["reward"],
             "done": False,
+            "truncated": False,
             "info": by_http["info"],
         }
         assert text(seen).endswith(by_http["observation"]["text"])

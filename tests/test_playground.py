@@ -40,6 +40,7 @@ FLAGS = [
 TOKEN = "play-token"
 KEYS = {"Up": "ArrowUp", "Down": "ArrowDown", "Left": "ArrowLeft", "Right": "ArrowRight"}
 WAIT_MS = 5000
+GRADING_MS = 60_000  # the first grading starts the grader process
 VIEWPORT = {"width": 900, "height": 600}
 CURRENT_TURN_FIRST_IN_VIEW = """() => {  // the page is scrolled (the controls stick) to the last turn
   const current = document.querySelector("#transcript .turn:last-child");
@@ -147,9 +148,11 @@ def test_a_geo3k_problem_and_its_diagram_stay_in_the_transcript(page: Page) -> N
         connect_and_reset(page, base, seed=3)
         first = page.locator("#transcript .turn pre.text").first.text_content() or ""
         assert first.strip()
-        for answer in ("1", "2"):
+        for played, answer in enumerate(("1", "2"), start=2):
             page.fill('#tools input[placeholder="answer"]', answer)
             page.click('#tools button[data-tool="calc_score"]')
+            # One step at a time: the next click waits for this grading, which a loaded machine slows.
+            expect(page.locator("#transcript .turn")).to_have_count(played, timeout=GRADING_MS)
         expect_transcript(page, [1, 0, 0], [first, "answer '1'", "answer '2'"])
 
 

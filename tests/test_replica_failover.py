@@ -55,11 +55,13 @@ def test_a_sokoban_episode_goes_on_after_its_replica_is_killed(redis_url: str) -
                 assert answer == StepResponse.model_validate_json(lost.content)
             else:
                 answer = client.step(start.session_id, action)
-            obs, done, info = reference.step(action)
-            assert (answer.observation.text, answer.reward, answer.done, answer.info) == (
-                obs["text"],
-                info["reward"],
+            expected = reference.step(action)
+            done, info = expected.done, expected.info
+            assert (answer.observation.text, answer.reward, answer.done, answer.truncated, answer.info) == (
+                expected.observation["text"],
+                expected.reward,
                 done,
+                expected.truncated,
                 json_safe(info),
             ), f"turn {turns}"
             turns += 1

@@ -110,15 +110,27 @@ async def test_a_configured_reward_function_replaces_the_envs(processor: VLProce
     assert trajectory.episode_reward == pytest.approx((0.52 + 5 + 3) / 2)
 
 
-async def test_max_turns_ends_a_game_in_progress_as_completed(processor: VLProcessor, envs: Envs) -> None:
+async def test_max_turns_truncates_a_game_in_progress(processor: VLProcessor, envs: Envs) -> None:
     trajectory = await play(
         processor, ScriptedEngine(processor, wander), envs, config=config(max_turns=3), seed=5
     )
-    assert trajectory.status is Status.COMPLETED
+    assert trajectory.status is Status.TRUNCATED
+    assert trajectory.error == "the turn budget of 3 turns is spent"
     assert len(trajectory.turn_rewards) == 3 and trajectory.metrics["turns"] == 3
     assert trajectory.metrics["env/success"] == 0.0
     # Not solved: the env's own reward is absent, so the default is the sum of turn rewards.
     assert trajectory.episode_reward == pytest.approx(sum(trajectory.turn_rewards))
+
+
+async def test_the_envs_own_limit_truncates_the_episode(processor: VLProcessor, envs: Envs) -> None:
+    engine = ScriptedEngine(processor, wander)
+    trajectory = await play(
+        processor, engine, envs, config=config(max_turns=8), seed=5, options={"max_steps": 4}
+    )
+    assert (
+        trajectory.status is Status.TRUNCATED and trajectory.error == "the env's own limit ended the episode"
+    )
+    assert len(trajectory.turn_rewards) < 8 and trajectory.metrics["env/steps"] == 4
 
 
 async def test_a_length_finish_truncates_without_stepping_the_env(processor: VLProcessor, envs: Envs) -> None:

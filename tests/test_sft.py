@@ -43,12 +43,13 @@ def test_a_solver_demonstration_replays_to_a_solved_level(seed: int) -> None:
     assert len(observations) == len(replies)
     for message in observations:
         assert message["content"][0]["type"] == "image_url"
-    info: dict[str, object] = {}
+    terminated, info = False, {}
     for reply in replies:
         moves = re.fullmatch(r"<answer>(.*)</answer>", reply)
         assert moves is not None and len(moves.group(1).split(", ")) <= options.max_actions_per_turn
-        _, done, info = env.step(reply)
-    assert done and info["success"]
+        step = env.step(reply)
+        terminated, info = step.terminated, step.info
+    assert terminated and info["success"]
 
 
 @pytest.fixture(scope="module")

@@ -124,7 +124,7 @@ def test_render_modes(mode: str, n_images: int, has_grid: bool) -> None:
     assert obs["text"].endswith(
         "Valid last actions: None\nProvide your next move(s) using Up, Down, Left, Right."
     )
-    obs, _, _ = env.step("<answer>Right, Up</answer>")
+    obs = env.step("<answer>Right, Up</answer>").observation
     assert "Valid last actions: right, up\n" in obs["text"]
 
 
@@ -193,13 +193,13 @@ def test_env_reports_the_episode_reward_at_done() -> None:
     env = build_env(xsb=CORRIDOR)
     _, info = env.reset()
     assert info["dist0"] == 2
-    _, _, first = env.step("left right")
-    _, done, last = env.step("right right")
-    assert done
+    first = env.step("left right")
+    last = env.step("right right")
+    assert last.terminated
     expected = (-0.04 + 1.02) / 2 + 5 + 2
-    assert last["episode_reward"] == pytest.approx(expected)
-    assert reward([first["reward"], last["reward"]], last) == pytest.approx(expected)
-    metrics = last["metrics"]
+    assert last.info["episode_reward"] == pytest.approx(expected)
+    assert reward([first.reward, last.reward], last.info) == pytest.approx(expected)
+    metrics = last.info["metrics"]
     assert metrics == {
         "success": True,
         "steps": 4,
@@ -214,6 +214,6 @@ def test_env_reports_the_episode_reward_at_done() -> None:
 def test_reward_hook_works_for_a_truncated_episode() -> None:
     env = build_env(xsb=CORRIDOR)
     env.reset()
-    _, done, info = env.step("right right")
-    assert not done and "episode_reward" not in info
-    assert reward([info["reward"]], info) == pytest.approx(0.02 + 0 + (2 - 1))
+    result = env.step("right right")
+    assert not result.done and "episode_reward" not in result.info
+    assert reward([result.reward], result.info) == pytest.approx(0.02 + 0 + (2 - 1))

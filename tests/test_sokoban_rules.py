@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from services.env_api import StepResult
 from services.sokoban import build_env
 from services.sokoban.actions import parse_actions
 from services.sokoban.game import Game, Level, LevelError
@@ -12,42 +13,38 @@ from services.sokoban.game import Game, Level, LevelError
 CORRIDOR = "#######\n#@ $ .#\n#######"
 
 
-def play(xsb: str, *turns: str, **config: object) -> list[tuple[bool, dict]]:
-    """Reset an env on `xsb` and play each turn; return (done, info) per turn."""
+def play(xsb: str, *turns: str, **config: object) -> list[StepResult]:
+    """Reset an env on `xsb` and play each turn; the step results."""
     env = build_env(xsb=xsb, render_mode="text", **config)
     env.reset()
-    results = []
-    for turn in turns:
-        _, done, info = env.step(turn)
-        results.append((done, info))
-    return results
+    return [env.step(turn) for turn in turns]
 
 
 def test_wall_hit_costs_and_changes_nothing() -> None:
     env = build_env(xsb=CORRIDOR, render_mode="text")
     env.reset()
     before = env.render_text()
-    _, done, info = env.step("<answer>Left</answer>")
-    assert info["reward"] == pytest.approx(-0.05)
+    result = env.step("<answer>Left</answer>")
+    info = result.info
+    assert result.reward == pytest.approx(-0.05)
     assert env.render_text() == before
-    assert not done and not info["action_is_effective"]
+    assert not result.done and not info["action_is_effective"]
     assert info["metrics"]["steps"] == 1 and info["metrics"]["effective_actions"] == 0
 
 
 def test_effective_move_earns_step_bonus() -> None:
     env = build_env(xsb=CORRIDOR, render_mode="text")
     env.reset()
-    _, _, info = env.step("Right")
-    assert info["reward"] == pytest.approx(0.01)
+    result = env.step("Right")
+    assert result.reward == pytest.approx(0.01)
     assert env.render_text() == "#######\n# @$ .#\n#######"
-    assert info["action_is_effective"]
+    assert result.info["action_is_effective"]
 
 
 def test_blocked_push_by_wall() -> None:
     env = build_env(xsb="######\n#. @$#\n######", render_mode="text")
     env.reset()
-    _, _, info = env.step("right")
-    assert info["reward"] == pytest.approx(-0.05)
+    assert env.step("right").reward == pytest.approx(-0.05)
     assert env.render_text() == "######\n#. @$#\n######"
 
 
@@ -55,60 +52,60 @@ def test_blocked_push_by_box() -> None:
     level = "#######\n#@$$..#\n#######"
     env = build_env(xsb=level, render_mode="text")
     env.reset()
-    _, _, info = env.step("right")
-    assert info["reward"] == pytest.approx(-0.05)
+    assert env.step("right").reward == pytest.approx(-0.05)
     assert env.render_text() == level
 
 
 def test_push_onto_target_solves_and_ends_episode() -> None:
-    (_, first), (done, last) = play(CORRIDOR, "right right", "right")
-    assert first["reward"] == pytest.approx(0.02)
-    assert last["reward"] == pytest.approx(0.01 + 1.0)
-    assert done and last["success"] and last["metrics"]["success"]
-    assert "episode_reward" in last and "episode_reward" not in first
+    first, last = play(CORRIDOR, "right right", "right")
+    assert first.reward == pytest.approx(0.02)
+    assert last.reward == pytest.approx(0.01 + 1.0)
+    assert last.terminated and not last.truncated and last.info["success"] and last.info["metrics"]["success"]
+    assert "episode_reward" in last.info and "episode_reward" not in first.info
 
 
 def test_push_off_target_is_penalised() -> None:
     # A box on a target at (1,2), a free target at (1,4), a second box at (1,5).
-    (_, off), (_, on) = play("#######\n#@* .$#\n#######", "right", "right")
-    assert off["reward"] == pytest.approx(0.01 - 0.5)
-    assert on["reward"] == pytest.approx(0.01 + 1.0)
-    assert not on["success"]
+    off, on = play("#######\n#@* .$#\n#######", "right", "right")
+    assert off.reward == pytest.approx(0.01 - 0.5)
+    assert on.reward == pytest.approx(0.01 + 1.0)
+    assert not on.info["success"]
 
 
 def test_push_from_target_to_target_earns_both_terms() -> None:
-    ((_, info),) = play("########\n#@*.  $#\n########", "right")
-    assert info["reward"] == pytest.approx(0.01 + 1.0 - 0.5)
+    (result,) = play("########\n#@*.  $#\n########", "right")
+    assert result.reward == pytest.approx(0.01 + 1.0 - 0.5)
 
 
 def test_turn_reward_is_sum_of_its_moves() -> None:
-    ((_, info),) = play(CORRIDOR, "left, right; right")
-    assert info["reward"] == pytest.approx(-0.05 + 0.01 + 0.01)
-    assert info["actions"] == ["left", "right", "right"]
+    (result,) = play(CORRIDOR, "left, right; right")
+    assert result.reward == pytest.approx(-0.05 + 0.01 + 0.01)
+    assert result.info["actions"] == ["left", "right", "right"]
 
 
 def test_at_most_three_actions_per_turn() -> None:
-    ((_, info),) = play("#########\n#@     $#\n#.      #\n#########", "right right right right right")
+    info = play("#########\n#@     $#\n#.      #\n#########", "right right right right right")[0].info
     assert info["actions"] == ["right"] * 3
     assert info["metrics"]["steps"] == 3
 
 
 def test_actions_per_turn_is_configurable() -> None:
-    ((_, info),) = play(CORRIDOR, "right right right right", max_actions_per_turn=1)
-    assert info["actions"] == ["right"]
+    (result,) = play(CORRIDOR, "right right right right", max_actions_per_turn=1)
+    assert result.info["actions"] == ["right"]
 
 
-def test_step_cap_stops_moves_and_ends_episode() -> None:
-    (done1, first), (done2, second) = play(CORRIDOR, "left left", "left left left", max_steps=3)
-    assert not done1 and first["metrics"]["steps"] == 2
-    assert done2 and second["actions"] == ["left"]
-    assert second["metrics"]["steps"] == 3 and not second["success"]
-    assert second["reward"] == pytest.approx(-0.05)
+def test_step_cap_stops_moves_and_truncates_the_episode() -> None:
+    first, second = play(CORRIDOR, "left left", "left left left", max_steps=3)
+    assert not first.done and first.info["metrics"]["steps"] == 2
+    assert second.truncated and not second.terminated and second.info["actions"] == ["left"]
+    assert second.info["metrics"]["steps"] == 3 and not second.info["success"]
+    assert second.reward == pytest.approx(-0.05)
 
 
 def test_turn_without_valid_action_scores_zero_and_continues() -> None:
-    ((done, info),) = play(CORRIDOR, "<answer>jump over the box</answer>")
-    assert info["reward"] == 0.0 and not done
+    (result,) = play(CORRIDOR, "<answer>jump over the box</answer>")
+    info = result.info
+    assert result.reward == 0.0 and not result.done
     assert not info["action_is_valid"] and info["actions"] == []
     assert info["metrics"]["turns"] == 1 and info["metrics"]["steps"] == 0
 
@@ -117,13 +114,12 @@ def test_solved_episode_refuses_more_steps() -> None:
     env = build_env(xsb=CORRIDOR)
     env.reset()
     env.step("right right")
-    _, done, _ = env.step("right")
-    assert done
+    assert env.step("right").done
     with pytest.raises(RuntimeError, match="over"):
         env.step("left")
     env.reset()
-    _, done, info = env.step("left")
-    assert not done and info["metrics"]["turns"] == 1
+    result = env.step("left")
+    assert not result.done and result.info["metrics"]["turns"] == 1
 
 
 def test_step_before_reset_is_an_error() -> None:

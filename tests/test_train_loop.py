@@ -69,9 +69,9 @@ async def test_aborted_episodes_are_counted_and_left_out_of_the_update(
     result = await run_training(cfg, engine=ScriptedEngine(processor, aborts_every_third))
     assert [r["step"] for r in result.history] == [1, 2]
     aborted = sum(r["rollout/status/ABORTED"] for r in result.history)
-    completed = sum(r["rollout/status/COMPLETED"] for r in result.history)
-    assert aborted > 0 and completed > 0 and aborted + completed == 16
-    assert sum(r["train/trajectories"] for r in result.history) == completed
+    scored = sum(r["rollout/status/COMPLETED"] + r["rollout/status/TRUNCATED"] for r in result.history)
+    assert aborted > 0 and scored > 0 and aborted + scored == 16
+    assert sum(r["train/trajectories"] for r in result.history) == scored
     assert all(r["rollout/missing"] == 0 for r in result.history)
 
 

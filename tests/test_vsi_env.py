@@ -59,18 +59,21 @@ def test_walls_stop_a_move_and_the_feedback_says_so() -> None:
     env = build_env(seed=1, scene_name=SCENE, question_type="room_size_estimation", **SMALL)
     env.reset()
     for _ in range(env.options.max_turns - 1):
-        obs, done, info = env.step("<action>move_forward</action>")
-        if info["blocked"]:
+        result = env.step("<action>move_forward</action>")
+        if result.info["blocked"]:
             break
-    assert info["blocked"] and not done and "wall" in obs["text"]
-    assert info["metrics"]["blocked_moves"] == 1
+    assert result.info["blocked"] and not result.done and "wall" in result.observation["text"]
+    assert result.info["metrics"]["blocked_moves"] == 1
 
 
 def test_a_correct_answer_scores_1_and_a_numeric_one_its_mra() -> None:
     env = build_env(seed=4, scene_name=SCENE, question_type="object_rel_direction_hard", **SMALL)
     env.reset()
-    _, done, info = env.step(f"I think <answer>{env.question.ground_truth}.</answer>")
-    assert done and info["reward"] == 1.0 and info["episode_reward"] == 1.0 and not info["truncated"]
+    result = env.step(f"I think <answer>{env.question.ground_truth}.</answer>")
+    info = result.info
+    assert (
+        result.terminated and not result.truncated and result.reward == 1.0 and info["episode_reward"] == 1.0
+    )
     assert info["metrics"]["score"] == 1.0 and info["metrics"]["question_type"] == "object_rel_direction_hard"
 
     env = build_env(seed=4, scene_name=SCENE, question_type="room_size_estimation", **SMALL)
@@ -78,23 +81,28 @@ def test_a_correct_answer_scores_1_and_a_numeric_one_its_mra() -> None:
     env.step("<action>rotate_left</action>")
     truth = float(env.question.ground_truth)
     guess = f"{truth * 1.17:.3f}"  # 17% off: thresholds 0.50 … 0.80 hold
-    _, done, info = env.step(f"<answer>{guess} m2</answer>")
-    assert done and info["episode_reward"] == mean_relative_accuracy(float(guess), truth) == pytest.approx(
-        0.7
-    )
+    result = env.step(f"<answer>{guess} m2</answer>")
+    info = result.info
+    assert result.terminated and info["episode_reward"] == mean_relative_accuracy(
+        float(guess), truth
+    ) == pytest.approx(0.7)
     assert info["metrics"]["turns"] == 2
 
 
-def test_the_turn_budget_ends_the_episode_with_reward_0() -> None:
+def test_the_turn_budget_truncates_the_episode_with_reward_0() -> None:
     env = build_env(seed=2, scene_set="test", max_turns=3, **SMALL)
     env.reset()
     results = [
         env.step(text) for text in ("<action>look_up</action>", "hello", "<action>rotate_right</action>")
     ]
-    assert [done for _, done, _ in results] == [False, False, True]
-    info = results[-1][2]
-    assert info["truncated"] and info["episode_reward"] == 0.0 and info["metrics"]["answered"] is False
-    assert results[1][2]["action_is_valid"] is False and "Invalid" in results[1][0]["text"]
+    assert [(r.terminated, r.truncated) for r in results] == [(False, False), (False, False), (False, True)]
+    info = results[-1].info
+    assert (
+        info["metrics"]["truncated"]
+        and info["episode_reward"] == 0.0
+        and info["metrics"]["answered"] is False
+    )
+    assert results[1].info["action_is_valid"] is False and "Invalid" in results[1].observation["text"]
     with pytest.raises(RuntimeError):
         env.step("<answer>A</answer>")
 
@@ -103,11 +111,11 @@ def test_a_tilt_past_the_pitch_limit_says_the_camera_is_at_its_limit() -> None:
     env = build_env(seed=2, scene_set="test", **SMALL)
     env.reset()
     ups = [env.step("<action>look_up</action>") for _ in range(4)]
-    assert [info["pose"][3] for _, _, info in ups] == [15.0, 30.0, 45.0, 45.0]
-    assert [obs["text"].startswith("look_up: done.") for obs, _, _ in ups] == [True, True, True, False]
-    assert "at its limit (45° up)" in ups[-1][0]["text"]
-    down, _, info = env.step("<action>look_down</action>")
-    assert down["text"].startswith("look_down: done.") and info["pose"][3] == 30.0
+    assert [up.info["pose"][3] for up in ups] == [15.0, 30.0, 45.0, 45.0]
+    assert [up.observation["text"].startswith("look_up: done.") for up in ups] == [True, True, True, False]
+    assert "at its limit (45° up)" in ups[-1].observation["text"]
+    down = env.step("<action>look_down</action>")
+    assert down.observation["text"].startswith("look_down: done.") and down.info["pose"][3] == 30.0
 
 
 def test_coverage_shaping_is_off_by_default_and_rewards_new_objects() -> None:
@@ -116,8 +124,8 @@ def test_coverage_shaping_is_off_by_default_and_rewards_new_objects() -> None:
     for env in (plain, shaped):
         env.reset()
     turns = ["<action>rotate_left</action>"] * 3
-    plain_rewards = [plain.step(t)[2]["reward"] for t in turns]
-    shaped_rewards = [shaped.step(t)[2]["reward"] for t in turns]
+    plain_rewards = [plain.step(t).reward for t in turns]
+    shaped_rewards = [shaped.step(t).reward for t in turns]
     assert plain_rewards == [0.0, 0.0, 0.0]
     assert sum(shaped_rewards) > 0 and shaped.metrics()["coverage"] == pytest.approx(
         plain.metrics()["coverage"]
@@ -132,7 +140,7 @@ def test_the_same_seed_gives_the_same_episode(scene_set: str) -> None:
     first, second = (build_env(seed=11, scene_set=scene_set, **SMALL) for _ in range(2))
     assert png_bytes(first.reset()[0]) == png_bytes(second.reset()[0])
     a, b = first.step("<action>move_left</action>"), second.step("<action>move_left</action>")
-    assert png_bytes(a[0]) == png_bytes(b[0]) and a[2] == b[2]
+    assert png_bytes(a.observation) == png_bytes(b.observation) and a.info == b.info
 
 
 @pytest.mark.parametrize("seed", [5, 6, 7])
@@ -144,13 +152,21 @@ def test_restoring_the_state_after_any_step_continues_identically(seed: int) -> 
     while not done:
         restored = ENV_FACTORY.restore(json.loads(json.dumps(env.state())))
         action = random_response(env.question, rng, answer_probability=0.15)
-        obs, done, info = env.step(action)
+        result = env.step(action)
         again = restored.step(action)
-        assert (again[0]["text"], png_bytes(again[0]), again[1], again[2]) == (
-            obs["text"],
-            png_bytes(obs),
+        done = result.done
+        assert (
+            again.observation["text"],
+            png_bytes(again.observation),
+            again.reward,
+            again.done,
+            again.info,
+        ) == (
+            result.observation["text"],
+            png_bytes(result.observation),
+            result.reward,
             done,
-            info,
+            result.info,
         )
     assert ENV_FACTORY.restore(env.state()).state() == env.state()
 

@@ -45,24 +45,27 @@ def test_an_episode_over_http_matches_the_one_in_process(client: EnvClient) -> N
         )
         answer = f"<answer>{local.question.ground_truth}</answer>"
         for action in [*ACTIONS[:3], answer]:
-            obs, done, info = local.step(action)
+            expected = local.step(action)
+            obs, info = expected.observation, expected.info
             result = remote.step(action)
-            assert (result.observation.text, result.done, result.reward) == (
+            assert (result.observation.text, result.done, result.truncated, result.reward) == (
                 obs["text"],
-                done,
-                info["reward"],
+                expected.done,
+                expected.truncated,
+                expected.reward,
             )
             assert result.info["metrics"] == info["metrics"] and result.info["pose"] == info["pose"]
             remote_view = decode_image(result.observation.images[0])
             assert np.array_equal(pixels([remote_view])[0], pixels(obs["images"])[0])
-        assert result.done and result.info["episode_reward"] == 1.0
+        assert result.terminated and not result.truncated and result.info["episode_reward"] == 1.0
 
 
 def test_out_of_turns_over_http(client: EnvClient) -> None:
     with client.episode(seed=3, options={**OPTIONS, "max_turns": 2}) as remote:
         remote.step(ACTIONS[0])
         result = remote.step(ACTIONS[3])
-        assert result.done and result.info["truncated"] and result.info["episode_reward"] == 0.0
+        assert result.done and result.truncated and not result.terminated
+        assert result.info["metrics"]["truncated"] and result.info["episode_reward"] == 0.0
 
 
 def test_bad_options_are_422_naming_the_field(client: EnvClient) -> None:

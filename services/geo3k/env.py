@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from clients.images import decode_image
 from services.choices import choice_letter
-from services.env_api import EnvObservation, check_steppable
+from services.env_api import EnvObservation, StepResult, check_steppable, user_message
 from services.geo3k import prompt
 from services.geo3k.answers import last_boxed
 from services.geo3k.generator import generate
@@ -129,33 +129,34 @@ class Geo3kEnv:
         }
         return {"text": prompt.problem_text(self.problem, shown), "images": list(self.images)}, info
 
-    def step(self, response_text: str) -> tuple[EnvObservation, bool, dict[str, Any]]:
-        """Answer one response by the step table; `info["reward"]` is the turn reward."""
+    def step(self, response_text: str) -> StepResult:
+        """Answer one response by the step table. The turn reward is 0 but on the last turn, which carries
+        the episode reward; `max_turns` spent truncates the episode, any other ending terminates it."""
         episode = self.episode
         check_steppable(episode.started, episode.done)
         episode.turn += 1
         call = parse_tool_call(response_text)
         outcome, feedback, score = self._answer(call)
         episode.tool_scores.append(score)
-        episode.done = (
-            outcome is Outcome.NO_TOOL_CALL
-            or episode.turn >= self.options.max_turns
-            or (outcome is Outcome.CORRECT and self.options.end_on_correct)
+        terminated = outcome is Outcome.NO_TOOL_CALL or (
+            outcome is Outcome.CORRECT and self.options.end_on_correct
         )
+        truncated = not terminated and episode.turn >= self.options.max_turns
+        episode.done = terminated or truncated
         info: dict[str, Any] = {
             "turn": episode.turn,
             "outcome": outcome.value,
             "tool_call": None if call is None else {"name": call.name, "answer": call.answer},
             "tool_score": score,
             "tool_scores": list(episode.tool_scores),
-            "reward": 0.0,
         }
+        reward = 0.0
         if episode.done:
-            info["reward"] = info["episode_reward"] = self._finish(response_text)
+            reward = info["episode_reward"] = self._finish(response_text)
             info["final_answer"] = episode.final_answer
             info["final_answer_source"] = episode.final_source.value if episode.final_source else None
         info["metrics"] = self.metrics()
-        return {"text": feedback, "images": []}, episode.done, info
+        return StepResult({"text": feedback, "images": []}, reward, terminated, truncated, info)
 
     def metrics(self) -> dict[str, Any]:
         """Episode metrics so far, all numbers: success, turns, tool calls, correct calls, grading timeouts
@@ -173,10 +174,7 @@ class Geo3kEnv:
 
     def format_observation(self, obs: EnvObservation) -> dict[str, Any]:
         """An OpenAI-style user message: one `image_url` part per image (PIL here), then the text."""
-        parts: list[dict[str, Any]] = [
-            {"type": "image_url", "image_url": {"url": im}} for im in obs["images"]
-        ]
-        return {"role": "user", "content": [*parts, {"type": "text", "text": obs["text"]}]}
+        return user_message(obs)
 
     def close(self) -> None:
         """Nothing to release (the grading pool is shared by the process); present for the Env contract."""

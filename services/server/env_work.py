@@ -21,7 +21,7 @@ from pydantic_core import to_json
 
 from clients.images import ImageError
 from clients.protocol import ErrorCode, FormatResponse, Observation, ResetResponse, StepResponse
-from services.env_api import Env, EnvFactory
+from services.env_api import Env, EnvFactory, checked_step
 from services.server.encoding import json_safe, message_to_wire, observation_from_wire, observation_to_wire
 from services.server.errors import ServiceError
 
@@ -93,15 +93,16 @@ class EnvHost:
         return body, state
 
     def step(self, session_id: str, action: str, with_message: bool) -> Stepped:
-        """One env step: done, the `StepResponse` body (turn reward from `info["reward"]`), the state."""
+        """One env step: done, the `StepResponse` body (from the env's `StepResult`), the state."""
         env = self.envs[session_id]
-        obs, done, info = env.step(action)
+        result = checked_step(env, action)
         response = StepResponse(
-            observation=observation_to_wire(obs),
-            reward=float(info.get("reward", 0.0)),
-            done=bool(done),
-            info=json_safe(info),
-            message=message_to_wire(env.format_observation(obs)) if with_message else None,
+            observation=observation_to_wire(result.observation),
+            reward=result.reward,
+            done=result.done,
+            truncated=result.truncated,
+            info=json_safe(result.info),
+            message=message_to_wire(env.format_observation(result.observation)) if with_message else None,
         )
         return Stepped(response.done, to_json(response), self._state(env))
 

@@ -76,11 +76,13 @@ class SessionRef(_Arguments):
 
 
 class Turn(BaseModel):
-    """The structured content of an answer: the session, the last turn's reward, done, and the env's info."""
+    """The structured content of an answer: the session, the last turn's reward, done (and whether a budget
+    of the env cut the episode: truncated), and the env's info."""
 
     session_id: str
     reward: float = 0.0
     done: bool = False
+    truncated: bool = False
     info: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -90,6 +92,7 @@ class _LastAnswer(BaseModel):
     observation: Observation
     reward: float = 0.0
     done: bool = False
+    truncated: bool = False
     info: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -188,13 +191,11 @@ class EnvTools:
     async def _act(self, arguments: Act) -> types.CallToolResult:
         request = StepRequest.model_validate(arguments.model_dump(exclude_none=True))
         answer = StepResponse.model_validate_json(await self.manager.step(request))
-        turn = Turn(session_id=arguments.session_id, reward=answer.reward, done=answer.done, info=answer.info)
-        return _result(turn, answer.observation)
+        return _result(_turn(arguments.session_id, answer), answer.observation)
 
     async def _observe(self, arguments: SessionRef) -> types.CallToolResult:
         answer = _LastAnswer.model_validate_json(await self.manager.observe(arguments.session_id))
-        turn = Turn(session_id=arguments.session_id, reward=answer.reward, done=answer.done, info=answer.info)
-        return _result(turn, answer.observation)
+        return _result(_turn(arguments.session_id, answer), answer.observation)
 
     async def _end(self, arguments: SessionRef) -> types.CallToolResult:
         await self.manager.close(arguments.session_id)
@@ -239,6 +240,12 @@ def _tool(name: str, arguments: type[BaseModel], description: str, output: bool 
         input_schema=arguments.model_json_schema(),
         output_schema=Turn.model_json_schema() if output else None,
     )
+
+
+def _turn(session_id: str, answer: StepResponse | _LastAnswer) -> Turn:
+    """A step's answer as the structured content of the tool's result."""
+    fields = answer.model_dump(include={"reward", "done", "truncated", "info"})
+    return Turn(session_id=session_id, **fields)
 
 
 def _result(turn: Turn, observation: Observation) -> types.CallToolResult:

@@ -33,10 +33,11 @@ def demonstration(options: SokobanOptions, seed: int, time_limit_s: float = 10.0
         moves = ", ".join(move.capitalize() for move in result.moves[start : start + per_turn])
         reply = f"<answer>{moves}</answer>"
         messages.append({"role": "assistant", "content": reply})
-        observation, done, info = env.step(reply)
-        if done:
+        step = env.step(reply)
+        info = step.info
+        if step.done:
             break
-        messages.append(env.format_observation(observation))
+        messages.append(env.format_observation(step.observation))
     return {
         "episode_id": f"sokoban-demo-{seed}",
         "env": "sokoban",

@@ -14,7 +14,7 @@ from typing import Any
 
 from PIL import Image
 
-from services.env_api import EnvObservation, check_steppable
+from services.env_api import EnvObservation, StepResult, check_steppable, user_message
 from services.sokoban.actions import parse_actions
 from services.sokoban.game import Game, Level
 from services.sokoban.generator import generate_level
@@ -88,8 +88,9 @@ class SokobanEnv:
         }
         return self._observation(), info
 
-    def step(self, response_text: str) -> tuple[EnvObservation, bool, dict[str, Any]]:
-        """Play the moves of one response; `info["reward"]` is the turn reward."""
+    def step(self, response_text: str) -> StepResult:
+        """Play the moves of one response: the turn reward is their sum; solving the level terminates the
+        episode, running out of `max_steps` moves truncates it."""
         check_steppable(self._started, self._done)
         actions = parse_actions(response_text, self.options.max_actions_per_turn)
         reward = 0.0
@@ -111,7 +112,6 @@ class SokobanEnv:
         self._done = solved or self.steps >= self.options.max_steps
         metrics = self.metrics()
         info: dict[str, Any] = {
-            "reward": reward,
             "actions": taken,
             "action_is_valid": bool(actions),
             "action_is_effective": moved > 0,
@@ -120,7 +120,9 @@ class SokobanEnv:
         }
         if self._done:
             info["episode_reward"] = episode_reward(self.turn_rewards, solved, self.dist0, metrics["dist1"])
-        return self._observation(), self._done, info
+        return StepResult(
+            self._observation(), reward, terminated=solved, truncated=not solved and self._done, info=info
+        )
 
     def metrics(self) -> dict[str, Any]:
         """Episode metrics so far: success, steps, turns, valid/effective action counts, dist0, dist1."""
@@ -144,11 +146,7 @@ class SokobanEnv:
 
     def format_observation(self, obs: EnvObservation) -> dict[str, Any]:
         """An OpenAI-style user message: one `image_url` part per image (PIL here), then the text."""
-        content: list[dict[str, Any]] = [
-            {"type": "image_url", "image_url": {"url": image}} for image in obs["images"]
-        ]
-        content.append({"type": "text", "text": obs["text"]})
-        return {"role": "user", "content": content}
+        return user_message(obs)
 
     def close(self) -> None:
         """Nothing to release; present for the Env contract."""

@@ -2,8 +2,8 @@
 
 An episode is one question about one room. Reset shows the question, the scripted tour's frames and the
 first view; each turn is one action (a new view) or the answer, which ends the episode with VSI-Bench's
-score as the reward (`scoring.py`). After `max_turns` turns without an answer the episode ends with
-reward 0 and `info["truncated"]`. Optional shaping adds `coverage_reward` times each turn's gain in the
+score as the reward (`scoring.py`). After `max_turns` turns without an answer the episode is truncated,
+with reward 0. Optional shaping adds `coverage_reward` times each turn's gain in the
 fraction of the room's objects seen in the agent's own views.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from services.env_api import EnvObservation, check_steppable, user_message
+from services.env_api import EnvObservation, StepResult, check_steppable, user_message
 from services.vsi.appearance import VISIBLE_FRACTION
 from services.vsi.camera import Pose, apply_action, start_pose, tour_poses
 from services.vsi.catalog import get_scene
@@ -88,8 +88,9 @@ class VsiEnv:
         text = reset_text(self.question, len(tour), self.options.max_turns)
         return {"text": text, "images": [frame.image for frame in frames]}, info
 
-    def step(self, response_text: str) -> tuple[EnvObservation, bool, dict[str, Any]]:
-        """Play one turn of a response; `info["reward"]` is the turn reward."""
+    def step(self, response_text: str) -> StepResult:
+        """Play one turn of a response: an answer terminates the episode, `max_turns` without one
+        truncates it."""
         check_steppable(self._started, self._done)
         self.turns += 1
         turn = parse_turn(response_text)
@@ -116,18 +117,18 @@ class VsiEnv:
                 feedback += " You are out of turns without an answer: the score is 0."
         self.turn_rewards.append(reward)
         info: dict[str, Any] = {
-            "reward": reward,
             "action": turn.action.value if turn.action is not None else None,
             "action_is_valid": turn.problem is None,
             "blocked": blocked,
             "pose": self.pose.to_list(),
-            "truncated": self._truncated,
             "metrics": self.metrics(),
         }
         if self._done:
             info["episode_reward"] = sum(self.turn_rewards)
         turns_left = self.options.max_turns - self.turns
-        return {"text": turn_text(feedback, turns_left), "images": [frame.image]}, self._done, info
+        observation: EnvObservation = {"text": turn_text(feedback, turns_left), "images": [frame.image]}
+        terminated = self._done and not self._truncated
+        return StepResult(observation, reward, terminated, self._truncated, info)
 
     def metrics(self) -> dict[str, Any]:
         """Episode metrics so far: score, question type, turns, coverage and action counts."""

@@ -17,7 +17,7 @@ from typing import Any
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.env_api import EnvFactory, EnvObservation
+from services.env_api import EnvFactory, EnvObservation, StepResult, user_message
 
 BAD_ACTION_PENALTY = -0.1
 
@@ -53,7 +53,7 @@ class CounterEnv:
         self.count, self.steps, self.total_reward = self.start, 0, 0.0
         return self._observe("start"), {"target": self.options.target}
 
-    def step(self, response_text: str) -> tuple[EnvObservation, bool, dict[str, Any]]:
+    def step(self, response_text: str) -> StepResult:
         if self.options.step_marker is not None:
             Path(self.options.step_marker).touch()
         if self.options.step_delay_s:
@@ -68,15 +68,15 @@ class CounterEnv:
         self.count += int(valid)
         self.total_reward += reward
         done = self.count >= self.options.target
-        info: dict[str, Any] = {"reward": reward, "valid": valid}
+        info: dict[str, Any] = {"valid": valid}
         if done:
             info["episode_reward"] = self.total_reward
             info["metrics"] = {"steps": self.steps, "success": 1.0}
-        return self._observe("ok" if valid else f"unknown action {response_text[:20]!r}"), done, info
+        observation = self._observe("ok" if valid else f"unknown action {response_text[:20]!r}")
+        return StepResult(observation, reward, terminated=done, info=info)
 
     def format_observation(self, obs: EnvObservation) -> dict[str, Any]:
-        images = [{"type": "image_url", "image_url": {"url": image}} for image in obs["images"]]
-        return {"role": "user", "content": [*images, {"type": "text", "text": obs["text"]}]}
+        return user_message(obs)
 
     def close(self) -> None:
         if self.options.close_marker is not None:

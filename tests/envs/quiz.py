@@ -16,7 +16,7 @@ from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 
 from clients.images import decode_image, encode_image
-from services.env_api import EnvFactory, EnvObservation, GeneratedSplit, TaskSplit
+from services.env_api import EnvFactory, EnvObservation, GeneratedSplit, StepResult, TaskSplit
 
 SPLIT_SIZES = {"train": 12, "test": 5}
 ANSWER_TOOL = {
@@ -79,14 +79,12 @@ class QuizEnv:
         self.turns = 0
         return self._observe(), {"id": self.sample.id}
 
-    def step(self, response_text: str) -> tuple[EnvObservation, bool, dict[str, Any]]:
+    def step(self, response_text: str) -> StepResult:
         self.turns += 1
         right = response_text.strip() == self.sample.answer
-        done = right or self.turns >= self.options.max_turns
-        info: dict[str, Any] = {"reward": float(right)}
-        if done:
-            info["episode_reward"] = float(right)
-        return self._observe(), done, info
+        truncated = not right and self.turns >= self.options.max_turns
+        info: dict[str, Any] = {"episode_reward": float(right)} if right or truncated else {}
+        return StepResult(self._observe(), float(right), terminated=right, truncated=truncated, info=info)
 
     def format_observation(self, obs: EnvObservation) -> dict[str, Any]:
         images = [{"type": "image", "image": image} for image in obs["images"]]

@@ -31,6 +31,7 @@ from typing import Any, Protocol, TypeVar, cast
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from pydantic import BaseModel, ConfigDict, Field
 
+from clients.retry import RetryPolicy, attempt_until_final
 from trainer.imports import load_callable
 from trainer.queue import open_queue
 from trainer.queue.base import NAMESPACE_PATTERN, Delivery, EpisodeQueue, QueueUnavailable, entry_time
@@ -331,18 +332,29 @@ class Worker:
             await _cancel([task])
 
     async def _retrying(self, operation: Callable[[], Awaitable[T]]) -> T:
-        """Run a queue operation, retrying with capped backoff through outages of up to `max_outage_s`."""
-        deadline = time.monotonic() + self.max_outage_s
-        delay = 0.1
-        while True:
+        """Run a queue operation, retrying with the shared policy's capped, jittered backoff through
+        outages of up to `max_outage_s`; the last `QueueUnavailable` is raised after that."""
+        policy = RetryPolicy.outage(self.max_outage_s)
+        deadline = time.monotonic() + policy.deadline_s
+
+        async def attempt() -> T | QueueUnavailable:
             try:
                 return await operation()
             except QueueUnavailable as exc:
-                if time.monotonic() + delay > deadline:
-                    raise
-                log.warning("queue unavailable (%s); retrying in %.1f s", exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                return exc
+
+        def next_delay(outcome: T | QueueUnavailable, attempts: int) -> float | None:
+            if not isinstance(outcome, QueueUnavailable):
+                return None
+            delay = policy.backoff(attempts, deadline - time.monotonic())
+            if delay is not None:
+                log.warning("queue unavailable (%s); retrying in %.1f s", outcome, delay)
+            return delay
+
+        outcome, _ = await attempt_until_final(attempt, next_delay)
+        if isinstance(outcome, QueueUnavailable):
+            raise outcome
+        return outcome
 
 
 def pack_result(job: EpisodeJob, trajectory: Trajectory) -> bytes:

@@ -133,7 +133,7 @@ class Envs:
     def __init__(self, *, token: str | None = None, timeout_s: float = 60.0, outage_s: float = 60.0) -> None:
         self.token = token
         self.timeout_s = timeout_s
-        self.retry = RetryPolicy(max_attempts=1_000_000, max_delay=2.0, deadline_s=outage_s)
+        self.retry = RetryPolicy.outage(outage_s, base_delay=0.2)
         self._remote: dict[str, RemoteSessions] = {}
         self._local: dict[str, LocalSessions] = {}
         self._starting = asyncio.Lock()
@@ -206,8 +206,9 @@ class EnvHandle:
         self.session_id = first.session_id
         return _required_message(first.message, "reset"), first.info
 
-    async def step(self, text: str) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
-        """Send the model's response: the next observation's message, turn reward, done, info.
+    async def step(self, text: str) -> tuple[dict[str, Any], StepResponse]:
+        """Send the model's response: the next observation's message (as the tokenizer takes it) and the
+        answer itself (turn reward, `done`, `truncated`, info).
 
         The request id makes a retried step (after a lost answer) safe: the env steps once.
         """
@@ -218,7 +219,7 @@ class EnvHandle:
         )
         with _env_errors("step"):
             result = await self.sessions.step(request)
-        return _required_message(result.message, "step"), result.reward, result.done, result.info
+        return _required_message(result.message, "step"), result
 
     async def close(self) -> None:
         """End the session; a failure (e.g. a dead server) is logged, never raised; safe to call twice."""

@@ -3,9 +3,10 @@
 `run_episode(env, engine, processor, config, job)` resets the env, builds the prompt (system prompt,
 first observation), then repeats: generate from `engine_ids` with every image so far, append the
 generated ids verbatim, step the env with the decoded text, append the next observation as a masked
-delta. It ends on `done`, `max_turns`, a finish reason other than `stop`, or a spent budget, and
-never raises except on cancellation: every failure becomes a status with its error. The status
-table, budgets and reward functions are described in docs/rollout.md.
+delta. It ends when the env ends the episode (COMPLETED), when a budget cuts it (the env's own limit,
+`max_turns` or a token budget: TRUNCATED) or on a finish reason other than `stop`, and never raises
+except on cancellation: every failure becomes a status with its error. The status table, budgets and
+reward functions are described in docs/rollout.md.
 """
 
 from __future__ import annotations
@@ -101,12 +102,17 @@ class _Episode:
             self.tracks.add_prompt([*system, message])
         while True:
             text = await self._generate()
-            message, reward, done, self.info = await self._timed_env(self.env.step(text))
-            if not math.isfinite(reward):
-                raise EnvError(f"env step returned a non-finite reward: {reward}")
-            self.turn_rewards.append(reward)
-            if done or len(self.turn_rewards) == self.config.max_turns:
+            message, answer = await self._timed_env(self.env.step(text))
+            self.info = answer.info
+            if not math.isfinite(answer.reward):
+                raise EnvError(f"env step returned a non-finite reward: {answer.reward}")
+            self.turn_rewards.append(answer.reward)
+            if answer.terminated:
                 return Status.COMPLETED
+            if answer.truncated:
+                raise _Ended(Status.TRUNCATED, "the env's own limit ended the episode")
+            if len(self.turn_rewards) == self.config.max_turns:
+                raise _Ended(Status.TRUNCATED, f"the turn budget of {self.config.max_turns} turns is spent")
             if self.tracks.num_generated >= self.config.rollout_max_response_len:
                 raise self._spent("generated-token", self.config.rollout_max_response_len)
             with self._timer("tokenize"):

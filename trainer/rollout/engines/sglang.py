@@ -11,7 +11,6 @@ failing engine gives an abort result (see `trainer.rollout.engines.base`), never
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -21,7 +20,8 @@ from typing import TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from clients.http import TOKEN_ENV_VAR, Reply, RetryPolicy, retry_delay
+from clients.http import TOKEN_ENV_VAR, Reply
+from clients.retry import RetryPolicy, attempt_until_final, retry_delay
 from trainer.rollout.engines.base import (
     EngineRequestError,
     EngineUnavailableError,
@@ -76,9 +76,7 @@ class SGLangEngine:
         self.generate_timeout_s = generate_timeout_s
         self.control_timeout_s = control_timeout_s
         self.weights_timeout_s = weights_timeout_s
-        self.retry = RetryPolicy(
-            max_attempts=1_000_000, base_delay=0.1, max_delay=2.0, deadline_s=retry_deadline_s
-        )
+        self.retry = RetryPolicy.outage(retry_deadline_s)
         api_key = os.environ.get(TOKEN_ENV_VAR) if api_key is None else api_key
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.AsyncClient(
@@ -241,12 +239,10 @@ class SGLangEngine:
         content = None if body is None else body.model_dump_json(exclude_none=True)
         headers = {"content-type": "application/json"} if content is not None else None
         started = time.monotonic()
-        attempt = 0
-        while True:
-            attempt += 1
-            outcome: httpx.Response | httpx.TransportError
+
+        async def attempt() -> httpx.Response | httpx.TransportError:
             try:
-                outcome = await self._client.request(
+                return await self._client.request(
                     method,
                     path,
                     content=content,
@@ -254,20 +250,26 @@ class SGLangEngine:
                     timeout=httpx.Timeout(timeout, connect=self.connect_timeout_s),
                 )
             except httpx.TransportError as exc:
-                outcome = exc
+                return exc
+
+        def next_delay(outcome: httpx.Response | httpx.TransportError, attempts: int) -> float | None:
             seen = _reply(outcome) if isinstance(outcome, httpx.Response) else outcome
             remaining = self.retry.deadline_s - (time.monotonic() - started)
-            delay = retry_delay(self.retry, seen, attempt=attempt, idempotent=idempotent, remaining=remaining)
-            if delay is None:
-                if isinstance(outcome, httpx.Response):
-                    return outcome
-                elapsed = time.monotonic() - started
-                raise EngineUnavailableError(
-                    f"{method} {self.url}{path} failed after {attempt} attempt(s) in {elapsed:.1f}s: "
-                    f"{type(outcome).__name__}: {outcome}"
-                ) from outcome
-            log.info("%s %s: %s, retry %d in %.2fs", method, path, _describe(outcome), attempt, delay)
-            await asyncio.sleep(delay)
+            delay = retry_delay(
+                self.retry, seen, attempt=attempts, idempotent=idempotent, remaining=remaining
+            )
+            if delay is not None:
+                log.info("%s %s: %s, retry %d in %.2fs", method, path, _describe(outcome), attempts, delay)
+            return delay
+
+        outcome, attempts = await attempt_until_final(attempt, next_delay)
+        if isinstance(outcome, httpx.Response):
+            return outcome
+        elapsed = time.monotonic() - started
+        raise EngineUnavailableError(
+            f"{method} {self.url}{path} failed after {attempts} attempt(s) in {elapsed:.1f}s: "
+            f"{type(outcome).__name__}: {outcome}"
+        ) from outcome
 
 
 def _reply(response: httpx.Response) -> Reply:
