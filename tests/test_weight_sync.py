@@ -293,7 +293,7 @@ def test_two_ranks_push_through_the_bucketed_path_and_the_engines_score_like_the
     """`tests/weight_push_worker.py` on 2 FSDP2 ranks (gloo): small buckets into an in-process engine and,
     over SGLang's protocol, into `vistarl engine serve`; both then score a batch of probes as a trainer
     model holding the gathered full state dict does, to 1e-5 in fp32, and the in-process engine holds
-    that state dict bit for bit."""
+    that state dict bit for bit; shards of rows that do not split evenly gather whole too."""
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "tests/weight_push_worker.py",
         str(tiny_qwen25), served_engine, str(free_port()), str(tmp_path),
@@ -305,3 +305,4 @@ def test_two_ranks_push_through_the_bucketed_path_and_the_engines_score_like_the
     assert result["differing"] == []
     assert result["in_process_max_diff"] < 1e-5 and result["served_max_diff"] < 1e-5
     assert (result["local_version"], result["served_version"]) == ("1", "2")
+    assert result["uneven_rows_whole"] is True

@@ -8,7 +8,8 @@ process (`InProcessSync`), version 2 over gloo into the `vistarl engine serve` a
 (`DistributedSync`, SGLang's protocol). Then every rank gathers the trainer's full state dict, and
 rank 0 writes to OUT_DIR/result.json: which in-process engine parameters differ from it bit for bit,
 the largest logprob difference of each engine against a trainer model holding it (a batch of probes,
-fp32), and the version the served engine reports.
+fp32), the version the served engine reports, and whether the buckets of a small model whose rows
+do not split evenly over the ranks (7 rows on 2 ranks, 3 on 4...) come out as its full state dict.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from typing import Any
 import httpx
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from transformers import PretrainedConfig
 
 from tests.weight_probe import nudge, verify_batch
 from trainer.learner.fsdp import full_state_dict, init_distributed, rank_device, shard_model
@@ -31,6 +35,7 @@ from trainer.learner.models import load_actor
 from trainer.rollout.engines.hf import HFEngine
 from trainer.rollout.engines.sglang import SGLangEngine
 from trainer.rollout.processor import VLProcessor
+from trainer.weights.buckets import gathered_buckets
 from trainer.weights.in_process import InProcessSync
 from trainer.weights.nccl import DistributedSync, DistributedTarget
 from trainer.weights.sync import WeightSync
@@ -62,14 +67,29 @@ def push_and_check(checkpoint: Path, engine_url: str, master_port: int, out_dir:
         sync.push(actor, version)
         sync.close()
     full = full_state_dict(actor)
+    uneven = uneven_rows_gather_whole(config)
     if local is not None:
-        result = calls(check(full, local, served, checkpoint, engine_url))
+        result = calls(check(full, local, served, checkpoint, engine_url)) | {"uneven_rows_whole": uneven}
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "result.json").write_text(json.dumps(result))
         calls(local.close())
     calls(served.close())
     loop.call_soon_threadsafe(loop.stop)
     dist.destroy_process_group()
+
+
+def uneven_rows_gather_whole(config: PretrainedConfig) -> bool:
+    """Every rank: a sharded model whose row counts do not divide by the ranks (one of them fewer rows
+    than ranks, so some rank holds none) gathers to its full state dict, bit for bit, in fp32 and bf16."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 1), torch.nn.LayerNorm(1))
+    expected = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+    whole = True
+    for dtype in (torch.float32, torch.bfloat16):
+        for bucket in gathered_buckets(model, config, dtype, bucket_bytes=64):
+            whole &= all(torch.equal(t, expected[name].to(dtype)) for name, t in bucket.tensors)
+    return whole
 
 
 async def check(

@@ -5,7 +5,8 @@ joins the trainer's process group as rank `rank_offset` (one engine rank here), 
 `/update_weights_from_distributed` call announces a bucket's checkpoint names, dtypes and shapes while
 trainer rank 0 broadcasts the tensors in that order. Each tensor is received straight into the engine's
 parameter of that (live) name when dtype and layout allow, else into a buffer on the parameter's device
-that is then copied in; names and shapes are all checked first. On CPU the same path runs over gloo.
+that is then copied in; names and shapes are all checked first. The last bucket is answered once its
+tensors have arrived on the device. On CPU the same path runs over gloo.
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ class WeightReceiver:
             for target, buffer in zip(targets, buffers, strict=True):
                 if buffer is not target:
                     target.copy_(buffer)
+        if body.flush_cache and targets and targets[0].is_cuda:
+            torch.cuda.synchronize(targets[0].device)  # the version is reported once the weights are in place
 
     def close(self) -> None:
         """Leave every group."""
