@@ -158,8 +158,13 @@ def benchmark_config(shape: str, tiny: bool) -> tuple[str, PretrainedConfig]:
     same architecture."""
     arch = REAL_SHAPES[shape]
     if tiny:
-        return f"tiny-{arch}", qwen_vl_config(arch, SHAPES["tiny"])
-    return f"{shape}-shape", qwen_vl_config(arch, SHAPES[shape])
+        return f"tiny-{_spelled(arch)}", qwen_vl_config(arch, SHAPES["tiny"])
+    return f"{_spelled(shape)}-shape", qwen_vl_config(arch, SHAPES[shape])
+
+
+def _spelled(name: str) -> str:
+    """A shape or architecture name as the models spell it: `qwen2_5_vl_3b` -> `qwen2.5-vl-3b`."""
+    return name.replace("_5", ".5").replace("_", "-")
 
 
 def timed(fn: Callable[[], None], device: torch.device, repeats: int) -> float:
