@@ -83,7 +83,7 @@ def gathered_buckets(
     plan = bucket_tensors(named, bucket_bytes, dtype)
     for i, bucket in enumerate(plan):
         with torch.no_grad():
-            flat = [(name, t) for name, t in bucket if _row_sharded(t)]
+            flat = [(name, t) for name, t in bucket if isinstance(t, DTensor) and _row_sharded(t)]
             full = dict(_gather_flat(flat, dtype)) if flat else {}
             tensors = [
                 (name, full[name] if name in full else full_tensor(t, pushed_dtype(t, dtype)))
@@ -92,11 +92,10 @@ def gathered_buckets(
         yield Bucket(tensors, last=i == len(plan) - 1)
 
 
-def _row_sharded(tensor: torch.Tensor) -> bool:
+def _row_sharded(tensor: DTensor) -> bool:
     """Whether `tensor` is split by rows over a 1-D mesh of several ranks, as FSDP2 shards parameters."""
     return (
-        isinstance(tensor, DTensor)
-        and tensor.device_mesh.ndim == 1
+        tensor.device_mesh.ndim == 1
         and tensor.device_mesh.size() > 1
         and tensor.placements == (Shard(0),)
         and tensor.dim() > 0
@@ -104,14 +103,13 @@ def _row_sharded(tensor: torch.Tensor) -> bool:
     )
 
 
-def _gather_flat(named: Named, dtype: torch.dtype | None) -> Named:
+def _gather_flat(named: list[tuple[str, DTensor]], dtype: torch.dtype | None) -> Named:
     """Row-sharded tensors of one mesh, whole: one all-gather of a flat buffer of their padded shards.
 
     Rank r holds rows [r·c, (r+1)·c) of a tensor of n rows, c = ceil(n / ranks) (fewer, or none, at
     the end); each shard is padded to c rows, so the gathered buffer holds every rank's segment in
     rank order and each tensor's rows are a strided slice of it."""
     first = named[0][1]
-    assert isinstance(first, DTensor)
     mesh = first.device_mesh
     ranks = mesh.size()
     rows = [math.ceil(t.shape[0] / ranks) * (t.numel() // t.shape[0]) for _, t in named]
