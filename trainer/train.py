@@ -20,9 +20,10 @@ In synchronous mode (the default) a step's episodes all come from the current po
 asynchronous mode step k+1's jobs are enqueued before training on step k, so rollouts overlap
 training; trajectories more than `rollout.max_staleness` versions old are dropped.
 
-Under torchrun, every rank trains its share of each mini-batch (FSDP2); rank 0 alone drives the
-queue, the engine and the logs, and sends each step's trajectories to the other ranks as msgpack
-bytes in a tensor broadcast. Steps 3-5 are `trainer.learner.update.PolicyTrainer.update`.
+Under torchrun, every rank trains its share of each mini-batch (FSDP2) and gathers its share of each
+weight push (`trainer.weights`); rank 0 alone drives the queue, the engine and the logs, and sends
+each step's trajectories to the other ranks as msgpack bytes in a tensor broadcast. Steps 3-5 are
+`trainer.learner.update.PolicyTrainer.update`.
 """
 
 from __future__ import annotations
