@@ -305,4 +305,4 @@ def test_two_ranks_push_through_the_bucketed_path_and_the_engines_score_like_the
     assert result["differing"] == []
     assert result["in_process_max_diff"] < 1e-5 and result["served_max_diff"] < 1e-5
     assert (result["local_version"], result["served_version"]) == ("1", "2")
-    assert result["uneven_rows_whole"] is True
+    assert result["uneven_rows_whole"] is True and result["failed_push_raised"] is True

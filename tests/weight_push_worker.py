@@ -8,8 +8,10 @@ process (`InProcessSync`), version 2 over gloo into the `vistarl engine serve` a
 (`DistributedSync`, SGLang's protocol). Then every rank gathers the trainer's full state dict, and
 rank 0 writes to OUT_DIR/result.json: which in-process engine parameters differ from it bit for bit,
 the largest logprob difference of each engine against a trainer model holding it (a batch of probes,
-fp32), the version the served engine reports, and whether the buckets of a small model whose rows
-do not split evenly over the ranks (7 rows on 2 ranks, 3 on 4...) come out as its full state dict.
+fp32), the version the served engine reports, whether a push whose transport fails midway raised on
+rank 0 (the full state dict, gathered after it, shows the other rank was not left in a collective),
+and whether the buckets of a small model whose rows do not split evenly over the ranks (7 rows and 1
+row on 2 ranks) come out as its full state dict.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import asyncio
 import json
 import sys
 import threading
+from collections.abc import Iterable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -35,7 +38,7 @@ from trainer.learner.models import load_actor
 from trainer.rollout.engines.hf import HFEngine
 from trainer.rollout.engines.sglang import SGLangEngine
 from trainer.rollout.processor import VLProcessor
-from trainer.weights.buckets import gathered_buckets
+from trainer.weights.buckets import Bucket, gathered_buckets
 from trainer.weights.in_process import InProcessSync
 from trainer.weights.nccl import DistributedSync, DistributedTarget
 from trainer.weights.sync import WeightSync
@@ -66,16 +69,40 @@ def push_and_check(checkpoint: Path, engine_url: str, master_port: int, out_dir:
         sync = WeightSync(config, torch.float32, BUCKET_BYTES, transport)
         sync.push(actor, version)
         sync.close()
+    failed = push_failing_midway(actor, config, rank)
     full = full_state_dict(actor)
     uneven = uneven_rows_gather_whole(config)
     if local is not None:
-        result = calls(check(full, local, served, checkpoint, engine_url)) | {"uneven_rows_whole": uneven}
+        result = calls(check(full, local, served, checkpoint, engine_url))
+        result |= {"uneven_rows_whole": uneven, "failed_push_raised": failed}
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "result.json").write_text(json.dumps(result))
         calls(local.close())
     calls(served.close())
     loop.call_soon_threadsafe(loop.stop)
     dist.destroy_process_group()
+
+
+class EngineGone:
+    """A transport whose engine vanishes after the first bucket."""
+
+    def push(self, buckets: Iterable[Bucket], version: int) -> None:
+        next(iter(buckets))
+        raise ConnectionError("the engine went away")
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def push_failing_midway(actor: torch.nn.Module, config: PretrainedConfig, rank: int) -> bool:
+    """Every rank: a push whose transport fails after one bucket (rank 0); whether it raised there. The
+    ranks' next collective (the full state dict) then only works if every rank walked every bucket."""
+    sync = WeightSync(config, torch.float32, BUCKET_BYTES, EngineGone() if rank == 0 else None)
+    try:
+        sync.push(actor, 3)
+    except ConnectionError:
+        return True
+    return False
 
 
 def uneven_rows_gather_whole(config: PretrainedConfig) -> bool:

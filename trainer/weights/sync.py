@@ -52,10 +52,13 @@ class WeightSync:
     def push(self, model: nn.Module, version: int) -> None:
         """Every rank: gather `model`'s buckets; rank 0 makes the engine serve them as `str(version)`."""
         buckets = gathered_buckets(model, self.config, self.dtype, self.bucket_bytes)
-        if self.transport is None:
-            collections.deque(buckets, maxlen=0)  # this rank's part of every gather
-        else:
-            self.transport.push(buckets, version)
+        try:
+            if self.transport is not None:
+                self.transport.push(buckets, version)
+        finally:
+            # This rank's part of every gather: the other ranks walk every bucket, even when the
+            # transport fails midway, so they are not left waiting in a collective.
+            collections.deque(buckets, maxlen=0)
 
     def close(self) -> None:
         """Release the transport's process group, if any."""
