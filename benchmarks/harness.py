@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from devtools.model_shapes import REAL_SHAPES
 from tests.servers import free_port, running_process, vistarl_cmd
 
 
@@ -19,6 +20,16 @@ def benchmark_parser(doc: str | None) -> argparse.ArgumentParser:
     """A benchmark's argument parser, whose `--help` shows the module docstring as written (command,
     machine, what is counted)."""
     return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_shape_argument(parser: argparse.ArgumentParser) -> None:
+    """`--shape`: the released model whose shape a GPU benchmark builds (`--tiny` keeps its architecture)."""
+    parser.add_argument(
+        "--shape",
+        choices=sorted(REAL_SHAPES),
+        default="qwen2_5_vl_3b",
+        help="Qwen2.5-VL-3B or Qwen3-VL-2B (deepstack included), random weights",
+    )
 
 
 def add_load_arguments(

@@ -1,6 +1,7 @@
-"""Actor update and logprob-recompute throughput of a Qwen2.5-VL-3B-shaped model on one GPU or N.
+"""Actor update and logprob-recompute throughput of a Qwen2.5-VL-3B- or Qwen3-VL-2B-shaped model, 1 GPU or N.
 
     .venv/bin/python -m benchmarks.train_step                  # 3B shape, random init, bf16, 1 GPU
+    .venv/bin/python -m benchmarks.train_step --shape qwen3_vl_2b   # Qwen3-VL-2B (deepstack included)
     torchrun --nproc_per_node 2 -m benchmarks.train_step       # the same per-GPU work on each of 2 GPUs
     .venv/bin/python -m benchmarks.train_step --compile --micro-batch-tokens 16384
     .venv/bin/python -m benchmarks.train_step --tiny           # the same code path on CPU, in seconds
@@ -44,11 +45,11 @@ import torch
 import torch.distributed as dist
 from PIL import Image
 from torch.profiler import record_function
-from transformers import PretrainedConfig, Qwen2_5_VLForConditionalGeneration
+from transformers import PretrainedConfig, Qwen2_5_VLForConditionalGeneration, Qwen3VLForConditionalGeneration
 
 from benchmarks.gpu_profile import compile_report, profile_step, sync_report
-from benchmarks.harness import benchmark_parser
-from devtools.model_shapes import SHAPES, qwen_vl_config
+from benchmarks.harness import add_shape_argument, benchmark_parser
+from devtools.model_shapes import REAL_SHAPES, SHAPES, Arch, qwen_vl_config
 from devtools.tiny_checkpoint import write_tiny_checkpoint
 from tests.servers import free_port
 from trainer.learner.attention import SDPA_ATTENTION, use_attention
@@ -61,6 +62,10 @@ from trainer.learner.vision_passes import VisionPasses
 from trainer.rollout.processor import VLProcessor
 
 TEXT_VOCAB = 150_000
+MODEL_CLASSES = {
+    "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
+    "qwen3_vl": Qwen3VLForConditionalGeneration,
+}
 
 
 @dataclass(frozen=True)
@@ -90,9 +95,9 @@ class Figures:
 
 
 def build_actor(config: PretrainedConfig, device: torch.device) -> ActorModel:
-    """A randomly initialised fp32 actor, created directly on `device`."""
+    """A randomly initialised fp32 actor of `config`'s architecture, created directly on `device`."""
     with torch.device(device):
-        lm = Qwen2_5_VLForConditionalGeneration._from_config(
+        lm = MODEL_CLASSES[config.model_type]._from_config(
             config, attn_implementation="sdpa", dtype=torch.float32
         )
     return ActorModel.from_lm(lm).train()
@@ -139,12 +144,27 @@ def synthetic_samples(
     return samples
 
 
-def load_processor(path: Path | None) -> VLProcessor:
-    """The processor of `path`, or of a fresh tiny checkpoint (same tokenizer and image processor as 3B)."""
+def load_processor(path: Path | None, arch: Arch) -> VLProcessor:
+    """The processor of `path`, or of a fresh tiny checkpoint of `arch` (the released models' tokenizer and
+    image processor)."""
     if path is not None:
         return VLProcessor.from_pretrained(path)
     with tempfile.TemporaryDirectory() as tmp:
-        return VLProcessor.from_pretrained(write_tiny_checkpoint(tmp, "qwen2_5_vl"))
+        return VLProcessor.from_pretrained(write_tiny_checkpoint(tmp, arch))
+
+
+def benchmark_config(shape: str, tiny: bool) -> tuple[str, PretrainedConfig]:
+    """The model's name in the figures and its config: a released model's shape, or the tiny one of the
+    same architecture."""
+    arch = REAL_SHAPES[shape]
+    if tiny:
+        return f"tiny-{_spelled(arch)}", qwen_vl_config(arch, SHAPES["tiny"])
+    return f"{_spelled(shape)}-shape", qwen_vl_config(arch, SHAPES[shape])
+
+
+def _spelled(name: str) -> str:
+    """A shape or architecture name as the models spell it: `qwen2_5_vl_3b` -> `qwen2.5-vl-3b`."""
+    return name.replace("_5", ".5").replace("_", "-")
 
 
 def timed(fn: Callable[[], None], device: torch.device, repeats: int) -> float:
@@ -163,8 +183,8 @@ def run(args: argparse.Namespace) -> Figures:
     """Build the model and this rank's batches, then time the update step and the recompute."""
     device = rank_device()
     rank, world = dist.get_rank(), dist.get_world_size()
-    config = qwen_vl_config("qwen2_5_vl", SHAPES["tiny" if args.tiny else "qwen2_5_vl_3b"])
-    processor = load_processor(args.processor)
+    model, config = benchmark_config(args.shape, args.tiny)
+    processor = load_processor(args.processor, REAL_SHAPES[args.shape])
     torch.manual_seed(0)  # every rank and every run starts from the same weights
     actor = build_actor(config, device)
     params = counted_params(actor)
@@ -248,7 +268,7 @@ def run(args: argparse.Namespace) -> Figures:
     peak = args.peak_tflops * 1e12
     memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
     return Figures(
-        model="tiny-qwen2.5-vl" if args.tiny else "qwen2.5-vl-3b-shape",
+        model=model,
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         world_size=world,
         params_counted=params,
@@ -313,6 +333,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line."""
     parser = benchmark_parser(__doc__)
     parser.add_argument("--tiny", action="store_true", help="tiny config on CPU: checks the code path")
+    add_shape_argument(parser)
     parser.add_argument("--steps", type=int, default=5, help="timed steps (after warm-up)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--micro-batch-tokens", type=int, default=8192)
@@ -355,10 +376,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sdpa", action="store_true", help="HF's SDPA attention (dense packed mask)")
     parser.add_argument("--profile", type=Path, help="write torch.profiler op tables to this directory")
     parser.add_argument("--peak-tflops", type=float, default=989.0)
-    parser.add_argument("--processor", type=Path, help="a Qwen2.5-VL checkpoint dir for the processor")
-    if parser.parse_known_args(argv)[0].tiny:
+    parser.add_argument("--processor", type=Path, help="a checkpoint dir of the shape's architecture")
+    known = parser.parse_known_args(argv)[0]
+    if known.tiny:
+        # Qwen3-VL's image processor gives even a small image 64 tokens, so its sequences are longer.
+        seq_tokens = 256 if REAL_SHAPES[known.shape] == "qwen3_vl" else 128
         parser.set_defaults(
-            micro_batch_tokens=512, seq_tokens=128, image_side=56, steps=2, warmup=1, compile=False
+            micro_batch_tokens=4 * seq_tokens,
+            seq_tokens=seq_tokens,
+            image_side=56,
+            steps=2,
+            warmup=1,
+            compile=False,
         )
     return parser.parse_args(argv)
 

@@ -2,8 +2,10 @@
 architectures' `config.json` has it (rope, special tokens, patching, which vision blocks attend fully).
 
 `tiny` is the CPU test model and `make demo`'s; `small` and `medium` are larger ones trained from scratch
-(`medium` on a GPU, docs/results.md); `qwen2_5_vl_3b` is the shape of Qwen/Qwen2.5-VL-3B-Instruct, which
-the training-step benchmark measures. Weights are never part of a shape: they are random.
+(`medium` on a GPU, docs/results.md); `qwen2_5_vl_3b` is the shape of Qwen/Qwen2.5-VL-3B-Instruct and
+`qwen3_vl_2b` that of Qwen/Qwen3-VL-2B-Instruct (deepstack mergers after vision blocks 5, 11 and 17),
+which the training-step and weight-sync benchmarks measure. Weights are never part of a shape: they are
+random.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Literal
 
 from transformers import PretrainedConfig, Qwen2_5_VLConfig, Qwen3VLConfig
 
-__all__ = ["ARCHS", "SHAPES", "Arch", "ModelShape", "qwen_vl_config"]
+__all__ = ["ARCHS", "REAL_SHAPES", "SHAPES", "Arch", "ModelShape", "qwen_vl_config"]
 
 Arch = Literal["qwen2_5_vl", "qwen3_vl"]
 ARCHS: tuple[Arch, ...] = ("qwen2_5_vl", "qwen3_vl")
@@ -36,6 +38,8 @@ class ModelShape:
     vision_intermediate_size: int
     vision_heads: int
     max_position_embeddings: int = 32768
+    mrope: tuple[int, int, int] | None = None
+    vision_positions: int = 576
 
     @property
     def head_dim(self) -> int:
@@ -43,7 +47,9 @@ class ModelShape:
 
     @property
     def mrope_section(self) -> list[int]:
-        """The t/h/w split of the rotary half-dimension, in the real models' 1/4, 3/8, 3/8 ratio."""
+        """The t/h/w split of the rotary half-dimension: `mrope` if given, else Qwen2.5-VL's 1/4, 3/8, 3/8."""
+        if self.mrope is not None:
+            return list(self.mrope)
         half = self.head_dim // 2
         return [half // 4, half * 3 // 8, half * 3 // 8]
 
@@ -53,7 +59,11 @@ SHAPES: dict[str, ModelShape] = {
     "small": ModelShape(256, 768, 4, 4, 2, 2, 128, 256, 2),
     "medium": ModelShape(512, 1536, 8, 8, 4, 4, 256, 512, 4),
     "qwen2_5_vl_3b": ModelShape(2048, 11008, 36, 16, 2, 32, 1280, 3420, 16, 128000),
+    "qwen3_vl_2b": ModelShape(2048, 6144, 28, 16, 8, 24, 1024, 4096, 16, 262144, (24, 20, 20), 2304),
 }
+
+REAL_SHAPES: dict[str, Arch] = {"qwen2_5_vl_3b": "qwen2_5_vl", "qwen3_vl_2b": "qwen3_vl"}
+"""The shapes of released models, with their architecture: what the GPU benchmarks measure."""
 
 
 def qwen_vl_config(arch: Arch, shape: ModelShape) -> PretrainedConfig:
@@ -98,7 +108,7 @@ def qwen_vl_config(arch: Arch, shape: ModelShape) -> PretrainedConfig:
         "mrope_interleaved": True,
     }
     deepstack = sorted({max(0, depth * quarter // 4 - 1) for quarter in (1, 2, 3)})
-    vision |= {"num_position_embeddings": 576, "deepstack_visual_indexes": deepstack}
+    vision |= {"num_position_embeddings": shape.vision_positions, "deepstack_visual_indexes": deepstack}
     return Qwen3VLConfig(
         text_config=text,
         vision_config=vision,

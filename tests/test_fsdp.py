@@ -124,9 +124,22 @@ def test_train_step_benchmark_on_two_ranks_has_the_loss_of_one_rank_on_the_same_
     assert other["first_loss"] != pytest.approx(one["first_loss"], rel=1e-5), "the loss depends on the batch"
 
 
-def test_weight_sync_benchmark_pushes_from_two_torchrun_ranks_to_a_served_engine() -> None:
-    """`benchmarks/weight_sync.py --tiny` under torchrun: both transports reach `vistarl engine serve`,
+def test_weight_sync_benchmark_pushes_from_two_torchrun_ranks_to_each_engine() -> None:
+    """`benchmarks/weight_sync.py --tiny` under torchrun: every transport's pushes reach their engine,
     which reports every pushed version (the benchmark checks it after each push)."""
-    figures = _torchrun_figures(2, "-m", "benchmarks.weight_sync", "--tiny", "--nccl-pushes", "1")
+    transports = ["nccl", "disk", "in_process"]
+    figures = _torchrun_figures(
+        2,
+        "-m",
+        "benchmarks.weight_sync",
+        "--tiny",
+        "--pushes",
+        "1",
+        "--bucket-mb",
+        "4",
+        "--transports",
+        *transports,
+    )
     assert figures["trainer_ranks"] == 2 and figures["engine_device"] == "cpu"
-    assert figures["nccl_push_s"] > 0 and figures["disk_push_s"] > 0 and figures["gather_s"] > 0
+    assert list(figures["sync_s"]) == transports and all(s > 0 for s in figures["sync_s"].values())
+    assert figures["gather_s"] > 0 and figures["nccl_connect_s"] is not None

@@ -1,8 +1,13 @@
-"""Weight sync: checkpoint names, HF directories, buckets, and engines scoring like the trainer after one."""
+"""Weight sync: checkpoint names, HF directories, buckets, and engines scoring like the trainer after a
+push through the bucketed path (one process, and two FSDP2 ranks under torchrun)."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import json
+import os
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
@@ -13,38 +18,47 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
-from transformers import PreTrainedModel
+from torch import nn
 
 from tests.servers import free_port, running_process, vistarl_cmd
+from tests.weight_probe import WeightSyncMismatch, nudge, verify_weight_sync
 from trainer.learner.models import load_lm
-from trainer.learner.weight_sync import (
-    DiskSync,
-    DistributedSync,
-    DistributedTarget,
-    InProcessSync,
-    WeightSyncMismatch,
-    bucket_tensors,
-    checkpoint_name,
-    distributed_bodies,
-    live_name,
-    save_hf_weights,
-    to_checkpoint_state,
-    verify_weight_sync,
-)
 from trainer.rollout.engines.base import EngineRequestError
 from trainer.rollout.engines.hf import HFEngine
+from trainer.rollout.engines.scripted import ScriptedEngine
 from trainer.rollout.engines.sglang import SGLangEngine
 from trainer.rollout.engines.sglang_api import UpdateWeightsFromDistributedBody
 from trainer.rollout.processor import VLProcessor
+from trainer.weights.buckets import Bucket, bucket_tensors, gathered_buckets
+from trainer.weights.disk import DiskSync, save_hf_weights
+from trainer.weights.in_process import InProcessSync
+from trainer.weights.names import checkpoint_name, live_name, to_checkpoint_state
+from trainer.weights.nccl import DistributedSync, DistributedTarget, distributed_body
+from trainer.weights.sync import WeightSync, transport_kind
+from trainer.weights.transport import EngineCalls, Transport
+
+REPO = Path(__file__).resolve().parents[1]
 
 
-def nudge(model: PreTrainedModel, amount: float = 0.02, seed: int = 1) -> dict[str, torch.Tensor]:
-    """Add small seeded noise to every parameter (tied ones once); returns the new state dict."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(amount * torch.randn(parameter.shape, generator=generator))
-    return model.state_dict()
+async def push(
+    transport: Transport,
+    model: nn.Module,
+    version: int,
+    *,
+    dtype: torch.dtype | None = None,
+    bucket_bytes: int = 1024 * 1024,
+) -> None:
+    """Push `model` through the bucketed path from one rank, as the trainer's compute thread does."""
+    sync = WeightSync(model.config, dtype, bucket_bytes, transport)
+    try:
+        await asyncio.to_thread(sync.push, model, version)
+    finally:
+        await asyncio.to_thread(sync.close)
+
+
+def engine_calls() -> EngineCalls:
+    """Calls into engines living on the running event loop."""
+    return EngineCalls(asyncio.get_running_loop(), 60)
 
 
 @pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
@@ -103,23 +117,46 @@ def test_buckets_keep_order_and_respect_the_byte_limit() -> None:
     assert bucket_tensors([], 10) == []
     with pytest.raises(ValueError, match="bucket_bytes"):
         bucket_tensors(tensors, 0)
+    in_bf16 = bucket_tensors(tensors, bucket_bytes=30 * 2, dtype=torch.bfloat16)
+    assert [[name for name, _ in bucket] for bucket in in_bf16] == [[n for n, _ in b] for b in buckets]
+    ids = [("ids", torch.zeros(20, dtype=torch.int64)), ("w", torch.zeros(10))]
+    assert len(bucket_tensors(ids, bucket_bytes=20 * 8, dtype=torch.bfloat16)) == 2, "integers keep dtype"
 
 
-def test_distributed_bodies_describe_each_bucket_and_only_the_last_sets_the_version() -> None:
-    buckets = [
-        [("a", torch.zeros(2, 3, dtype=torch.bfloat16)), ("b", torch.zeros(4))],
-        [("c", torch.zeros(1, dtype=torch.float16))],
+def test_gathered_buckets_cover_the_state_dict_once_cast_without_the_tied_head(tiny_qwen25: Path) -> None:
+    model = load_lm(tiny_qwen25)
+    state = model.state_dict()
+    buckets = list(gathered_buckets(model, model.config, torch.bfloat16, 256 * 1024))
+    assert len(buckets) > 2 and [b.last for b in buckets] == [False] * (len(buckets) - 1) + [True]
+    pushed = dict(tensor for bucket in buckets for tensor in bucket.tensors)
+    assert sorted(pushed) == sorted(set(state) - {"lm_head.weight"})
+    for name, tensor in pushed.items():
+        assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, state[name].to(torch.bfloat16)), name
+    assert all(b.nbytes <= 256 * 1024 or len(b.tensors) == 1 for b in buckets)
+
+
+def test_distributed_body_describes_a_bucket_under_checkpoint_names_and_the_last_sets_the_version() -> None:
+    tensors = [
+        ("model.language_model.norm.weight", torch.zeros(2, 3, dtype=torch.bfloat16)),
+        ("model.visual.merger.ln_q.bias", torch.zeros(4)),
     ]
-    bodies = distributed_bodies(buckets, "g", "7")
-    assert [b.names for b in bodies] == [["a", "b"], ["c"]]
-    assert bodies[0].dtypes == ["bfloat16", "float32"] and bodies[1].dtypes == ["float16"]
-    assert bodies[0].shapes == [[2, 3], [4]]
-    assert [(b.flush_cache, b.weight_version, b.group_name) for b in bodies] == [
-        (False, None, "g"),
-        (True, "7", "g"),
-    ]
-    wire = bodies[1].model_dump_json(exclude_none=True)
-    assert UpdateWeightsFromDistributedBody.model_validate_json(wire) == bodies[1]
+    first = distributed_body(Bucket(tensors, last=False), "qwen2_5_vl", "g", 7)
+    assert first.names == ["model.norm.weight", "visual.merger.ln_q.bias"]
+    assert first.dtypes == ["bfloat16", "float32"] and first.shapes == [[2, 3], [4]]
+    assert (first.flush_cache, first.weight_version, first.group_name) == (False, None, "g")
+    last = distributed_body(Bucket(tensors[:1], last=True), "qwen2_5_vl", "g", 7)
+    assert (last.flush_cache, last.weight_version) == (True, "7")
+    wire = last.model_dump_json(exclude_none=True)
+    assert UpdateWeightsFromDistributedBody.model_validate_json(wire) == last
+
+
+def test_each_engine_kind_names_its_transport(tiny_qwen25: Path) -> None:
+    processor = VLProcessor.from_pretrained(tiny_qwen25)
+    server = SGLangEngine("http://127.0.0.1:1")
+    assert transport_kind(server, "nccl") == "nccl" and transport_kind(server, "disk") == "disk"
+    assert transport_kind(HFEngine.from_pretrained(tiny_qwen25), "disk") == "in_process"
+    with pytest.raises(ValueError, match=r"sync\.mode=nccl is not a transport ScriptedEngine takes"):
+        transport_kind(ScriptedEngine(processor, ["hi"]), "nccl")
 
 
 async def test_in_process_engine_matches_the_trainer_after_a_push(arch_checkpoint: Path) -> None:
@@ -129,9 +166,11 @@ async def test_in_process_engine_matches_the_trainer_after_a_push(arch_checkpoin
     try:
         with pytest.raises(WeightSyncMismatch, match="differ"):
             await verify_weight_sync(engine, trainer_model, engine.processor)
-        await InProcessSync(engine).push(trainer_model.state_dict(), 3)
+        await push(InProcessSync(engine, engine_calls()), trainer_model, 3, bucket_bytes=256 * 1024)
         assert engine.weight_version == "3"
         assert await verify_weight_sync(engine, trainer_model, engine.processor) < 1e-4
+        live = engine.model.state_dict()
+        assert all(torch.equal(live[name], t) for name, t in trainer_model.state_dict().items())
     finally:
         await engine.close()
 
@@ -163,11 +202,9 @@ async def test_engine_server_matches_the_trainer_after_a_disk_push(
     processor = VLProcessor.from_pretrained(tiny_qwen25)
     with pytest.raises(WeightSyncMismatch):
         await verify_weight_sync(remote_engine, trainer_model, processor)
-    sync = DiskSync(
-        remote_engine, tmp_path / "weights", trainer_model.config, tiny_qwen25, dtype=torch.float32
-    )
-    await sync.push(trainer_model.state_dict(), 5)
-    await sync.push(trainer_model.state_dict(), 6)
+    sync = DiskSync(remote_engine, engine_calls(), tmp_path / "weights", trainer_model.config, tiny_qwen25)
+    await push(sync, trainer_model, 5)
+    await push(sync, trainer_model, 6)
     assert remote_engine.weight_version == "6"
     assert [p.name for p in (tmp_path / "weights").iterdir()] == ["policy-v000006"]
     assert await verify_weight_sync(remote_engine, trainer_model, processor) < 1e-4
@@ -187,14 +224,9 @@ async def test_engine_server_matches_the_trainer_after_a_broadcast_push(
     )
     with pytest.raises(EngineRequestError, match="not in weight-update group 'weight_update_group'"):
         await remote_engine.update_weights_from_distributed(stray)
-    target = DistributedTarget(
-        "127.0.0.1", free_port(), backend="gloo", bucket_bytes=1024 * 1024, timeout=timedelta(seconds=60)
-    )
-    sync = DistributedSync(remote_engine, target, trainer_model.config, device=torch.device("cpu"))
-    try:
-        await sync.push(trainer_model.state_dict(), 7)
-    finally:
-        await sync.close()
+    target = DistributedTarget("127.0.0.1", free_port(), backend="gloo", timeout=timedelta(seconds=60))
+    sync = DistributedSync(remote_engine, engine_calls(), target, "qwen2_5_vl")
+    await push(sync, trainer_model, 7)
     info = httpx.get(f"{served_engine}/model_info", timeout=10).json()
     assert remote_engine.weight_version == info["weight_version"] == "7"
     assert await verify_weight_sync(remote_engine, trainer_model, processor) < 1e-4
@@ -222,19 +254,13 @@ async def test_nccl_path_sends_every_weight_exactly_in_buckets_an_sglang_receive
     bucket_bytes = 4 * 1024 * 1024
     port = free_port()
     target = DistributedTarget(
-        "127.0.0.1",
-        port,
-        backend="gloo",
-        group_name="g1",
-        bucket_bytes=bucket_bytes,
-        timeout=timedelta(seconds=60),
+        "127.0.0.1", port, backend="gloo", group_name="g1", timeout=timedelta(seconds=60)
     )
     engine = SGLangEngine(url, retry_deadline_s=10)
-    sync = DistributedSync(engine, target, model.config, device=torch.device("cpu"), dtype=torch.bfloat16)
     try:
-        await sync.push(model.state_dict(), 4)
+        sync = DistributedSync(engine, engine_calls(), target, "qwen2_5_vl")
+        await push(sync, model, 4, dtype=torch.bfloat16, bucket_bytes=bucket_bytes)
     finally:
-        await sync.close()
         await engine.close()
 
     got = httpx.get(f"{url}/received", timeout=10).json()
@@ -259,3 +285,24 @@ async def test_nccl_path_sends_every_weight_exactly_in_buckets_an_sglang_receive
     for size, following in itertools.pairwise(sizes):
         assert sum(size) <= bucket_bytes or len(size) == 1, "a bucket over the limit holds one tensor"
         assert sum(size) + following[0] > bucket_bytes, "each bucket is as full as the limit lets it be"
+
+
+def test_two_ranks_push_through_the_bucketed_path_and_the_engines_score_like_the_trainer(
+    served_engine: str, tiny_qwen25: Path, tmp_path: Path
+) -> None:
+    """`tests/weight_push_worker.py` on 2 FSDP2 ranks (gloo): small buckets into an in-process engine and,
+    over SGLang's protocol, into `vistarl engine serve`; both then score a batch of probes as a trainer
+    model holding the gathered full state dict does, to 1e-5 in fp32, and the in-process engine holds
+    that state dict bit for bit; shards of rows that do not split evenly gather whole too."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "tests/weight_push_worker.py",
+        str(tiny_qwen25), served_engine, str(free_port()), str(tmp_path),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=300, check=True)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["parameters"] == result["engine_parameters"] and len(result["parameters"]) > 10
+    assert result["differing"] == []
+    assert result["in_process_max_diff"] < 1e-5 and result["served_max_diff"] < 1e-5
+    assert (result["local_version"], result["served_version"]) == ("1", "2")
+    assert result["uneven_rows_whole"] is True and result["failed_push_raised"] is True

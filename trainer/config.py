@@ -252,7 +252,8 @@ class TrainLoopConfig(_Section):
 
 
 class SyncConfig(_Section):
-    """How weights reach a remote engine after each step (the embedded engine is updated in process)."""
+    """How weights reach the engine after each step (`trainer.weights`; the embedded engine is updated in
+    process, whatever `mode` says)."""
 
     mode: Literal["disk", "nccl"] = Field(
         default="disk", description="disk: /update_weights_from_disk; nccl: SGLang's broadcast (sglang only)"
@@ -264,7 +265,9 @@ class SyncConfig(_Section):
     master_address: str = Field(default="127.0.0.1", description="nccl: trainer rank 0's address")
     master_port: int = Field(default=29600, ge=1, le=65535)
     engine_world_size: int = Field(default=1, ge=1, description="nccl: the SGLang server's GPUs (tp x dp)")
-    bucket_mb: int = Field(default=512, ge=1)
+    bucket_mb: int = Field(
+        default=512, ge=1, description="MiB of pushed weights gathered on the GPU, and sent, at a time"
+    )
 
 
 class SFTConfig(_Section):

@@ -20,9 +20,10 @@ In synchronous mode (the default) a step's episodes all come from the current po
 asynchronous mode step k+1's jobs are enqueued before training on step k, so rollouts overlap
 training; trajectories more than `rollout.max_staleness` versions old are dropped.
 
-Under torchrun, every rank trains its share of each mini-batch (FSDP2); rank 0 alone drives the
-queue, the engine and the logs, and sends each step's trajectories to the other ranks as msgpack
-bytes in a tensor broadcast. Steps 3-5 are `trainer.learner.update.PolicyTrainer.update`.
+Under torchrun, every rank trains its share of each mini-batch (FSDP2) and gathers its share of each
+weight push (`trainer.weights`); rank 0 alone drives the queue, the engine and the logs, and sends
+each step's trajectories to the other ranks as msgpack bytes in a tensor broadcast. Steps 3-5 are
+`trainer.learner.update.PolicyTrainer.update`.
 """
 
 from __future__ import annotations
@@ -60,25 +61,17 @@ from trainer.learner.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from trainer.learner.fsdp import full_state_dict, init_distributed, is_distributed, rank_device
+from trainer.learner.fsdp import init_distributed, is_distributed, rank_device
 from trainer.learner.models import Models, load_actor, load_critic, load_reference
 from trainer.learner.update import SEED_STRIDE, PolicyTrainer
-from trainer.learner.weight_sync import (
-    DiskSync,
-    DistributedSync,
-    DistributedTarget,
-    InProcessSync,
-    WeightSync,
-)
 from trainer.rollout.engines.base import Engine
-from trainer.rollout.engines.hf import HFEngine
-from trainer.rollout.engines.sglang import SGLangEngine
 from trainer.rollout.env_handle import split_size
 from trainer.rollout.job import group_jobs
 from trainer.rollout.processor import VLProcessor
 from trainer.rollout.trajectory import Status, Trajectory
 from trainer.run_logging import RunLogger, failure_places
 from trainer.stack import DTYPES, Gathered, Stack, episode_sampling, open_stack
+from trainer.weights.sync import WeightSync, weight_sync
 
 __all__ = [
     "PromptSource",
@@ -225,10 +218,10 @@ def resolve_run_dir(cfg: TrainConfig, name: str, resume: bool) -> Path:
 class _Run:
     """One training run on this rank: setup, the step loop (rank 0 drives it, the others follow), teardown.
 
-    Rank 0 sends every rank one message per action (`_command`): `train` (a step's update, then the
-    full state dict, then a checkpoint if `save`), `weights` (the state dict only) or `stop`. All
-    collectives run on one dedicated thread, so the event loop (workers, engine, HTTP) keeps going
-    while the model trains.
+    Rank 0 sends every rank one message per action (`_command`): `train` (a step's update, then a
+    checkpoint if `save`), `push` (the weights to the engine as `version`: every rank gathers, rank 0's
+    `WeightSync` sends) or `stop`. All collectives run on one dedicated thread, so the event loop
+    (workers, engine, HTTP) keeps going while the model trains.
     """
 
     def __init__(self, cfg: TrainConfig, run_dir: Path, resume: bool, console: Console) -> None:
@@ -252,6 +245,7 @@ class _Run:
         self.compute = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="vistarl-train"
         )
+        self.sync = self._weight_sync(None)  # rank 0's gets its transport once the engine is up
 
     def _load_models(self) -> Models:
         """The actor (and critic) from the checkpoint being resumed, or the configured model; the
@@ -288,22 +282,21 @@ class _Run:
         """Run `fn` on the compute thread."""
         return await asyncio.get_running_loop().run_in_executor(self.compute, fn, *args)
 
-    async def _command(self, op: str, **fields: Any) -> tuple[str, dict[str, float], dict[str, torch.Tensor]]:
+    async def _command(self, op: str, **fields: Any) -> tuple[str, dict[str, float]]:
         """Rank 0: send a message to every rank and carry it out here too."""
         return await self._in_compute(self._execute, {"op": op, **fields})
 
-    def _execute(
-        self, message: dict[str, Any] | None
-    ) -> tuple[str, dict[str, float], dict[str, torch.Tensor]]:
-        """Every rank: receive rank 0's message and carry it out; the weights are rank 0's only."""
+    def _execute(self, message: dict[str, Any] | None) -> tuple[str, dict[str, float]]:
+        """Every rank: receive rank 0's message and carry it out."""
         message = share(message, self.device)
         op = message["op"]
         trajectories = [Trajectory.from_dict(data) for data in message.get("trajectories", [])]
         metrics = self.trainer.update(message["step"], trajectories) if op == "train" else {}
-        weights = full_state_dict(self.trainer.actor) if op in ("train", "weights") else {}
+        if op == "push":
+            self.sync.push(self.trainer.actor, message["version"])
         if message.get("save"):
             self._save(TrainerState(**message["state"]))
-        return op, metrics, weights
+        return op, metrics
 
     def _save(self, state: TrainerState) -> Path:
         """Every rank: write the checkpoint of `state` (rank 0 writes the shared files)."""
@@ -340,17 +333,17 @@ class _Run:
             async with open_stack(
                 cfg, self.processor, self.model_path, self.run_dir, engine=engine, device=self.device
             ) as stack:
-                sync = self._weight_sync(stack.engine)
+                self.sync = self._weight_sync(stack.engine)
                 try:
-                    await self._loop(stack, sync, logger)
+                    await self._loop(stack, logger)
                 finally:
-                    await sync.close()
+                    await asyncio.to_thread(self.sync.close)
         finally:
             await self._command("stop")
             logger.close()
         return TrainResult(self.run_dir, self.state.step, logger.history, latest_checkpoint(self.run_dir))
 
-    async def _loop(self, stack: Stack, sync: WeightSync, logger: RunLogger) -> None:
+    async def _loop(self, stack: Stack, logger: RunLogger) -> None:
         """Steps `state.step + 1 .. train.steps` (see the module docstring)."""
         cfg = self.cfg
         prompts = await PromptSource.create(cfg, stack.env)
@@ -360,8 +353,7 @@ class _Run:
             jobs = step_jobs(cfg, stack.env, prompts, step, self.state.policy_version, tag)
             await stack.submit(f"s{step}", jobs)
 
-        _, _, weights = await self._command("weights")
-        await sync.push(weights, self.state.policy_version)  # the engine serves this run's weights
+        await self._command("push", version=self.state.policy_version)  # the engine serves this run's weights
         stack.policy_version = self.state.policy_version
         if self.state.step < cfg.train.steps:
             await submit(self.state.step + 1)
@@ -387,7 +379,7 @@ class _Run:
             state = TrainerState(step, version, step * cfg.rollout.rollout_batch_size)
             save = last or (cfg.train.save_every > 0 and step % cfg.train.save_every == 0)
             with _timed(timings, "time/train"):
-                _, metrics, weights = await self._command(
+                _, metrics = await self._command(
                     "train",
                     step=step,
                     trajectories=[t.to_dict() for t in gathered.trajectories],
@@ -396,7 +388,7 @@ class _Run:
                 )
             if learnable:
                 with _timed(timings, "time/sync"):
-                    await sync.push(weights, state.policy_version)
+                    await self._command("push", version=state.policy_version)
             stack.policy_version = state.policy_version
             self.state = state
             if not cfg.rollout.async_mode and not last:
@@ -421,26 +413,23 @@ class _Run:
                 logger.note(f"step {step}: train.max_time_s={cfg.train.max_time_s:g} s has passed; stopping")
                 return
 
-    def _weight_sync(self, engine: Engine) -> WeightSync:
-        """The transport to this engine: in process for an `HFEngine`, else by the configured mode."""
+    def _weight_sync(self, engine: Engine | None) -> WeightSync:
+        """This rank's `WeightSync`: with `engine` (rank 0), sending by the transport the engine names."""
         cfg = self.cfg
-        if isinstance(engine, HFEngine):
-            return InProcessSync(engine)
         dtype = DTYPES[cfg.sync.dtype or cfg.model.dtype]
         config = self.trainer.actor.config
-        if cfg.sync.mode == "nccl":
-            if not isinstance(engine, SGLangEngine):
-                raise TypeError(f"sync.mode=nccl needs an SGLang engine, not {type(engine).__name__}")
-            target = DistributedTarget(
-                master_address=cfg.sync.master_address,
-                master_port=cfg.sync.master_port,
-                engine_world_size=cfg.sync.engine_world_size,
-                bucket_bytes=cfg.sync.bucket_mb * 1024 * 1024,
-            )
-            return DistributedSync(engine, target, config, device=self.device, dtype=dtype)
-        root = cfg.sync.dir or self.run_dir / "weights"
-        pause = cfg.rollout.engine_kind == "sglang"
-        return DiskSync(engine, root, config, Path(cfg.model.path), dtype=dtype, pause=pause)
+        if engine is None:
+            return WeightSync(config, dtype, cfg.sync.bucket_mb * 1024 * 1024)
+        return weight_sync(
+            engine,
+            cfg.sync,
+            config=config,
+            dtype=dtype,
+            weights_dir=cfg.sync.dir or self.run_dir / "weights",
+            source_dir=Path(cfg.model.path),
+            pause=cfg.rollout.engine_kind == "sglang",
+            loop=asyncio.get_running_loop(),
+        )
 
 
 def _outcomes(gathered: Gathered) -> str:

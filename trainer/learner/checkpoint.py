@@ -38,7 +38,7 @@ from transformers import PretrainedConfig
 
 from trainer.learner.fsdp import full_state_dict
 from trainer.learner.models import save_critic
-from trainer.learner.weight_sync import save_hf_weights
+from trainer.weights.disk import save_hf_weights
 
 __all__ = [
     "CheckpointError",

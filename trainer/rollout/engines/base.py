@@ -20,6 +20,7 @@ from typing import Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainer.rollout.engines.sglang_api import FinishReason, PauseMode, SamplingParams
+from trainer.weights.transport import TransportKind
 
 
 class EngineError(Exception):
@@ -92,6 +93,11 @@ class Engine(Protocol):
     @property
     def weight_version(self) -> str:
         """The version of the weights that generates now (the last one seen, for a remote engine)."""
+        ...
+
+    @property
+    def weight_transports(self) -> tuple[TransportKind, ...]:
+        """The transports that bring it new weights (`trainer.weights`), `in_process` first if it is one."""
         ...
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:

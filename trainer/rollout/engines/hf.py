@@ -18,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import random
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers import AutoModelForImageTextToText, PreTrainedModel
@@ -32,6 +34,8 @@ from clients.errors import ImageError
 from trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
 from trainer.rollout.engines.sglang_api import TOP_K_ALL, FinishReason, PauseMode, SamplingParams
 from trainer.rollout.processor import PixelInputs, VLProcessor, checkpoint_dir
+from trainer.weights.targets import WeightLoadError, copy_into
+from trainer.weights.transport import TransportKind
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +89,8 @@ class EngineStats:
 
 class HFEngine:
     """Generation with a transformers Qwen-VL model in this process (CPU fp32 or GPU)."""
+
+    weight_transports: ClassVar[tuple[TransportKind, ...]] = ("in_process",)
 
     def __init__(
         self,
@@ -200,17 +206,33 @@ class HFEngine:
     # --- weights ----------------------------------------------------------------------------------
 
     async def update_weights(
-        self, state_dict: dict[str, torch.Tensor], weight_version: str | None = None, *, final: bool = True
+        self, state_dict: Mapping[str, torch.Tensor], weight_version: str | None = None, *, final: bool = True
     ) -> str:
-        """Copy `state_dict` (all or some parameters, by live module names) into the model.
+        """Copy `state_dict` (all or some parameters, by live module names) into the model: `load_weights`
+        with a copy. Every name and shape is checked before anything is copied."""
+        return await self.load_weights(
+            functools.partial(copy_into, tensors=state_dict), weight_version, final=final
+        )
 
-        Waits for the running batch, so no result mixes two weight versions; checks every name and
-        shape before copying anything. Returns the weight version, which changes only when `final`:
-        a bucket of a bucketed update is not, and leaves the version to the last bucket, as SGLang does.
+    async def load_weights(
+        self,
+        load: Callable[[Mapping[str, torch.Tensor]], None],
+        weight_version: str | None = None,
+        *,
+        final: bool = True,
+    ) -> str:
+        """Run `load` on the model's live tensors (by live module name), on the model thread.
+
+        Waits for the running batch, so no result mixes two weight versions. Returns the weight version,
+        which changes only when `final`: a bucket of a bucketed update is not, and leaves the version to
+        the last bucket, as SGLang does. A load that does not fit the model raises `EngineRequestError`.
         """
         async with self._batch_lock:
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self._executor, self._copy_weights, state_dict)
+            try:
+                await loop.run_in_executor(self._executor, load, self.model.state_dict())
+            except WeightLoadError as exc:
+                raise EngineRequestError(str(exc)) from exc
             if final:
                 self._updates += 1
                 self._weight_version = weight_version or str(self._updates)
@@ -227,23 +249,6 @@ class HFEngine:
         version = await self.update_weights(loaded.state_dict(), weight_version)
         self.model_path = directory
         return version
-
-    def _copy_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Validate all names and shapes, then copy in place (on the model thread)."""
-        live = self.model.state_dict()
-        unknown = sorted(set(state_dict) - set(live))
-        if unknown:
-            raise EngineRequestError(f"unknown parameter names: {', '.join(unknown[:5])}")
-        wrong = [name for name, t in state_dict.items() if tuple(t.shape) != tuple(live[name].shape)]
-        if wrong:
-            name = wrong[0]
-            raise EngineRequestError(
-                f"shape mismatch for {name}: got {tuple(state_dict[name].shape)}, "
-                f"model has {tuple(live[name].shape)}"
-            )
-        with torch.no_grad():
-            for name, tensor in state_dict.items():
-                live[name].copy_(tensor)
 
     # --- lifecycle --------------------------------------------------------------------------------
 

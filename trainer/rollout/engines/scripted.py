@@ -13,11 +13,12 @@ import asyncio
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from trainer.rollout.engines.base import GenerateRequest, GenerateResult
 from trainer.rollout.engines.sglang_api import FinishReason, PauseMode
 from trainer.rollout.processor import VLProcessor
+from trainer.weights.transport import TransportKind
 
 __all__ = ["Responder", "ScriptedEngine"]
 
@@ -37,6 +38,8 @@ class ScriptedEngine:
     With `record`, every request is kept in `requests`, for tests to inspect. `weight_version` is what
     its results report; loading weights only changes it.
     """
+
+    weight_transports: ClassVar[tuple[TransportKind, ...]] = ("disk",)
 
     processor: VLProcessor
     responses: Sequence[str] | Responder

@@ -5,7 +5,7 @@ through `SGLangEngine` exactly as they drive SGLang. Endpoints: `POST /generate`
 `GET /health_generate`, `GET /model_info`, `POST /update_weights_from_disk`, `POST /flush_cache`,
 `POST /abort_request`, `POST /pause_generation`, `POST /continue_generation`, and SGLang's NCCL weight
 update, `POST /init_weights_update_group` and `POST /update_weights_from_distributed`
-(`trainer.rollout.engines.weight_receiver`; gloo on CPU). Bodies and answers
+(`trainer.weights.receiver`: each bucket straight into the parameters; gloo on CPU). Bodies and answers
 are the shared models of `trainer.rollout.engines.sglang_api`; like SGLang 0.5.23, an invalid body (an
 unknown `sampling_params` key, say) gets 400. `POST /v1/chat/completions` is a minimal OpenAI-compatible
 chat completion for agents (`trainer.rollout.engines.chat`, docs/agents.md). The body-size limit and
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import uuid
 from collections.abc import AsyncIterator
 from typing import Literal
@@ -50,7 +51,7 @@ from trainer.rollout.engines.sglang_api import (
     UpdateWeightsFromDistributedBody,
     UpdateWeightsResponse,
 )
-from trainer.rollout.engines.weight_receiver import WeightReceiver
+from trainer.weights.receiver import WeightReceiver
 
 OPEN_PATHS = frozenset({"/health", "/health_generate"})
 
@@ -73,7 +74,7 @@ def create_app(engine: HFEngine, settings: EngineServerSettings | None = None) -
     """A FastAPI app serving `engine`; the engine is closed when the app shuts down."""
     settings = settings or EngineServerSettings()
     metrics = ServerMetrics()
-    receiver = WeightReceiver(engine.device, engine.model.config.model_type)
+    receiver = WeightReceiver(engine.model.config.model_type)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -151,16 +152,17 @@ def create_app(engine: HFEngine, settings: EngineServerSettings | None = None) -
         """Join the trainer's weight-update group; answers once every rank has joined (bounded wait)."""
         try:
             await asyncio.to_thread(receiver.join, body)
-        except (EngineRequestError, RuntimeError, ValueError) as exc:  # a timeout: RuntimeError
+        except (RuntimeError, ValueError) as exc:  # a timeout: RuntimeError
             return _update_answer(False, f"cannot join weight-update group {body.group_name!r}: {exc}")
         return _update_answer(True, f"joined weight-update group {body.group_name!r}")
 
     @app.post("/update_weights_from_distributed")
     async def update_weights_from_distributed(body: UpdateWeightsFromDistributedBody) -> JSONResponse:
-        """Receive one bucket from trainer rank 0 and copy it in; the bucket that flushes sets the version."""
+        """Receive one bucket from trainer rank 0 straight into the parameters, between batches; the bucket
+        that flushes sets the version."""
+        receive = functools.partial(receiver.receive_into, body)
         try:
-            tensors = await asyncio.to_thread(receiver.receive, body)
-            version = await engine.update_weights(tensors, body.weight_version, final=body.flush_cache)
+            version = await engine.load_weights(receive, body.weight_version, final=body.flush_cache)
         except (EngineRequestError, RuntimeError) as exc:  # a broadcast timeout is a RuntimeError
             return _update_answer(False, f"bucket of {len(body.names)} tensors not loaded: {exc}")
         return _update_answer(True, f"loaded {len(body.names)} tensors; weight_version {version}")

@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import time
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -41,6 +41,7 @@ from trainer.rollout.engines.sglang_api import (
     UpdateWeightsResponse,
 )
 from trainer.rollout.processor import VLProcessor
+from trainer.weights.transport import TransportKind
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,8 @@ class SGLangEngine:
     `processor` (the policy's `VLProcessor`) enables the prompt-length check; without it the check
     is skipped. `api_key` defaults to $VISTARL_API_TOKEN and is sent as a bearer token.
     """
+
+    weight_transports: ClassVar[tuple[TransportKind, ...]] = ("disk", "nccl")
 
     def __init__(
         self,

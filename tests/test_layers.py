@@ -1,0 +1,61 @@
+"""The trainer's folders import one way: the learner and the rollout side meet only in what both may
+import (`trainer.weights`, the processor, `Trajectory`), never in each other's code."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+TRAINER = Path(__file__).resolve().parents[1] / "trainer"
+
+FORBIDDEN: list[tuple[str, str, frozenset[str]]] = [
+    ("rollout", "trainer.learner", frozenset()),
+    ("learner", "trainer.rollout.engines", frozenset()),
+    ("weights", "trainer.learner", frozenset()),
+    ("weights", "trainer.rollout", frozenset({"trainer.rollout.engines.sglang_api"})),
+]
+"""(folder under trainer/, a module prefix its files must not import, the modules allowed anyway)."""
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module a file imports, at any depth of its code (`from a import b` counts `a` and `a.b`)."""
+    modules: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
+            modules.add(node.module)
+            modules.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return modules
+
+
+def violations(folder: str, prefix: str, allowed: frozenset[str]) -> list[str]:
+    """`file: module` for each import of `prefix` (or below it) by a file under `trainer/folder`."""
+    found = []
+    for path in sorted((TRAINER / folder).rglob("*.py")):
+        for module in sorted(imported_modules(path)):
+            inside = module == prefix or module.startswith(prefix + ".")
+            if inside and not any(module == a or module.startswith(a + ".") for a in allowed):
+                found.append(f"{path.relative_to(TRAINER.parent)}: {module}")
+    return found
+
+
+@pytest.mark.parametrize(
+    ("folder", "prefix", "allowed"), FORBIDDEN, ids=[f"{f}-{p}" for f, p, _ in FORBIDDEN]
+)
+def test_folder_does_not_import_the_other_side(folder: str, prefix: str, allowed: frozenset[str]) -> None:
+    assert violations(folder, prefix, allowed) == []
+
+
+def test_the_walk_sees_imports_inside_functions(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text(
+        "def f():\n    from trainer.learner.fsdp import shard_model\n    import trainer.rollout\n"
+    )
+    assert imported_modules(source) == {
+        "trainer.learner.fsdp",
+        "trainer.learner.fsdp.shard_model",
+        "trainer.rollout",
+    }
