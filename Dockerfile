@@ -2,35 +2,46 @@
 #   docker build -t vistarl .                                   # everything, CPU torch
 #   docker build -t vistarl-env --build-arg EXTRAS=server .     # env servers only: no torch
 #   docker build -t vistarl:gpu --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 .
-FROM python:3.11-slim
+# BASE_IMAGE is the official Python image; `make compose-test` swaps in one built from Debian packages
+# where no image registry is reachable (docs/deploy.md, "The real compose test").
+# Layers go from the slowest-changing to the fastest: system packages, torch, the dependencies read
+# from pyproject.toml, then the sources, so a source change rebuilds only the last two layers (seconds).
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
 
 ARG EXTRAS=server,train
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 
-# EGL and Mesa's software rasteriser: the VSI env renders its rooms with OpenGL (docs/vsi.md). Not pinned:
-# Debian's security updates replace these versions in the archive, so a pin would break later builds.
+# EGL, libGL and Mesa's software rasteriser: the VSI env renders its rooms with OpenGL through EGL
+# (docs/vsi.md); moderngl loads libGL.so.1 (libgl1) as well as libEGL.so.1 (libegl1), and Mesa's
+# llvmpipe driver comes with libgl1-mesa-dri. Not pinned: Debian's security updates replace these
+# versions in the archive, so a pin would break later builds.
 # hadolint ignore=DL3008
-RUN apt-get update && apt-get install -y --no-install-recommends libegl1 libgl1-mesa-dri \
+RUN apt-get update && apt-get install -y --no-install-recommends libegl1 libgl1 libgl1-mesa-dri \
     && rm -rf /var/lib/apt/lists/*
 
 RUN useradd --create-home --uid 1000 vistarl
 WORKDIR /app
 
+# torch from PyTorch's own index first, so the `train` extra does not pull the default CUDA wheels.
+RUN case ",${EXTRAS}," in \
+        *,train,*) pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}" ;; \
+    esac
+
+# The dependencies alone: an empty package with pyproject.toml's requirements, so this layer is
+# rebuilt only when pyproject.toml changes.
 COPY pyproject.toml README.md ./
+RUN pip install "./[${EXTRAS}]" && pip uninstall -y vistarl
+
 COPY clients ./clients
 COPY services ./services
 COPY trainer ./trainer
 COPY cli ./cli
 COPY devtools ./devtools
 COPY configs ./configs
-
-# torch from PyTorch's own index first, so the `train` extra does not pull the default CUDA wheels.
-RUN case ",${EXTRAS}," in \
-        *,train,*) pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}" ;; \
-    esac \
-    && pip install "./[${EXTRAS}]"
+RUN pip install --no-deps . && rm -rf build
 
 RUN mkdir -p /app/runs && chown 1000:1000 /app/runs
 USER 1000:1000
