@@ -9,9 +9,6 @@
 ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
 
-ARG EXTRAS=server,train
-ARG TORCH_VERSION=2.13.0
-ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 
 # EGL, libGL and Mesa's software rasteriser: the VSI env renders its rooms with OpenGL through EGL
@@ -25,23 +22,33 @@ RUN apt-get update && apt-get install -y --no-install-recommends libegl1 libgl1 
 RUN useradd --create-home --uid 1000 vistarl
 WORKDIR /app
 
+# Each argument is declared just before the first step that reads it: a value is part of the cache
+# key of every step after its declaration.
+ARG EXTRAS=server,train
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 # torch from PyTorch's own index first, so the `train` extra does not pull the default CUDA wheels.
 RUN case ",${EXTRAS}," in \
         *,train,*) pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}" ;; \
     esac
 
-# The dependencies alone: an empty package with pyproject.toml's requirements, so this layer is
-# rebuilt only when pyproject.toml changes.
-COPY pyproject.toml README.md ./
-RUN pip install "./[${EXTRAS}]" && pip uninstall -y vistarl
+# Where pip finds everything else (an argument is in the environment of the RUN steps after it);
+# `make compose-test` points it and TORCH_INDEX at a local index of the machine's own wheels.
+ARG PIP_INDEX_URL=https://pypi.org/simple
+# The dependencies alone: an empty package with pyproject.toml's requirements (and a blank README),
+# so this layer is rebuilt only when pyproject.toml changes. The build backend stays installed, so the
+# sources below install without fetching it again.
+COPY pyproject.toml ./
+RUN touch README.md && pip install "setuptools>=77" "./[${EXTRAS}]" && pip uninstall -y vistarl && rm README.md
 
+COPY README.md ./
 COPY clients ./clients
 COPY services ./services
 COPY trainer ./trainer
 COPY cli ./cli
 COPY devtools ./devtools
 COPY configs ./configs
-RUN pip install --no-deps . && rm -rf build
+RUN pip install --no-deps --no-build-isolation . && rm -rf build
 
 RUN mkdir -p /app/runs && chown 1000:1000 /app/runs
 USER 1000:1000
