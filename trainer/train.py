@@ -430,9 +430,11 @@ class _Run:
                 )
             if any(t.trainable for t in gathered.trajectories):
                 return gathered
+            if attempt == tries:
+                logger.note(f"step {step}: nothing to learn from ({_outcomes(gathered)})")
+                break
             logger.note(f"step {step}: nothing to learn from ({_outcomes(gathered)}); playing it again")
-            if attempt < tries:
-                await submit(step, attempt)
+            await submit(step, attempt)
         errors = sorted({t.error for t in gathered.trajectories if t.error})
         raise RuntimeError(
             f"step {step}: {tries} tries in a row had no episode to learn from "
