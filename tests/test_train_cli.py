@@ -147,7 +147,11 @@ def test_a_run_whose_env_server_dies_stops_naming_it_and_counts_no_step_without_
     tiny_qwen25: Path, tmp_path: Path
 ) -> None:
     """SIGKILL the env server after the first step: each later try has only FAILED episodes, which is no
-    step; after `train.max_unusable_steps` tries in a row the run exits 1 naming the server's URL."""
+    step; after `train.max_unusable_steps` tries in a row the run exits 1 naming the server's URL.
+
+    A real `vistarl train` process and env server, so it takes as long as the one-step test above
+    (about 30 s here, mostly the trainer's start); `rollout.env_outage_s=1` keeps each failed try short.
+    """
     run_dir = tmp_path / "run"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
