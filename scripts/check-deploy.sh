@@ -9,9 +9,9 @@ bin=${1:-.venv/bin}
 k8s_version=${K8S_VERSION:-1.33.0}  # the Kubernetes release the manifests must be valid for
 
 "$bin/check-jsonschema" --builtin-schema vendor.compose-spec docker-compose.yml
-"$bin/hadolint" Dockerfile
-echo "Dockerfile: hadolint clean"
-"$bin/shellcheck" scripts/*.sh
+"$bin/hadolint" Dockerfile docker/standin/*.Dockerfile
+echo "Dockerfiles: hadolint clean"
+"$bin/shellcheck" scripts/*.sh docker/standin/*.sh
 echo "scripts: shellcheck clean"
 
 # Patches are partial objects by design; they are checked inside the overlays that apply them.

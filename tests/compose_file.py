@@ -1,9 +1,11 @@
 """docker-compose.yml as Compose reads it, for the parts the stack uses, and its services moved onto loopback.
 
-Compose itself cannot run here (no container engine), so `tests/test_compose_stack.py` starts each
-service's own command as a local process. This module reads the file the way Compose does for what
+`make test` runs without a container engine, so `tests/test_compose_stack.py` starts each service's
+own command as a local process (`make compose-test` runs the file on a real Docker daemon:
+`tests/test_compose_docker.py`). This module reads the file the way Compose does for what
 the file uses: YAML anchors and merge keys, `${VAR}` / `${VAR:-default}` / `${VAR-default}`
-interpolation, profiles, and each service's command, environment, exposed ports and healthcheck. Any
+interpolation, profiles, and each service's command, environment, exposed ports, healthcheck,
+restart policy and stop grace period (Compose's defaults: `no`, 10 s). Any
 other `${...}` form is an error naming it, so the file cannot grow syntax this reader would misread.
 
 On one machine a service cannot listen on its container port or be reached by its name, so
@@ -50,6 +52,8 @@ class Service:
     expose: list[int]
     profiles: list[str]
     healthcheck: Healthcheck | None
+    restart: str
+    stop_grace_s: float
 
 
 def load_services(path: Path, variables: dict[str, str]) -> dict[str, Service]:
@@ -96,6 +100,8 @@ def _service(name: str, spec: dict[str, Any]) -> Service:
         expose=[int(port) for port in spec.get("expose", [])],
         profiles=list(spec.get("profiles", [])),
         healthcheck=None if check is None else _healthcheck(name, check),
+        restart=str(spec.get("restart", "no")),
+        stop_grace_s=_seconds(spec.get("stop_grace_period", "10s")),
     )
 
 

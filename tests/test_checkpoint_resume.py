@@ -148,3 +148,26 @@ def test_optimizer_state_round_trips_through_safetensors_and_json(tiny_qwen25: P
         assert before.keys() == after.keys()
         for key in before:
             torch.testing.assert_close(after[key], before[key], rtol=0, atol=0)
+
+
+def test_keep_checkpoints_leaves_the_newest_on_disk(tiny_qwen25: Path, tmp_path: Path) -> None:
+    """`train.keep_checkpoints` (save_checkpoint's `keep`): older complete checkpoints go, the newest
+    stay and `latest` names the last; an unfinished staging directory is not touched."""
+    actor = load_actor(tiny_qwen25)
+    optimizer = torch.optim.AdamW(actor.parameters(), lr=1e-3)
+    staging = tmp_path / "checkpoints" / "step-000009.partial"
+    staging.mkdir(parents=True)
+    for step in (1, 2, 3):
+        state = TrainerState(step=step, policy_version=step, prompt_cursor=step)
+        save_checkpoint(
+            tmp_path,
+            state,
+            actor=actor,
+            actor_optimizer=optimizer,
+            hf_config=actor.config,
+            source_dir=tiny_qwen25,
+            keep=2,
+        )
+    kept = sorted(path.name for path in (tmp_path / "checkpoints").glob("step-*"))
+    assert kept == ["step-000002", "step-000003", "step-000009.partial"]
+    assert latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step-000003"

@@ -1,10 +1,11 @@
 """The compose stack's processes, started from docker-compose.yml itself, train on one machine.
 
-No container engine runs here, so each service of the cpu profile that one Sokoban step needs (redis,
-sokoban, model, engine, one worker, the trainer) runs its own command from the file, with the file's
-environment (bearer auth on), on loopback ports (`tests/compose_file.py` says what is rewritten). The
+`make test` needs no container engine, so each service of the cpu profile that one Sokoban step needs
+(redis, sokoban, model, engine, one worker, the trainer) runs its own command from the file, with the
+file's environment (bearer auth on), on loopback ports (`tests/compose_file.py` says what is rewritten). The
 services start in the order `depends_on` gives, each waited on with its own healthcheck. The trainer
 runs twice, one step each, as two `docker compose up` would, against the same long-lived services.
+`make compose-test` runs the file itself on a Docker daemon (`tests/test_compose_docker.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
+from services.server.settings import ServerSettings
 from tests.compose_file import Loopback, Service, interpolate, load_services
 from tests.servers import running_process
 
@@ -162,3 +165,37 @@ def test_interpolation_follows_compose_and_refuses_forms_it_does_not_read() -> N
     assert interpolate({"k": ["${SET}", 3]}, variables) == {"k": ["x", 3]}
     with pytest.raises(ValueError, match=r"\$\{UNSET:\?required\}"):
         interpolate("${UNSET:?required}", variables)
+
+
+def flag_seconds(command: list[str], flag: str) -> float:
+    """The value of `flag=SECONDS` in a command line."""
+    (value,) = [arg.split("=", 1)[1] for arg in command if arg.startswith(f"{flag}=")]
+    return float(value)
+
+
+def test_long_lived_services_restart_and_get_longer_to_stop_than_they_drain() -> None:
+    services = load_services(ROOT / "docker-compose.yml", {})
+    for name in ("redis", "sokoban", "geo3k", "vsi", "engine", "sglang", "worker"):
+        assert services[name].restart == "unless-stopped", f"{name} stays down after a crash"
+    for name in ("model", "trainer", "trainer-gpu"):
+        assert services[name].restart == "no", f"{name} is a one-shot: a restart would run it again"
+    worker = services["worker"]
+    assert worker.stop_grace_s > flag_seconds(worker.command, "--shutdown-grace-s")
+    drain_s = ServerSettings().shutdown_timeout_s
+    for name in ("sokoban", "geo3k", "vsi"):
+        assert services[name].stop_grace_s > drain_s, f"{name} is killed before it drains"
+
+
+def test_sokoban_is_published_on_loopback_unless_asked_and_no_bind_mount_is_made_by_default() -> None:
+    raw = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    document = interpolate(raw, {})
+    services = document["services"]
+    assert services["sokoban"]["ports"] == ["127.0.0.1:8000:8000"]
+    opened = interpolate(raw, {"SOKOBAN_PUBLISH": "0.0.0.0"})
+    assert opened["services"]["sokoban"]["ports"] == ["0.0.0.0:8000:8000"]
+    named = set(document["volumes"])
+    for name, service in services.items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":", 1)[0]
+            assert source in named, f"{name} mounts {source}, which is not a named volume, by default"
+    assert "redis-data:/data" in services["redis"]["volumes"], "the AOF would live in an anonymous volume"

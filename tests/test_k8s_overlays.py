@@ -191,3 +191,10 @@ def test_workers_and_the_trainer_have_what_they_need(rendered: list[Manifest]) -
         flags["redis-url"],
         flags["namespace"],
     )
+
+
+def test_workers_get_longer_to_stop_than_they_drain(rendered: list[Manifest]) -> None:
+    (pod,) = [pod for name, pod in pod_specs(rendered) if name == "rollout-worker"]
+    (worker,) = pod["spec"]["containers"]
+    (drain,) = [arg.split("=", 1)[1] for arg in argv(worker) if arg.startswith("--shutdown-grace-s=")]
+    assert pod["spec"]["terminationGracePeriodSeconds"] > float(drain)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
 import threading
@@ -14,7 +16,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from cli.main import app
-from tests.servers import free_port, vistarl_cmd
+from tests.servers import free_port, running_process, vistarl_cmd, wait_until
 from trainer.config import load_config
 from trainer.rollout.engines.base import EngineUnavailableError
 from trainer.run_logging import draw_curve, failure_places
@@ -139,3 +141,48 @@ def test_the_curve_draws_held_out_success_over_training_success_where_the_run_ev
     evaluated = draw_curve(records, tmp_path / "evaluated.png")
     assert orange_pixels(plain) == 0
     assert orange_pixels(evaluated) > 100
+
+
+def test_a_run_whose_env_server_dies_stops_naming_it_and_counts_no_step_without_episodes(
+    tiny_qwen25: Path, tmp_path: Path
+) -> None:
+    """SIGKILL the env server after the first step: each later try has only FAILED episodes, which is no
+    step; after `train.max_unusable_steps` tries in a row the run exits 1 naming the server's URL.
+
+    A real `vistarl train` process and env server, so it takes as long as the one-step test above
+    (about 30 s here, mostly the trainer's start); `rollout.env_outage_s=1` keeps each failed try short.
+    """
+    run_dir = tmp_path / "run"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = vistarl_cmd("serve", "sokoban", "--port", str(port), "--log-level", "warning")
+    overrides = [
+        f"model.path={tiny_qwen25}",
+        f"train.run_dir={run_dir}",
+        "train.steps=50",  # more than the run can finish before the kill
+        "train.max_unusable_steps=2",
+        "rollout.rollout_batch_size=1",
+        "rollout.n_samples_per_prompt=2",
+        "rollout.max_turns=1",
+        "rollout.env_outage_s=1",
+        "log.tensorboard=false",
+        f"env.url={url}",
+    ]
+    command = vistarl_cmd("train", "--config", str(CONFIG), *(arg for o in overrides for arg in ("--set", o)))
+    with running_process(server, ready_url=f"{url}/health", env={"VISTARL_API_TOKEN": ""}) as env_proc:
+        trainer = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            first_step = run_dir / "metrics.jsonl"
+            assert wait_until(lambda: first_step.is_file() or trainer.poll() is not None, 300)
+            os.killpg(env_proc.pid, signal.SIGKILL)
+            output, _ = trainer.communicate(timeout=300)
+        finally:
+            trainer.kill()
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    said = " ".join(output.split())  # the console wraps long lines
+    assert trainer.returncode == 1, output
+    assert "2 tries in a row had no episode to learn from" in said and url in said, output
+    assert "nothing to learn from" in said
+    assert [r["step"] for r in records] == list(range(1, len(records) + 1)) and len(records) < 50
+    for record in records:  # every step that counted had episodes to learn from
+        assert record.get("rollout/status/COMPLETED", 0) + record.get("rollout/status/TRUNCATED", 0) > 0

@@ -249,6 +249,15 @@ class TrainLoopConfig(_Section):
     run_dir: Path | None = Field(default=None, description="None: runs/<config name>-<timestamp>")
     resume: bool = False
     save_samples: int = Field(default=2, ge=0, description="trajectories per step kept with their images")
+    max_unusable_steps: int = Field(
+        default=3,
+        ge=1,
+        description="tries in a row of one step that may bring no episode to learn from (all failed: an env "
+        "server down) before the run stops with an error naming the env; such a try is not a step",
+    )
+    keep_checkpoints: int | None = Field(
+        default=None, ge=1, description="the newest checkpoints of the run kept on disk; None: all"
+    )
 
 
 class SyncConfig(_Section):

@@ -6,7 +6,8 @@ One step:
    skip the eval range, or dataset rows);
 2. gather the trajectories (bounded wait); FAILED / ABORTED ones, and any without a generated token,
    are counted and left out of the update (GRPO baselines are taken over the group's remaining
-   samples);
+   samples). When none is left, the step does not count: its episodes are played again, and after
+   `train.max_unusable_steps` such tries in a row the run stops with an error naming the env;
 3. recompute the trainer's old logprobs (and reference logprobs, critic values) over packed
    micro-batches, without gradients;
 4. compute advantages;
@@ -36,7 +37,7 @@ import random
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
@@ -313,6 +314,7 @@ class _Run:
             schedulers=trainer.schedulers,
             rank=self.rank,
             barrier=dist.barrier if self.distributed else None,
+            keep=self.cfg.train.keep_checkpoints,
         )
 
     async def _lead(self, engine: Engine | None) -> TrainResult:
@@ -349,8 +351,9 @@ class _Run:
         prompts = await PromptSource.create(cfg, stack.env)
         tag = uuid.uuid4().hex[:8]
 
-        async def submit(step: int) -> None:
-            jobs = step_jobs(cfg, stack.env, prompts, step, self.state.policy_version, tag)
+        async def submit(step: int, retry: int = 0) -> None:
+            retag = f"{tag}r{retry}" if retry else tag  # a try again gets episode ids of its own
+            jobs = step_jobs(cfg, stack.env, prompts, step, self.state.policy_version, retag)
             await stack.submit(f"s{step}", jobs)
 
         await self._command("push", version=self.state.policy_version)  # the engine serves this run's weights
@@ -360,23 +363,13 @@ class _Run:
         deadline = time.monotonic() + (cfg.train.max_time_s or math.inf)
         for step in range(self.state.step + 1, cfg.train.steps + 1):
             started = time.perf_counter()
-            gathered = await stack.gather(f"s{step}", cfg.rollout.collect_timeout_s)
+            gathered = await self._gather_learnable(stack, step, submit, logger)
             timings = {"time/rollout": time.perf_counter() - started}
             rollout = rollout_metrics(gathered, stack)  # lags against the policy that was serving
-            if not gathered.trajectories:
-                raise RuntimeError(
-                    f"step {step}: no episode finished within rollout.collect_timeout_s="
-                    f"{cfg.rollout.collect_timeout_s:g} s ({gathered.missing} missing, "
-                    f"{gathered.stale} stale); see {failure_places(cfg, self.run_dir)}"
-                )
             last = step == cfg.train.steps or time.monotonic() >= deadline
             if cfg.rollout.async_mode and not last:
                 await submit(step + 1)
-            learnable = any(t.trainable for t in gathered.trajectories)
-            if not learnable:
-                logger.note(f"step {step}: nothing to learn from ({_outcomes(gathered)}); the policy stays")
-            version = self.state.policy_version + int(learnable)
-            state = TrainerState(step, version, step * cfg.rollout.rollout_batch_size)
+            state = TrainerState(step, self.state.policy_version + 1, step * cfg.rollout.rollout_batch_size)
             save = last or (cfg.train.save_every > 0 and step % cfg.train.save_every == 0)
             with _timed(timings, "time/train"):
                 _, metrics = await self._command(
@@ -386,9 +379,8 @@ class _Run:
                     save=save,
                     state=asdict(state),
                 )
-            if learnable:
-                with _timed(timings, "time/sync"):
-                    await self._command("push", version=state.policy_version)
+            with _timed(timings, "time/sync"):
+                await self._command("push", version=state.policy_version)
             stack.policy_version = state.policy_version
             self.state = state
             if not cfg.rollout.async_mode and not last:
@@ -412,6 +404,35 @@ class _Run:
             if last and step < cfg.train.steps:
                 logger.note(f"step {step}: train.max_time_s={cfg.train.max_time_s:g} s has passed; stopping")
                 return
+
+    async def _gather_learnable(
+        self, stack: Stack, step: int, submit: Callable[[int, int], Awaitable[None]], logger: RunLogger
+    ) -> Gathered:
+        """Step `step`'s episodes once some can be learned from: a try with none does not count as a step
+        and is played again, up to `train.max_unusable_steps` tries in a row, then the run stops."""
+        cfg = self.cfg
+        tries = cfg.train.max_unusable_steps
+        for attempt in range(1, tries + 1):
+            gathered = await stack.gather(f"s{step}", cfg.rollout.collect_timeout_s)
+            if not gathered.trajectories:
+                raise RuntimeError(
+                    f"step {step}: no episode finished within rollout.collect_timeout_s="
+                    f"{cfg.rollout.collect_timeout_s:g} s ({gathered.missing} missing, "
+                    f"{gathered.stale} stale); see {failure_places(cfg, self.run_dir)}"
+                )
+            if any(t.trainable for t in gathered.trajectories):
+                return gathered
+            if attempt == tries:
+                logger.note(f"step {step}: nothing to learn from ({_outcomes(gathered)})")
+                break
+            logger.note(f"step {step}: nothing to learn from ({_outcomes(gathered)}); playing it again")
+            await submit(step, attempt)
+        errors = sorted({t.error for t in gathered.trajectories if t.error})
+        raise RuntimeError(
+            f"step {step}: {tries} tries in a row had no episode to learn from "
+            f"(train.max_unusable_steps={tries}) against the env {stack.env}: {_outcomes(gathered)}; "
+            f"errors: {'; '.join(errors[:3]) or 'none reported'}; see {failure_places(cfg, self.run_dir)}"
+        )
 
     def _weight_sync(self, engine: Engine | None) -> WeightSync:
         """This rank's `WeightSync`: with `engine` (rank 0), sending by the transport the engine names."""

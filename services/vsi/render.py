@@ -233,7 +233,8 @@ class _Gl:
             self.ctx = moderngl.create_standalone_context(backend="egl")  # type: ignore[arg-type]
         except Exception as exc:
             raise RenderError(
-                f"no OpenGL context through EGL ({exc}); on Debian install libegl1 and libgl1-mesa-dri"
+                f"no OpenGL context through EGL ({exc}); "
+                "on Debian install libegl1, libgl1 and libgl1-mesa-dri"
             ) from exc
         self.pid = os.getpid()
         self.lock = threading.Lock()

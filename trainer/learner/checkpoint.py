@@ -48,6 +48,7 @@ __all__ = [
     "load_optimizer",
     "load_schedulers",
     "load_trainer_state",
+    "prune_checkpoints",
     "restore_rng",
     "save_checkpoint",
 ]
@@ -102,10 +103,12 @@ def save_checkpoint(
     schedulers: Mapping[str, LRScheduler] | None = None,
     rank: int = 0,
     barrier: Any = None,
+    keep: int | None = None,
 ) -> Path:
     """Save a checkpoint after `state.step` steps; every rank calls it (gathering shards is collective).
 
-    `barrier` (e.g. `torch.distributed.barrier`) separates the ranks' writes from rank 0's rename.
+    `barrier` (e.g. `torch.distributed.barrier`) separates the ranks' writes from rank 0's rename;
+    `keep` (`train.keep_checkpoints`) leaves only that many of the newest checkpoints on disk.
     """
     final = checkpoint_dir(run_dir, state.step)
     staging = final.with_name(final.name + ".partial")
@@ -139,9 +142,27 @@ def save_checkpoint(
         shutil.rmtree(final, ignore_errors=True)
         staging.rename(final)
         (run_dir / CHECKPOINTS / LATEST).write_text(final.name + "\n")
+        if keep is not None:
+            prune_checkpoints(run_dir, keep)
     if barrier is not None:
         barrier()
     return final
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> list[Path]:
+    """Delete all but the `keep` newest complete checkpoints of a run; returns the deleted ones.
+
+    Checkpoints are ordered by step (their zero-padded names); staging directories are left alone.
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be at least 1, not {keep}")
+    complete = sorted(
+        path for path in (run_dir / CHECKPOINTS).glob("step-*") if (path / STATE_FILE).is_file()
+    )
+    stale = complete[:-keep]
+    for path in stale:
+        shutil.rmtree(path)
+    return stale
 
 
 def load_trainer_state(path: Path) -> TrainerState:
