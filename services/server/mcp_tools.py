@@ -30,8 +30,7 @@ from starlette.routing import BaseRoute
 from clients.protocol import ErrorCode, Observation, ResetRequest, ResetResponse, StepRequest, StepResponse
 from services.server.embedded import EnvService
 from services.server.errors import ServiceError, describe_validation_errors
-
-MCP_PATH = "/mcp"
+from services.server.mcp_route import MCP_PATH
 
 
 class _Arguments(BaseModel):
