@@ -16,13 +16,13 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
-import pytest
 import redis
 import redis.asyncio as aioredis
 from typer.testing import CliRunner, Result
 
 from cli.main import app
 from tests.envs.serving import counter_server
+from tests.machine import require
 from tests.servers import free_port, running_process, stop_process, vistarl_cmd, wait_http
 from trainer.queue.base import unpack
 from trainer.queue.consumer import ResultConsumer
@@ -70,8 +70,8 @@ def durable_redis() -> Iterator[tuple[str, Callable[[], None]]]:
     same port and data directory, so everything Redis acknowledged before the kill comes back.
     """
     binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("the restart test needs a redis-server binary")
+    require(binary is not None, "the restart test needs a redis-server binary (scripts/ensure-redis.sh)")
+    assert binary is not None
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
     with tempfile.TemporaryDirectory() as workdir:
