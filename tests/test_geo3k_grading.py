@@ -19,6 +19,7 @@ from services.geo3k.equivalence import answers_match
 from services.geo3k.generator import generate
 from services.geo3k.grader import GraderPool, Verdict, shared_pool
 from tests.machine import require
+from tests.servers import wait_until
 
 SLOW = "9^{9^{9}}"
 """An answer whose value sympy computes exactly: hundreds of millions of digits, past any deadline here."""
@@ -115,7 +116,7 @@ def test_a_busy_pool_times_out_the_waiters_instead_of_queueing_forever() -> None
         verdicts: list[Verdict] = []
         slow = threading.Thread(target=lambda: verdicts.append(pool.grade(SLOW, "1", 2.0)))
         slow.start()
-        time.sleep(0.3)
+        assert wait_until(lambda: not pool._idle, timeout=10), "the slow grading never took the process"
         started = time.monotonic()
         assert pool.grade("2", "2", 0.5) is Verdict.TIMEOUT
         assert time.monotonic() - started < 1.5

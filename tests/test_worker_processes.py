@@ -176,7 +176,9 @@ async def test_sigkill_mid_episode_reruns_the_lost_jobs_and_delivers_each_once(r
             reclaimed = metric_value(survivor_metrics, "vistarl_worker_episodes_reclaimed_total")
 
     assert killed
-    assert counted_dead_s < 2 * 1.5, "a killed worker stops counting once its 1.5 s lease runs out"
+    # It drops out within one 1.5 s lease of its last heartbeat; three leave room for a loaded machine and
+    # still tell a lease that runs out from a worker counted until something else removes it.
+    assert counted_dead_s < 3 * 1.5, "a killed worker stops counting once its 1.5 s lease runs out"
     assert sorted(r.episode_id for r in results) == [f"e{i}" for i in range(6)]
     assert {r.episode_id: r.attempt for r in results} == {
         f"e{i}": 2 if f"e{i}" in killed else 1 for i in range(6)
