@@ -38,11 +38,19 @@ typecheck: install
 deploy-check: install
 	bash scripts/check-deploy.sh $(VENV)/bin
 
+# Three workers on the 2-core machine: a test that waits (a server starting, a sleep, a subprocess) leaves
+# its core to another. Each file runs whole on one worker, so module fixtures start once; the slowest
+# files go first (tests/conftest.py). The 30 slowest tests close the log.
+PYTEST_WORKERS ?= 3
+
 pytest: install
 	bash scripts/ensure-redis.sh
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
 
-test: lint typecheck deploy-check pytest
+# Lint, mypy and the deploy checks run beside pytest (-j), each output line whole (-Oline); -k lets every
+# check finish and report, and any failure fails `make test`.
+test: install
+	$(MAKE) --no-print-directory -j4 -k -Oline lint typecheck deploy-check pytest
 
 clean:
 	rm -rf $(VENV) runs .mypy_cache .ruff_cache .pytest_cache

@@ -24,6 +24,8 @@ from tests.servers import wait_until
 SLOW = "9^{9^{9}}"
 """An answer whose value sympy computes exactly: hundreds of millions of digits, past any deadline here."""
 
+pytestmark = pytest.mark.usefixtures("geo3k_graders")
+
 
 @pytest.mark.parametrize(
     ("candidate", "reference"),

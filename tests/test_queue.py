@@ -126,7 +126,7 @@ async def test_jobs_of_a_silent_worker_are_reclaimed_as_worker_lost(make_queue: 
 
 
 async def test_workers_are_those_heartbeating_within_their_lease(make_queue: QueueMaker) -> None:
-    """"idle" beats again 1.2 s after "killed": at 1.6 s, killed's lease has run out, and idle's has 1.1 s
+    """Worker "idle" beats again 1.2 s after "killed": at 1.6 s, killed's lease has run out, idle's has 1.1 s
     left, so a stall of up to a second on a loaded machine cannot fail the count."""
     queue = make_queue(lease_s=1.5)
     assert (await queue.stats()).workers == 0
