@@ -47,10 +47,14 @@ pytest: install
 	bash scripts/ensure-redis.sh
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
 
-# Lint, mypy and the deploy checks run beside pytest (-j), each output line whole (-Oline); -k lets every
-# check finish and report, and any failure fails `make test`.
+# Lint, mypy and the deploy checks run beside pytest, each check's output whole when it ends (-Otarget);
+# pytest prints as it goes. Every check and pytest run to the end; any failure fails `make test`.
+CHECKS := lint typecheck deploy-check
+
 test: install
-	$(MAKE) --no-print-directory -j4 -k -Oline lint typecheck deploy-check pytest
+	$(MAKE) --no-print-directory -j3 -k -Otarget $(CHECKS) & checks=$$!; \
+	$(MAKE) --no-print-directory pytest; tests=$$?; \
+	wait $$checks && exit $$tests
 
 clean:
 	rm -rf $(VENV) runs .mypy_cache .ruff_cache .pytest_cache
