@@ -38,11 +38,23 @@ typecheck: install
 deploy-check: install
 	bash scripts/check-deploy.sh $(VENV)/bin
 
+# Three workers on the 2-core machine: a test that waits (a server starting, a sleep, a subprocess) leaves
+# its core to another. Each file runs whole on one worker, so module fixtures start once; the slowest
+# files go first (tests/conftest.py). The 30 slowest tests close the log.
+PYTEST_WORKERS ?= 3
+
 pytest: install
 	bash scripts/ensure-redis.sh
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
 
-test: lint typecheck deploy-check pytest
+# Lint, mypy and the deploy checks run beside pytest, each check's output whole when it ends (-Otarget);
+# pytest prints as it goes. Every check and pytest run to the end; any failure fails `make test`.
+CHECKS := lint typecheck deploy-check
+
+test: install
+	$(MAKE) --no-print-directory -j3 -k -Otarget $(CHECKS) & checks=$$!; \
+	$(MAKE) --no-print-directory pytest; tests=$$?; \
+	wait $$checks && exit $$tests
 
 # `docker compose up` for real (tests/test_compose_docker.py; docs/deploy.md, "The real compose test"):
 # starts a Docker daemon if none answers, builds the image, trains through a crashed worker and env

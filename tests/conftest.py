@@ -1,7 +1,9 @@
-"""Shared fixtures: a private Redis server per test session, tiny checkpoints, both env clients."""
+"""Shared fixtures: a private Redis server per test session, tiny checkpoints, both env clients; and how
+the files share xdist workers (`make pytest`)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,7 +11,37 @@ import pytest
 
 from clients import EnvClient
 from tests.client_kinds import BlockingAsyncClient, Client
-from tests.servers import redis_server
+from tests.servers import redis_server, wait_until
+
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # Workers share the cores: torch in each (and in the processes it starts) runs one thread, where a pool
+    # per core in every worker would spin against the others. Set before any test module imports torch.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+SLOW_FIRST = (
+    "test_fsdp.py",
+    "test_compose_stack.py",
+    "test_sft.py",
+    "test_checkpoint_resume.py",
+    "test_documented_commands.py",
+    "test_weight_sync.py",
+    "test_learning.py",
+    "test_learning_critic.py",
+    "test_train_loop.py",
+    "test_engine_serve.py",
+    "test_fsdp_models.py",
+    "test_eval.py",
+    "test_train_cli.py",
+    "test_alignment.py",
+)
+"""The files that take longest, dealt to xdist workers first (`--dist loadfile`), so that none of them
+starts last and keeps one worker busy after the others are done."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files of `SLOW_FIRST` first, in that order, then the rest as collected; each file stays whole."""
+    rank = {name: at for at, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +70,18 @@ def tiny_qwen25(tiny_checkpoints: dict[str, Path]) -> Path:
 def tiny_qwen3(tiny_checkpoints: dict[str, Path]) -> Path:
     """The tiny Qwen3-VL checkpoint directory."""
     return tiny_checkpoints["qwen3_vl"]
+
+
+@pytest.fixture(scope="module")
+def geo3k_graders() -> None:
+    """This process's Geo3k grading processes, started before a module's gradings: a first grading waits
+    at most its `grade_timeout_s` for a process starting in the background, and on a loaded machine the
+    start (sympy, the LaTeX grammar) can take longer. The module's bounds then measure grading alone."""
+    from services.geo3k.grader import shared_pool
+
+    pool = shared_pool()
+    pool.warm()
+    assert wait_until(lambda: pool.size == pool.max_workers, timeout=120), "no grading process started"
 
 
 @pytest.fixture(params=[EnvClient, BlockingAsyncClient], ids=["sync", "async"])

@@ -26,6 +26,7 @@ import yaml
 
 from services.server.settings import ServerSettings
 from tests.compose_file import Loopback, Service, interpolate, load_services
+from tests.machine import require
 from tests.servers import running_process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,8 +115,10 @@ def metric(url: str, line_start: str) -> float:
 
 
 def test_the_cpu_profile_trains_twice_through_redis_the_worker_and_the_engine(app_dir: Path) -> None:
-    if shutil.which("redis-server") is None:
-        pytest.skip("the redis service runs redis-server: install it (scripts/ensure-redis.sh)")
+    require(
+        shutil.which("redis-server") is not None,
+        "the redis service runs redis-server: install it (scripts/ensure-redis.sh)",
+    )
     services = load_services(ROOT / "docker-compose.yml", {"VISTARL_API_TOKEN": TOKEN})
     for name in ("model", "engine", "trainer"):
         assert services[name].profiles == [PROFILE], f"{name} belongs to the {PROFILE} profile"

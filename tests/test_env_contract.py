@@ -37,6 +37,9 @@ from services.server.encoding import json_safe, observation_to_wire
 from services.server.env_work import decode_state, encode_state
 
 TEST_ENVS = ("tests.envs.counter", "tests.envs.quiz")
+# Geo3k grades in processes of its own: started first, so that original and twin never differ by one
+# grading that timed out waiting for a process to start on a loaded machine.
+pytestmark = pytest.mark.usefixtures("geo3k_graders")
 SEEDS = (0, 1, 2)
 MIN_TURNS = 8
 MAX_TURNS = 100

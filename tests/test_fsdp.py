@@ -89,39 +89,54 @@ def test_one_rank_keeping_gathered_weights_updates_like_one_process(
     assert_same_update(tiny_qwen25, sharded, plain_run)
 
 
-def test_train_step_benchmark_runs_tiny(tiny_qwen25: Path) -> None:
-    """`benchmarks/train_step.py --tiny` takes the GPU benchmark's code path on CPU and reports figures."""
-    command = [sys.executable, "-m", "benchmarks.train_step", "--tiny", "--processor", str(tiny_qwen25)]
-    command += ["--steps", "1", "--warmup", "0", "--micro-batches", "1", "--micro-batch-tokens", "128"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=240, check=True)
-    figures = json.loads(done.stdout.strip().splitlines()[-1])
-    assert figures["model"] == "tiny-qwen2.5-vl" and figures["micro_batches"] == 1
-    assert figures["params_counted"] > 0
-    assert figures["update_tokens_per_s"] > 0 and figures["recompute_tokens_per_s"] > 0
+BENCHMARK_ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+
+
+def _figures(command: list[str]) -> dict[str, Any]:
+    """Run a benchmark command on CPU: its JSON line of figures."""
+    done = subprocess.run(
+        command, env=BENCHMARK_ENV, cwd=REPO, capture_output=True, text=True, timeout=300, check=True
+    )
+    return cast(dict[str, Any], json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def _torchrun_figures(ranks: int, *args: str) -> dict[str, Any]:
     """A benchmark under `torchrun --nproc_per_node ranks` on CPU: its JSON line of figures."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), *args]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=300, check=True)
-    return cast(dict[str, Any], json.loads(done.stdout.strip().splitlines()[-1]))
+    return _figures([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), *args])
+
+
+def _train_step_args(checkpoint: Path, micro_batches: int, *extra: str) -> list[str]:
+    """`benchmarks.train_step --tiny` for one timed step and no warm-up: the first update, whose loss and
+    gradient norm are the figures compared, comes first either way."""
+    command = ["-m", "benchmarks.train_step", "--tiny", "--processor", str(checkpoint), "--steps", "1"]
+    return [*command, "--warmup", "0", "--micro-batches", str(micro_batches), *extra]
+
+
+@pytest.fixture(scope="module")
+def tiny_step(tiny_qwen25: Path) -> dict[str, Any]:
+    """The benchmark's figures for one micro-batch of one 128-token sequence, on one rank without torchrun."""
+    return _figures([sys.executable, *_train_step_args(tiny_qwen25, 1, "--micro-batch-tokens", "128")])
+
+
+def test_train_step_benchmark_runs_tiny(tiny_step: dict[str, Any]) -> None:
+    """`benchmarks/train_step.py --tiny` takes the GPU benchmark's code path on CPU and reports figures."""
+    assert tiny_step["model"] == "tiny-qwen2.5-vl" and tiny_step["micro_batches"] == 1
+    assert tiny_step["world_size"] == 1 and tiny_step["params_counted"] > 0
+    assert tiny_step["update_tokens_per_s"] > 0 and tiny_step["recompute_tokens_per_s"] > 0
 
 
 def test_train_step_benchmark_on_two_ranks_has_the_loss_of_one_rank_on_the_same_global_batch(
-    tiny_qwen25: Path,
+    tiny_qwen25: Path, tiny_step: dict[str, Any]
 ) -> None:
     """2 ranks of 2 micro-batches each see the 1-rank run's 4 micro-batches: same first loss and
-    gradient norm, so the 2-GPU figures of docs/benchmarks.md compare like with like."""
-    common = ["-m", "benchmarks.train_step", "--tiny", "--processor", str(tiny_qwen25), "--steps", "1"]
-    two = _torchrun_figures(2, *common, "--micro-batches", "2")
-    one = _torchrun_figures(1, *common, "--micro-batches", "4")
+    gradient norm, so the 2-GPU figures of docs/benchmarks.md compare like with like. The one rank runs
+    without torchrun, in the one-rank group the benchmark makes itself."""
+    two = _torchrun_figures(2, *_train_step_args(tiny_qwen25, 2))
+    one = _figures([sys.executable, *_train_step_args(tiny_qwen25, 4)])
     assert (two["world_size"], one["world_size"]) == (2, 1)
     assert two["first_loss"] == pytest.approx(one["first_loss"], rel=1e-5)
     assert two["first_grad_norm"] == pytest.approx(one["first_grad_norm"], rel=1e-4)
-    other = _torchrun_figures(1, *common, "--micro-batches", "2")
-    assert other["first_loss"] != pytest.approx(one["first_loss"], rel=1e-5), "the loss depends on the batch"
+    assert tiny_step["first_loss"] != pytest.approx(one["first_loss"], rel=1e-5), "the loss is the batch's"
 
 
 def test_weight_sync_benchmark_pushes_from_two_torchrun_ranks_to_each_engine() -> None:

@@ -19,9 +19,13 @@ from services.geo3k.answers import last_boxed
 from services.geo3k.equivalence import answers_match
 from services.geo3k.generator import generate
 from services.geo3k.grader import GraderPool, Verdict, shared_pool
+from tests.machine import require
+from tests.servers import wait_until
 
 SLOW = "9^{9^{9}}"
 """An answer whose value sympy computes exactly: hundreds of millions of digits, past any deadline here."""
+
+pytestmark = pytest.mark.usefixtures("geo3k_graders")
 
 
 @pytest.mark.parametrize(
@@ -127,7 +131,7 @@ def test_a_busy_pool_times_out_the_waiters_instead_of_queueing_forever() -> None
         verdicts: list[Verdict] = []
         slow = threading.Thread(target=lambda: verdicts.append(pool.grade(SLOW, "1", 2.0)))
         slow.start()
-        time.sleep(0.3)
+        assert wait_until(lambda: not pool._idle, timeout=10), "the slow grading never took the process"
         started = time.monotonic()
         assert pool.grade("2", "2", 0.5) is Verdict.TIMEOUT
         assert time.monotonic() - started < 1.5
@@ -163,8 +167,7 @@ def test_many_threads_on_one_process_are_served_in_turn_none_starved() -> None:
 
 def test_grading_works_with_descriptors_past_selects_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and hard < 1200:
-        pytest.skip(f"the descriptor limit is {hard}")
+    require(hard == resource.RLIM_INFINITY or hard >= 1200, f"the hard descriptor limit is {hard}")
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
     held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
     pool = GraderPool(max_workers=1)

@@ -15,6 +15,8 @@ from services.geo3k.generator import generate
 from services.geo3k.sample import LETTERS
 from services.geo3k.tool_call import TOOL_NAMES
 
+pytestmark = pytest.mark.usefixtures("geo3k_graders")
+
 
 def call(
     answer: Any, name: str = "calc_score", *, nested: bool = False, string_arguments: bool = False

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import io
+import json
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -227,6 +229,37 @@ def test_get_on_mcp_is_405_as_no_stream_is_served(url: str) -> None:
     answer = httpx.get(f"{url}/mcp", headers={**AUTH, "Accept": "text/event-stream"}, timeout=5)
     assert_error(answer, 405, "bad_request", "no SSE stream")
     assert answer.headers["allow"] == "POST"
+
+
+# In a fresh interpreter: the server answers /health without the MCP SDK, and /mcp imports it on first use.
+LAZY_MCP = """
+import json, sys, anyio, httpx
+from services.env_api import load_env_factory
+from services.server.app import create_app
+
+async def main():
+    app = create_app(load_env_factory("sokoban"))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as client:
+            health = (await client.get("/health")).status_code
+            before = "mcp" in sys.modules
+            listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+            accept = {"Accept": "application/json, text/event-stream"}
+            answer = await client.post("/mcp", json=listing, headers=accept)
+    tools = [tool["name"] for tool in answer.json()["result"]["tools"]]
+    print(json.dumps({"health": health, "before": before, "after": "mcp" in sys.modules, "tools": tools}))
+
+anyio.run(main)
+"""
+
+
+def test_the_server_imports_the_mcp_sdk_only_when_mcp_is_asked() -> None:
+    done = subprocess.run([sys.executable, "-c", LAZY_MCP], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["health"] == 200 and seen["before"] is False, "serving imported the MCP SDK up front"
+    assert seen["after"] is True and set(seen["tools"]) == TOOLS
 
 
 async def test_stdio_serves_the_same_tools() -> None:

@@ -19,6 +19,7 @@ from clients.images import decode_image
 from services.sokoban.game import Level
 from services.sokoban.solver import solve
 from tests.envs.serving import served
+from tests.machine import require
 from trainer.config import RolloutConfig
 from trainer.rollout.engines.scripted import ScriptedEngine
 from trainer.rollout.env_handle import Envs
@@ -49,14 +50,12 @@ CURRENT_TURN_FIRST_IN_VIEW = """() => {  // the page is scrolled (the controls s
 }"""
 CORRIDOR = {"xsb": "########\n#@ $  .#\n########"}
 
-pytestmark = pytest.mark.skipif(
-    not CHROMIUM.exists(), reason="no /usr/bin/chromium (scripts/ensure-chromium.sh)"
-)
 expect.set_options(timeout=WAIT_MS)
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    require(CHROMIUM.exists(), "no /usr/bin/chromium (scripts/ensure-chromium.sh)")
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
         yield launched

@@ -321,8 +321,9 @@ async def test_steps_of_one_session_are_serialized(url: str, http: httpx.Client)
 
 async def test_different_sessions_step_concurrently(url: str, http: httpx.Client, env_workers: int) -> None:
     """Threads overlap any sessions' steps; env workers overlap those of sessions in different workers
-    (new sessions go to the worker with the fewest), and run one call at a time each."""
-    delay, n = 0.5, 20
+    (new sessions go to the worker with the fewest), and run one call at a time each. Few long steps: the
+    bounds are whole seconds apart, so the HTTP and worker overhead of a loaded machine cannot cross them."""
+    delay, n = 2.0, 4
     sessions = [reset(http, options={"step_delay_s": delay}).session_id for _ in range(n)]
     async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as client:
         started = time.monotonic()

@@ -16,13 +16,13 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
-import pytest
 import redis
 import redis.asyncio as aioredis
 from typer.testing import CliRunner, Result
 
 from cli.main import app
 from tests.envs.serving import counter_server
+from tests.machine import require
 from tests.servers import free_port, running_process, stop_process, vistarl_cmd, wait_http
 from trainer.queue.base import unpack
 from trainer.queue.consumer import ResultConsumer
@@ -70,8 +70,8 @@ def durable_redis() -> Iterator[tuple[str, Callable[[], None]]]:
     same port and data directory, so everything Redis acknowledged before the kill comes back.
     """
     binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("the restart test needs a redis-server binary")
+    require(binary is not None, "the restart test needs a redis-server binary (scripts/ensure-redis.sh)")
+    assert binary is not None
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
     with tempfile.TemporaryDirectory() as workdir:
@@ -176,7 +176,9 @@ async def test_sigkill_mid_episode_reruns_the_lost_jobs_and_delivers_each_once(r
             reclaimed = metric_value(survivor_metrics, "vistarl_worker_episodes_reclaimed_total")
 
     assert killed
-    assert counted_dead_s < 2 * 1.5, "a killed worker stops counting once its 1.5 s lease runs out"
+    # It drops out within one 1.5 s lease of its last heartbeat; three leave room for a loaded machine and
+    # still tell a lease that runs out from a worker counted until something else removes it.
+    assert counted_dead_s < 3 * 1.5, "a killed worker stops counting once its 1.5 s lease runs out"
     assert sorted(r.episode_id for r in results) == [f"e{i}" for i in range(6)]
     assert {r.episode_id: r.attempt for r in results} == {
         f"e{i}": 2 if f"e{i}" in killed else 1 for i in range(6)

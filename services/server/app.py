@@ -32,7 +32,7 @@ from services.env_api import EnvFactory
 from services.server.embedded import EnvService
 from services.server.errors import install_error_handlers
 from services.server.json_route import JSONRoute
-from services.server.mcp_tools import EnvTools
+from services.server.mcp_route import LazyMCP
 from services.server.openapi import METRICS_RESPONSES, READY_RESPONSES, errors, guarded_router
 from services.server.play import PLAY_PATHS, play_routes
 from services.server.security import OPEN_PATHS, RequestGuard, cors_options
@@ -45,7 +45,7 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
     service = EnvService(env_factory, settings)
     settings, metrics, manager = service.settings, service.metrics, service.manager
     tool_actions = ToolActions(env_factory, settings.max_action_chars)
-    mcp = EnvTools(service)
+    mcp = LazyMCP(service)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
