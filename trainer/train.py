@@ -300,7 +300,7 @@ class _Run:
         op = message["op"]
         trajectories = [Trajectory.from_dict(data) for data in message.get("trajectories", [])]
         metrics = self.trainer.update(message["step"], trajectories) if op == "train" else {}
-        weights = full_state_dict(self.trainer.actor) if op in ("train", "weights") else {}
+        weights = full_state_dict(self.trainer.actor, on_device=True) if op in ("train", "weights") else {}
         if message.get("save"):
             self._save(TrainerState(**message["state"]))
         return op, metrics, weights

@@ -98,16 +98,17 @@ def shard_model(
     vision_frozen: bool = False,
     compiled: bool = False,
     keep_gathered: bool = False,
+    compute_dtype: torch.dtype = torch.float32,
 ) -> Model:
     """Prepare `module` for training on `device`: optional checkpointing (`activation_checkpointing`),
     frozen vision and compiled blocks (`torch.compile` per layer and block), then FSDP2.
 
     Shards only when a process group exists; otherwise the module is returned on `device` unchanged
-    in dtype. Sharded on GPU, it computes in bf16 with varlen FlashAttention and aligned MLP widths
-    (`trainer.learner.vision_mlp`). `keep_gathered`: see the module docstring. Returns the same object (FSDP2
-    shards in place).
+    in dtype. Sharded on GPU, or unsharded on GPU with a bf16 `compute_dtype` (the trainer's autocast),
+    it computes in bf16 with varlen FlashAttention and aligned MLP widths (`trainer.learner.vision_mlp`).
+    `keep_gathered`: see the module docstring. Returns the same object (FSDP2 shards in place).
     """
-    if is_distributed() and device.type == "cuda":
+    if device.type == "cuda" and (is_distributed() or compute_dtype == torch.bfloat16):
         use_attention(module, VARLEN_ATTENTION)
         align_gated_mlps(module)  # before checkpointing, which may subclass the MLPs again
     if gradient_checkpointing:
@@ -148,12 +149,16 @@ def set_last_micro_batch(module: nn.Module, last: bool) -> None:
     module.set_requires_gradient_sync(last, recurse=False)
 
 
-def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
+def full_state_dict(module: nn.Module, *, on_device: bool = False) -> dict[str, torch.Tensor]:
     """The full, unsharded state dict on CPU, on rank 0 (other ranks get `{}`); HF key names for the actor.
 
-    Every rank must call it: gathering the shards is a collective.
+    Every rank must call it: gathering the shards is a collective. With `on_device`, an unsharded module's
+    tensors stay where they are, as detached views of its live parameters (valid until they next change):
+    an engine on the same GPU copies them device to device instead of through pageable host memory.
     """
     if not isinstance(module, FSDPModule):
+        if on_device:
+            return {name: tensor.detach() for name, tensor in module.state_dict().items()}
         return {name: tensor.detach().cpu() for name, tensor in module.state_dict().items()}
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return cast(dict[str, torch.Tensor], get_model_state_dict(module, options=options))

@@ -2,8 +2,14 @@
 
 Requests queue up; one background task takes up to `max_batch_size` of them at once and decodes them
 together: a left-padded prefill with explicit mRoPE positions, then one token per step for every live
-row from a shared KV cache, each row with its own sampling params and seeded `torch.Generator`. Rows
-leave the batch as they finish. The model runs on one dedicated thread, so the event loop (HTTP, env
+row from a shared KV cache, each row with its own sampling params. Rows leave the batch as they finish.
+Before a batch starts, the loop waits while requests keep arriving (every `batch_wait_s`, up to
+`max_batch_wait_s`), so the episodes of a rollout step that reach the engine together decode as one batch.
+
+Sampling is one batched pass per step: top-k / top-p / min-p masks for every row at once, then an
+inverse-CDF draw whose uniform is a hash of the row's seed (`sampling_seed`, else a random one) and the
+token's index, so a seeded request draws the same tokens in any batch, and one host sync per step reads
+every row's token and logprob. The model runs on one dedicated thread, so the event loop (HTTP, env
 I/O) keeps going; a batch's weights never change under it, because weight updates wait for the
 running batch and run on the same thread.
 
@@ -20,6 +26,7 @@ import collections
 import contextlib
 import logging
 import random
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +43,7 @@ from trainer.rollout.processor import PixelInputs, VLProcessor, checkpoint_dir
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH_SIZE = 8
+DEFAULT_MAX_BATCH_WAIT_S = 0.1
 HEALTH_TIMEOUT_S = 30.0
 
 
@@ -55,7 +63,7 @@ class _Job:
     request: GenerateRequest
     prompt: _Prompt
     future: asyncio.Future[GenerateResult]
-    generator: torch.Generator | None = None
+    seed: int | None = None
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     abort_message: str | None = None
@@ -93,6 +101,7 @@ class HFEngine:
         *,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         batch_wait_s: float = 0.005,
+        max_batch_wait_s: float = DEFAULT_MAX_BATCH_WAIT_S,
         model_path: str | None = None,
     ) -> None:
         if max_batch_size < 1:
@@ -101,6 +110,7 @@ class HFEngine:
         self.processor = processor
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
+        self.max_batch_wait_s = max_batch_wait_s
         self.model_path = model_path or str(getattr(model, "name_or_path", "") or "in-memory")
         self.device = next(model.parameters()).device
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
@@ -290,8 +300,7 @@ class HFEngine:
             while True:
                 await self._work.wait()
                 await self._resumed.wait()
-                if self.batch_wait_s > 0 and len(self._queue) < self.max_batch_size:
-                    await asyncio.sleep(self.batch_wait_s)
+                await self._gather_arrivals()
                 jobs = [self._queue.popleft() for _ in range(min(self.max_batch_size, len(self._queue)))]
                 if not self._queue:
                     self._work.clear()
@@ -304,6 +313,17 @@ class HFEngine:
             for job in list(self._jobs.values()):
                 self._resolve(job, failed, self._weight_version)
 
+    async def _gather_arrivals(self) -> None:
+        """Wait `batch_wait_s` at a time while the queue grows and has room, `max_batch_wait_s` at most."""
+        if self.batch_wait_s <= 0:
+            return
+        deadline = time.monotonic() + max(self.max_batch_wait_s, self.batch_wait_s)
+        while len(self._queue) < self.max_batch_size and time.monotonic() < deadline:
+            waiting = len(self._queue)
+            await asyncio.sleep(self.batch_wait_s)
+            if len(self._queue) == waiting:
+                return
+
     async def _decode(self, jobs: list[_Job]) -> None:
         """Run one batch to completion, resolving each job as soon as it finishes."""
         self.stats.batches += 1
@@ -312,7 +332,7 @@ class HFEngine:
         version = self._weight_version
         loop = asyncio.get_running_loop()
         for job in jobs:
-            job.generator = _generator(job.params, self.device)
+            job.seed = _seed(job.params)
         live = jobs
         try:
             batch, tokens, logprobs = await loop.run_in_executor(self._executor, self._prefill, live)
@@ -487,34 +507,60 @@ def _sample(logits: torch.Tensor, jobs: list[_Job]) -> tuple[list[int], list[flo
     )
     logp = torch.log_softmax(logits.float() / temperatures[:, None], dim=-1)
     tokens = logp.argmax(dim=-1)
-    for row, job in enumerate(jobs):
-        if not job.params.greedy:
-            tokens[row] = _sample_filtered(logp[row], job.params, job.generator)
-    logprobs = logp.gather(-1, tokens[:, None]).squeeze(-1)
-    return tokens.tolist(), logprobs.tolist()
+    drawn = [row for row, job in enumerate(jobs) if not job.params.greedy]
+    if drawn:
+        rows = torch.tensor(drawn, device=logits.device)
+        sampled = [jobs[row] for row in drawn]
+        uniforms = [_uniform(job.seed, len(job.output_ids)) for job in sampled]
+        tokens[rows] = _draw(logp[rows].exp(), [job.params for job in sampled], uniforms)
+    picked = torch.stack([tokens.double(), logp.gather(-1, tokens[:, None]).squeeze(-1).double()])
+    ids, logprobs = picked.tolist()  # the step's one host sync
+    return [int(t) for t in ids], logprobs
 
 
-def _sample_filtered(
-    logp: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
-) -> torch.Tensor:
-    """Sample one id from `exp(logp)` restricted by top-k, then top-p, then min-p (as SGLang does)."""
-    probs = logp.exp()
-    if params.top_k == TOP_K_ALL and params.top_p >= 1.0 and params.min_p <= 0.0:
-        return torch.multinomial(probs, 1, generator=generator)[0]
-    top_k = probs.numel() if params.top_k == TOP_K_ALL else min(params.top_k, probs.numel())
-    probs, order = torch.topk(probs, top_k)
-    keep = (probs.cumsum(0) - probs) < params.top_p
-    if params.min_p > 0.0:
-        keep &= probs >= params.min_p * probs[0]
-    return order[torch.multinomial(probs * keep, 1, generator=generator)[0]]
+def _draw(probs: torch.Tensor, params: list[SamplingParams], uniforms: list[float]) -> torch.Tensor:
+    """One id per row of `probs` `[R, V]`, restricted by top-k, then top-p, then min-p (as SGLang does),
+    drawn by inverse CDF at the row's uniform."""
+    if any(p.top_k != TOP_K_ALL or p.top_p < 1.0 or p.min_p > 0.0 for p in params):
+        probs = _filtered(probs, params)
+    cdf = probs.double().cumsum(dim=-1)
+    u = torch.tensor(uniforms, dtype=torch.float64, device=probs.device)
+    target = (u * cdf[:, -1])[:, None]
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
-def _generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
-    """The row's sampler: seeded from `sampling_seed` (reproducible) or at random; none when greedy."""
+def _filtered(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """`probs` with what each row's top-k, top-p (over the top-k, unrenormalised) and min-p drop set to 0."""
+    vocab = probs.shape[-1]
+    device = probs.device
+    top_k = torch.tensor(
+        [vocab if p.top_k == TOP_K_ALL else min(p.top_k, vocab) for p in params], device=device
+    )
+    top_p = torch.tensor([p.top_p for p in params], device=device)
+    min_p = torch.tensor([p.min_p for p in params], device=device)
+    ordered, order = probs.sort(dim=-1, descending=True)
+    keep = torch.arange(vocab, device=device)[None, :] < top_k[:, None]
+    keep &= (ordered.cumsum(dim=-1) - ordered) < top_p[:, None]
+    keep &= ordered >= min_p[:, None] * ordered[:, :1]
+    return torch.zeros_like(probs).scatter_(-1, order, ordered * keep)
+
+
+def _seed(params: SamplingParams) -> int | None:
+    """The row's sampling seed: `sampling_seed` (reproducible) or a random one; none when greedy."""
     if params.greedy:
         return None
-    seed = params.sampling_seed if params.sampling_seed is not None else random.getrandbits(63)
-    return torch.Generator(device=device).manual_seed(seed)
+    return params.sampling_seed if params.sampling_seed is not None else random.getrandbits(63)
+
+
+def _uniform(seed: int | None, index: int) -> float:
+    """A uniform in [0, 1) from the row's seed and the index of the token drawn (splitmix64)."""
+    x = ((seed or 0) * 0x9E3779B97F4A7C15 + (index + 1) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return ((x ^ (x >> 31)) >> 11) / float(1 << 53)
+
+
+_MASK64 = (1 << 64) - 1
 
 
 def _eos_ids(model: PreTrainedModel, processor: VLProcessor) -> frozenset[int]:
