@@ -19,11 +19,12 @@ One line per part, mean seconds per step over the measured steps:
 - `reference`: the reference model's pass, when `algo.kl_loss_coef` > 0 (`time/reference`);
 - `update`: advantages and the optimizer steps (`time/update`);
 - `sync`: the new weights into the engine (`time/sync`);
-- `host`: the rest of the step, the host work between them (packing, moving trajectories, the state dict).
+- `host`: the rest of the step's wall time, from one step's log record to the next: the host work between
+  the parts (packing, moving trajectories, the state dict) and the logging.
 
 Then episodes/s and training tokens/s (trainable tokens, prompt included, over the step's wall time), the
 peak GPU memory of the process (trainer and embedded engine together; the largest resident set on CPU),
-and one JSON line with every figure.
+the embedded engine's batches (over the whole run) and their mean rows, and one JSON line with every figure.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ from devtools.model_shapes import SHAPES
 from devtools.tiny_checkpoint import write_tiny_checkpoint
 from trainer.config import TrainConfig, load_config
 from trainer.learner.fsdp import rank_device
+from trainer.rollout.engines.hf import HFEngine
+from trainer.rollout.processor import VLProcessor
+from trainer.stack import build_engine
 from trainer.train import run_training
 
 PARTS = {
@@ -61,10 +65,11 @@ TINY_SETTINGS = [
 ]
 
 
-def step_figures(record: dict[str, float]) -> dict[str, float]:
-    """One logged step's parts (seconds), its wall time and its sizes; `host` is what the parts leave."""
+def step_figures(record: dict[str, float], previous: dict[str, float]) -> dict[str, float]:
+    """One logged step's parts (seconds), its wall time (from the previous step's log record to its own,
+    so the logging between steps counts) and its sizes; `host` is what the parts leave."""
     parts = {name: float(record.get(key, 0.0)) for name, key in PARTS.items()}
-    step_s = float(record["time/step"]) - float(record.get("time/eval", 0.0))
+    step_s = float(record["time"]) - float(previous["time"]) - float(record.get("time/eval", 0.0))
     parts["host"] = max(0.0, step_s - sum(parts.values()))
     return {
         **parts,
@@ -75,8 +80,10 @@ def step_figures(record: dict[str, float]) -> dict[str, float]:
 
 
 def summary(history: list[dict[str, float]], warmup: int, steps: int) -> dict[str, Any]:
-    """Mean figures over the measured steps (after `warmup`, before the last, which saves a checkpoint)."""
-    measured = [step_figures(r) for r in history[warmup : warmup + steps]]
+    """Mean figures over the measured steps (after `warmup` >= 1; the last step, which saves, is left out)."""
+    measured = [
+        step_figures(history[i], history[i - 1]) for i in range(warmup, min(warmup + steps, len(history)))
+    ]
     if not measured:
         raise RuntimeError(f"no measured step in a history of {len(history)} steps")
     mean = {key: sum(m[key] for m in measured) / len(measured) for key in measured[0]}
@@ -109,6 +116,7 @@ def print_report(result: dict[str, Any]) -> None:
         f"episodes/s {result['episodes_per_s']:.1f}  training tokens/s {result['train_tokens_per_s']:.0f}  "
         f"peak memory {result['peak_memory_gib']:.2f} GiB  ({result['device']})"
     )
+    print(f"engine batches {result['engine_batches']}  mean rows {result['engine_mean_batch']}")
     print(json.dumps(result))
 
 
@@ -139,7 +147,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = prepared_config(args, Path(tmp))
         device = rank_device()
-        train = lambda: asyncio.run(run_training(cfg, name="grpo-step"))  # noqa: E731
+        path = Path(cfg.model.path)
+        engine = build_engine(cfg, VLProcessor.from_pretrained(path), path, device)  # the stack's own
+        train = lambda: asyncio.run(run_training(cfg, name="grpo-step", engine=engine))  # noqa: E731
         if args.profile is not None:
             from benchmarks.gpu_profile import profile_step
 
@@ -149,7 +159,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         else:
             result = train()
         figures = summary(result.history, args.warmup, args.steps)
+    stats = engine.stats if isinstance(engine, HFEngine) else None
     return {
+        "engine_batches": stats.batches if stats else None,
+        "engine_mean_batch": round(stats.rows / stats.batches, 1) if stats and stats.batches else None,
         "config": str(args.config),
         "settings": args.set,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -169,8 +182,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", type=Path, default=None, help="write torch.profiler tables here")
     parser.add_argument("--json-out", type=Path, default=None, help="also write the JSON line here")
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.warmup < 0:
-        parser.error("--steps must be >= 1 and --warmup >= 0")
+    if args.steps < 1 or args.warmup < 1:
+        parser.error("--steps and --warmup must be >= 1 (a step's wall time starts at the last one's log)")
     if args.config is None:
         args.config = Path("configs/sokoban_demo.yaml" if args.tiny else "configs/sokoban_demo_gpu.yaml")
     result = run(args)

@@ -122,14 +122,14 @@ def backbone_hidden(
     if image_features is not None:
         if image_positions is None:
             image_positions = (input_ids[0] == backbone.config.image_token_id).nonzero().squeeze(-1)
-        embeds, image_kwargs = _with_image_features(embeds, image_features, image_positions)
+        embeds, image_kwargs = with_image_features(embeds, image_features, image_positions)
         kwargs |= image_kwargs
     out = backbone.language_model(inputs_embeds=embeds, position_ids=position_ids, use_cache=False, **kwargs)
     hidden: torch.Tensor = out.last_hidden_state[0]
     return hidden
 
 
-def _with_image_features(
+def with_image_features(
     embeds: torch.Tensor, features: ImageFeatures, positions: torch.Tensor
 ) -> tuple[torch.Tensor, dict[str, object]]:
     """Token embeddings `[1, T, H]` with the image features written at the image pads' `positions`,

@@ -2,9 +2,11 @@
 
 Requests queue up; one background task takes up to `max_batch_size` of them at once and decodes them
 together: a left-padded prefill with explicit mRoPE positions, then one token per step for every live
-row from a shared KV cache, each row with its own sampling params. Rows leave the batch as they finish.
-Before a batch starts, the loop waits while requests keep arriving (every `batch_wait_s`, up to
-`max_batch_wait_s`), so the episodes of a rollout step that reach the engine together decode as one batch.
+row from a shared KV cache, each row with its own sampling params. Rows leave the batch as they finish,
+and requests that arrive meanwhile join it between steps (their own prefill, its cache merged in, left
+padded), up to `max_batch_size` rows, unless a weight update is waiting for the batch to end. Before a
+batch starts, the loop waits while requests keep arriving (every `batch_wait_s`, up to
+`max_batch_wait_s`), so the episodes of a rollout step that reach the engine together prefill together.
 
 Sampling is one batched pass per step: top-k / top-p / min-p masks for every row at once, then an
 inverse-CDF draw whose uniform is a hash of the row's seed (`sampling_seed`, else a random one) and the
@@ -36,6 +38,7 @@ import torch
 from transformers import AutoModelForImageTextToText, PreTrainedModel
 
 from clients.errors import ImageError
+from trainer.learner.models import encode_images, with_image_features
 from trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
 from trainer.rollout.engines.sglang_api import TOP_K_ALL, FinishReason, PauseMode, SamplingParams
 from trainer.rollout.processor import PixelInputs, VLProcessor, checkpoint_dir
@@ -126,6 +129,7 @@ class HFEngine:
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._batch_lock = asyncio.Lock()
+        self._updates_waiting = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vistarl-hf-engine")
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -218,13 +222,20 @@ class HFEngine:
         shape before copying anything. Returns the weight version, which changes only when `final`:
         a bucket of a bucketed update is not, and leaves the version to the last bucket, as SGLang does.
         """
-        async with self._batch_lock:
+        self._updates_waiting += 1
+        try:
+            await self._batch_lock.acquire()
+        finally:
+            self._updates_waiting -= 1
+        try:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(self._executor, self._copy_weights, state_dict)
             if final:
                 self._updates += 1
                 self._weight_version = weight_version or str(self._updates)
             return self._weight_version
+        finally:
+            self._batch_lock.release()
 
     async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> str:
         """Load an HF checkpoint directory of the same architecture and swap its weights in."""
@@ -337,6 +348,14 @@ class HFEngine:
         try:
             batch, tokens, logprobs = await loop.run_in_executor(self._executor, self._prefill, live)
             while True:
+                joining = self._admit(len(live))
+                if joining:
+                    live = live + joining
+                    extra, more, more_logprobs = await loop.run_in_executor(
+                        self._executor, self._prefill, joining
+                    )
+                    await loop.run_in_executor(self._executor, _merge, batch, extra)
+                    tokens, logprobs = tokens + more, logprobs + more_logprobs
                 keep = self._advance(live, tokens, logprobs, version)
                 if not keep:
                     return
@@ -348,6 +367,19 @@ class HFEngine:
         except Exception as exc:  # a failed forward pass ends its batch, never the engine
             for job in live:
                 self._resolve(job, FinishReason(type="abort", message=f"generation failed: {exc!r}"), version)
+
+    def _admit(self, running: int) -> list[_Job]:
+        """Queued jobs that join the running batch, up to `max_batch_size` rows, unless a weight update
+        is waiting for the batch to end or generation is paused (their seeds set)."""
+        if self._updates_waiting or not self._resumed.is_set():
+            return []
+        count = min(self.max_batch_size - running, len(self._queue))
+        joining = [self._queue.popleft() for _ in range(max(count, 0))]
+        for job in joining:
+            job.seed = _seed(job.params)
+        self.stats.rows += len(joining)
+        self.stats.largest_batch = max(self.stats.largest_batch, running + len(joining))
+        return joining
 
     def _advance(self, jobs: list[_Job], tokens: list[int], logprobs: list[float], version: str) -> list[int]:
         """Append each row's new token, resolve finished or aborted rows; the indices of rows that go on."""
@@ -441,7 +473,12 @@ class HFEngine:
 
     @torch.inference_mode()
     def _prefill(self, jobs: list[_Job]) -> tuple[_Batch, list[int], list[float]]:
-        """Left-pad the prompts, compute mRoPE positions, run the prompt pass and sample each first token."""
+        """Left-pad the prompts, compute mRoPE positions, run the prompt pass and sample each first token.
+
+        The layout (positions, image rows) is computed on the host and the images are encoded with their
+        vision inputs precomputed (`trainer.learner.models.encode_images`), so the prompt pass never waits
+        for the GPU to learn a shape: HF's own path asks it several times per row.
+        """
         prompts = [job.prompt for job in jobs]
         width = max(len(p.input_ids) for p in prompts)
         pad_id = self.processor.tokenizer.pad_token_id or 0
@@ -450,11 +487,8 @@ class HFEngine:
         for row, prompt in enumerate(prompts):
             input_ids[row, width - len(prompt.input_ids) :] = torch.tensor(prompt.input_ids)
             attention_mask[row, width - len(prompt.input_ids) :] = 1
-        input_ids = input_ids.to(self.device)
-        attention_mask = attention_mask.to(self.device)
         pixels = [p.pixels for p in prompts if p.pixels is not None]
-        pixel_values = torch.cat([p.pixel_values for p in pixels]) if pixels else None
-        grid_thw = torch.cat([p.image_grid_thw for p in pixels]).to(self.device) if pixels else None
+        grid_thw = torch.cat([p.image_grid_thw for p in pixels]) if pixels else None
         image_tokens = (input_ids == self.processor.ids.image_pad) & attention_mask.bool()
         positions, deltas = self.model.model.get_rope_index(
             input_ids,
@@ -462,18 +496,31 @@ class HFEngine:
             image_grid_thw=grid_thw,
             attention_mask=attention_mask,
         )
-        out = self.model(
-            input_ids=input_ids,
+        embeds = self.model.get_input_embeddings()(input_ids.to(self.device))
+        extra: dict[str, Any] = {}
+        if pixels and grid_thw is not None:
+            pixel_values = torch.cat([p.pixel_values for p in pixels]).to(self.device, self.model.dtype)
+            features = encode_images(self.model.model, pixel_values, grid_thw)
+            flat, extra = with_image_features(
+                embeds.view(1, -1, embeds.shape[-1]),
+                features,
+                image_tokens.view(-1).nonzero().squeeze(-1).to(self.device),
+            )
+            embeds = flat.view(embeds.shape)
+            mask = extra.get("visual_pos_masks")  # Qwen3-VL's deepstack rows, per prompt row
+            if isinstance(mask, torch.Tensor):
+                extra["visual_pos_masks"] = mask.view(image_tokens.shape)
+        attention_mask = attention_mask.to(self.device)
+        out = self.model.model.language_model(  # the text model: Qwen3-VL's deepstack rows go in as given
+            inputs_embeds=embeds,
             attention_mask=attention_mask,
-            position_ids=positions,
-            pixel_values=None if pixel_values is None else pixel_values.to(self.device, self.model.dtype),
-            image_grid_thw=grid_thw,
+            position_ids=positions.to(self.device),
             use_cache=True,
-            logits_to_keep=1,
+            **extra,
         )
-        next_positions = attention_mask.sum(dim=1) + deltas.view(-1).to(self.device)
+        next_positions = (attention_mask.sum(dim=1) + deltas.view(-1).to(self.device)).to(positions.dtype)
         batch = _Batch(out.past_key_values, attention_mask, next_positions)
-        tokens, logprobs = _sample(out.logits[:, -1], jobs)
+        tokens, logprobs = _sample(self.model.lm_head(out.last_hidden_state[:, -1]), jobs)
         return batch, tokens, logprobs
 
     @torch.inference_mode()
@@ -498,6 +545,29 @@ class HFEngine:
         )
         batch.next_positions = batch.next_positions + 1
         return _sample(out.logits[:, -1], jobs)
+
+
+@torch.inference_mode()
+def _merge(batch: _Batch, extra: _Batch) -> None:
+    """Append `extra`'s rows to `batch`: caches and attention masks left-padded to the longer of the two."""
+    width = max(batch.attention_mask.shape[1], extra.attention_mask.shape[1])
+    for layer, joining in zip(batch.cache.layers, extra.cache.layers, strict=True):
+        layer.keys = torch.cat([_left_pad(layer.keys, width, 2), _left_pad(joining.keys, width, 2)])
+        layer.values = torch.cat([_left_pad(layer.values, width, 2), _left_pad(joining.values, width, 2)])
+    batch.attention_mask = torch.cat(
+        [_left_pad(batch.attention_mask, width, 1), _left_pad(extra.attention_mask, width, 1)]
+    )
+    batch.next_positions = torch.cat([batch.next_positions, extra.next_positions])
+
+
+def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """`tensor` with zeros prepended along `dim` up to `width`."""
+    missing = width - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
 def _sample(logits: torch.Tensor, jobs: list[_Job]) -> tuple[list[int], list[float]]:
