@@ -24,7 +24,9 @@ One line per part, mean seconds per step over the measured steps:
 
 Then episodes/s and training tokens/s (trainable tokens, prompt included, over the step's wall time), the
 peak GPU memory of the process (trainer and embedded engine together; the largest resident set on CPU),
-the embedded engine's batches (over the whole run) and their mean rows, and one JSON line with every figure.
+the embedded engine's batches (over the whole run) and their mean rows, the mean seconds an episode spent
+in each part (`rollout/seconds/*`: env calls, tokenizing, generating, in all; episodes overlap, so these
+are waits, not shares of the rollout), and one JSON line with every figure.
 """
 
 from __future__ import annotations
@@ -57,11 +59,12 @@ PARTS = {
     "update": "time/update",
     "sync": "time/sync",
 }
+EPISODE_SECONDS = "rollout/seconds/"
 TINY_SETTINGS = [
-    "rollout.rollout_batch_size=4",
+    "rollout.rollout_batch_size=2",
     "rollout.n_samples_per_prompt=2",
-    "rollout.concurrency=8",
-    "rollout.max_new_tokens=8",
+    "rollout.concurrency=4",
+    "rollout.max_new_tokens=6",
 ]
 
 
@@ -87,6 +90,8 @@ def summary(history: list[dict[str, float]], warmup: int, steps: int) -> dict[st
     if not measured:
         raise RuntimeError(f"no measured step in a history of {len(history)} steps")
     mean = {key: sum(m[key] for m in measured) / len(measured) for key in measured[0]}
+    split = sorted({k for r in history for k in r if k.startswith(EPISODE_SECONDS)})
+    records = history[warmup : warmup + len(measured)]
     return {
         "steps": len(measured),
         "seconds": {key: round(mean[key], 4) for key in (*PARTS, "host", "step")},
@@ -95,6 +100,10 @@ def summary(history: list[dict[str, float]], warmup: int, steps: int) -> dict[st
         "episodes_per_s": round(mean["episodes"] / mean["step"], 2),
         "train_tokens_per_s": round(mean["train_tokens"] / mean["step"], 1),
         "losses": {k: r[k] for r in history[warmup : warmup + 1] for k in r if k.startswith("train/")},
+        "episode_seconds": {
+            k.removeprefix(EPISODE_SECONDS): round(sum(r.get(k, 0.0) for r in records) / len(records), 4)
+            for k in split
+        },
     }
 
 
@@ -117,6 +126,8 @@ def print_report(result: dict[str, Any]) -> None:
         f"peak memory {result['peak_memory_gib']:.2f} GiB  ({result['device']})"
     )
     print(f"engine batches {result['engine_batches']}  mean rows {result['engine_mean_batch']}")
+    split = "  ".join(f"{k} {v:.3f}" for k, v in result["episode_seconds"].items())
+    print(f"seconds per episode: {split}")
     print(json.dumps(result))
 
 

@@ -105,7 +105,9 @@ async def test_requests_arriving_mid_batch_join_it_and_decode_as_alone(qwen25: L
         sampling=sampled(40, 5).model_copy(update={"ignore_eos": True}),
     )
     later = [
-        GenerateRequest(engine_ids=user_turn(processor, "an image", 1), images=two[:1], sampling=sampled(6, 6)),
+        GenerateRequest(
+            engine_ids=user_turn(processor, "an image", 1), images=two[:1], sampling=sampled(6, 6)
+        ),
         GenerateRequest(engine_ids=user_turn(processor, "short", 0), sampling=greedy(6)),
     ]
     alone = HFEngine(model, processor, max_batch_size=1, batch_wait_s=0.0)

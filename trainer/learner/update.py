@@ -207,10 +207,10 @@ class PolicyTrainer:
         micros = [self._pack(rows, mini) for mini in minis]
         every = [m for mini in micros for m in mini]
         sums = _Sums(self.metric_names)
-        started = time.perf_counter()
+        started, recompute_s = time.perf_counter(), 0.0
         if not self.old_from_update:
             self._recompute(every, sums)
-        recompute_s = self._elapsed(started)
+            recompute_s = self._elapsed(started)
         started = time.perf_counter()
         self._reference_and_values(every)
         reference_s = self._elapsed(started)
