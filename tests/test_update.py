@@ -17,7 +17,7 @@ import torch
 from tests.learner_batches import conversation, generated_logprob, scored_by, trajectory
 from trainer.config import TrainConfig
 from trainer.learner.models import Models, load_actor, load_critic, load_reference
-from trainer.learner.update import PolicyTrainer
+from trainer.learner.update import PolicyTrainer, zero_variance_share
 from trainer.rollout.processor import VLProcessor
 from trainer.rollout.tokenization import TurnEncoder
 from trainer.rollout.trajectory import Status, Trajectory
@@ -416,3 +416,13 @@ def test_old_logprobs_from_the_update_are_refused_for_episodes_of_two_policies(
     with pytest.raises(ValueError, match="policy versions \\[0, 1\\]"):
         trainer.update(1, stale)
     assert all(torch.equal(before[k], v) for k, v in weights(trainer.actor).items())
+
+
+def test_zero_variance_groups_are_the_groups_whose_episodes_share_one_reward(encoder: TurnEncoder) -> None:
+    same = one_group(encoder, [1.0, 1.0, 1.0])
+    mixed = [
+        trajectory(encoder, conversation(PROMPT, [reply]), f"m{i}", "g1", reward=reward)
+        for i, (reply, reward) in enumerate(zip(REPLIES, [1.0, 0.0, 1.0], strict=False))
+    ]
+    assert zero_variance_share([*same, *mixed]) == 0.5
+    assert zero_variance_share(mixed) == 0.0

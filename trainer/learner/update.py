@@ -229,6 +229,7 @@ class PolicyTrainer:
             **self._step_metrics(rows, sums, grad_norms, started),
             "time/recompute": recompute_s,
             "time/reference": reference_s,
+            "train/zero_variance_groups": zero_variance_share(rows),
         }
 
     def _elapsed(self, started: float) -> float:
@@ -492,6 +493,15 @@ class PolicyTrainer:
         (critic_loss * self.world).backward()
         sums.add({k: v for k, v in critic_metrics.items() if k != "vf_loss"}, mask.sum())
         sums.add_losses({"vf_loss": critic_metrics["vf_loss"]}, denominator, micro.share)
+
+
+def zero_variance_share(rows: Sequence[Trajectory]) -> float:
+    """The share of groups whose trainable episodes all have one reward: a group baseline gives them zero
+    advantage, so they add no policy gradient (a measure of how much of a GRPO step is spent for nothing)."""
+    rewards: dict[str, set[float]] = {}
+    for row in rows:
+        rewards.setdefault(row.group_id, set()).add(row.episode_reward)
+    return sum(len(values) == 1 for values in rewards.values()) / len(rewards)
 
 
 def compute_dtype(name: str, device: torch.device) -> torch.dtype:
