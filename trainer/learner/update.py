@@ -211,9 +211,10 @@ class PolicyTrainer:
         if not self.old_from_update:
             self._recompute(every, sums)
             recompute_s = self._elapsed(started)
-        started = time.perf_counter()
-        self._reference_and_values(every)
-        reference_s = self._elapsed(started)
+        started, reference_s = time.perf_counter(), 0.0
+        if self.reference is not None or self.critic is not None:
+            self._reference_and_values(every)
+            reference_s = self._elapsed(started)
         started = time.perf_counter()
         self._advantages(rows, every)
         grad_norms: list[float] = []
