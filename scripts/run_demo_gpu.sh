@@ -6,15 +6,28 @@
 #   1move     levels one move from solved.
 # Each run's GRPO stage stops after the step that passes train.max_time_s (240 s), so the whole script
 # fits one 10-minute command.
-#   bash scripts/run_demo_gpu.sh [OUT]          # OUT defaults to runs/demo-gpu
+#   bash scripts/run_demo_gpu.sh [OUT]            # OUT defaults to runs/demo-gpu
+#   bash scripts/run_demo_gpu.sh --detach [OUT]   # start them in their own process session and return
+#   bash scripts/demo_gpu_status.sh [OUT]         # each run's last step, held-out points, final line
 # Each run leaves OUT/<name>/ (eval-before, sft, eval-sft, rl, eval-rl) and OUT/<name>.log, whose last
-# line is `held-out success: before X% -> after SFT Y% -> after RL Z% (200 levels)`.
+# line is `held-out success: before X% -> after SFT Y% -> after RL Z% (200 levels)`. Detached, the
+# script's own output goes to OUT/driver.log and its process id to OUT/driver.pid; the runs outlive the
+# shell (and the command) that started them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-vistarl() { python3 -m cli.main "$@"; }
+detach=0
+if [ "${1:-}" = "--detach" ]; then detach=1; shift; fi
 out=${1:-runs/demo-gpu}
 mkdir -p "$out"
+if [ "$detach" = 1 ]; then
+    setsid nohup bash "$0" "$out" > "$out/driver.log" 2>&1 < /dev/null &
+    echo $! > "$out/driver.pid"
+    echo "started in the background (pid $(cat "$out/driver.pid")); follow with: bash scripts/demo_gpu_status.sh $out"
+    exit 0
+fi
+
+vistarl() { python3 -m cli.main "$@"; }
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-3}   # three runs share the machine's cores
 
 [ -d runs/demo-model-gpu ] || vistarl model tiny --shape medium --out runs/demo-model-gpu

@@ -95,6 +95,37 @@ async def test_sampling_seed_reproduces_a_sample(engine: HFEngine) -> None:
     await engine.close()
 
 
+async def test_requests_arriving_mid_batch_join_it_and_decode_as_alone(qwen25: Loaded) -> None:
+    """A request that arrives while a batch decodes joins that batch (its own prefill, left-padded into the
+    shared cache) and gets the tokens and logprobs it gets alone, as do the rows already running."""
+    model, processor = qwen25
+    two = images(3, (56, 84), (112, 56))
+    first = GenerateRequest(
+        engine_ids=user_turn(processor, "a long answer"),
+        sampling=sampled(40, 5).model_copy(update={"ignore_eos": True}),
+    )
+    later = [
+        GenerateRequest(
+            engine_ids=user_turn(processor, "an image", 1), images=two[:1], sampling=sampled(6, 6)
+        ),
+        GenerateRequest(engine_ids=user_turn(processor, "short", 0), sampling=greedy(6)),
+    ]
+    alone = HFEngine(model, processor, max_batch_size=1, batch_wait_s=0.0)
+    singles = [await alone.generate(r) for r in [first, *later]]
+    await alone.close()
+    engine = HFEngine(model, processor, max_batch_size=8, batch_wait_s=0.0)
+    running = asyncio.create_task(engine.generate(first))
+    while engine.stats.batches == 0:
+        await asyncio.sleep(0.001)
+    joined = await asyncio.gather(*(engine.generate(r) for r in later))
+    results = [await running, *joined]
+    await engine.close()
+    assert engine.stats.batches == 1 and engine.stats.largest_batch == 3
+    for single, result in zip(singles, results, strict=True):
+        assert result.output_ids == single.output_ids
+        assert result.logprobs == pytest.approx(single.logprobs, abs=ATOL)
+
+
 async def test_stop_token_ids_end_at_the_first_match_and_keep_it(engine: HFEngine) -> None:
     ids = user_turn(engine.processor, "count")
     free = await engine.generate(GenerateRequest(engine_ids=ids, sampling=sampled(8, 3)))

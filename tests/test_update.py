@@ -17,7 +17,7 @@ import torch
 from tests.learner_batches import conversation, generated_logprob, scored_by, trajectory
 from trainer.config import TrainConfig
 from trainer.learner.models import Models, load_actor, load_critic, load_reference
-from trainer.learner.update import PolicyTrainer
+from trainer.learner.update import PolicyTrainer, zero_variance_share
 from trainer.rollout.processor import VLProcessor
 from trainer.rollout.tokenization import TurnEncoder
 from trainer.rollout.trajectory import Status, Trajectory
@@ -41,16 +41,22 @@ def trainer_config(
     checkpoint: Path, samples: int, minibatches: int = 1, micro_batch_tokens: int = 512, **sections: Any
 ) -> TrainConfig:
     """One prompt's `samples` trajectories per step, in `minibatches` optimizer steps per epoch; `sections`
-    update the algo / optim settings (TIS off, so a ratio is exactly the policy's)."""
+    update the model / algo / optim / rollout settings (TIS off, so a ratio is exactly the policy's)."""
     return TrainConfig.model_validate(
         {
-            "model": {"path": str(checkpoint), "dtype": "float32", "gradient_checkpointing": False},
+            "model": {
+                "path": str(checkpoint),
+                "dtype": "float32",
+                "gradient_checkpointing": False,
+                **sections.get("model", {}),
+            },
             "rollout": {
                 "n_samples_per_prompt": samples,
                 "rollout_batch_size": 1,
                 "max_new_tokens": 16,
                 "rollout_max_response_len": 16,
                 "rollout_max_context_len": micro_batch_tokens,
+                **sections.get("rollout", {}),
             },
             "algo": {"tis_cap": None, **sections.get("algo", {})},
             "optim": {"lr": 1e-3, "critic_lr": 1e-3, **sections.get("optim", {})},
@@ -328,3 +334,95 @@ def assert_same_step(
     gap = sum(float((other[n] - after[n]).double().square().sum()) for n in before) ** 0.5
     assert step > 0, "the step moved nothing, so the comparison would prove nothing"
     assert gap <= 1e-3 * step, f"steps differ by {gap:.3g}, {gap / step:.2%} of the step"
+
+
+def actor_gradient(trainer: PolicyTrainer) -> torch.Tensor:
+    """The actor's gradient after its last optimizer step, flattened (zeros where a parameter has none)."""
+    return torch.cat(
+        [
+            (p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
+            for p in trainer.actor.parameters()
+        ]
+    )
+
+
+def test_fast_path_gives_the_loss_and_gradient_of_the_fp32_recompute(
+    tiny_qwen25: Path, processor: VLProcessor, encoder: TurnEncoder
+) -> None:
+    """bf16 compute with old logprobs from the update's own forward (the GPU default) against the reference
+    path, float32 with a recompute pass: the same batch gives the same loss and gradient to bf16 tolerance."""
+    steps = {}
+    for name, old_logprobs, dtype in (
+        ("reference", "recompute", "float32"),
+        ("fast", "update_pass", "bfloat16"),
+    ):
+        cfg = trainer_config(
+            tiny_qwen25,
+            4,
+            model={"compute_dtype": dtype},
+            algo={"old_logprobs": old_logprobs},
+            optim={"grad_clip": 1e9},  # no clipping: the raw gradients are compared
+        )
+        trainer = make_trainer(cfg, processor, nudge=0.02)
+        batch = scored_by(load_actor(tiny_qwen25), processor, one_group(encoder, [1.0, 0.0, 0.5, 0.0]))
+        metrics = trainer.update(1, batch)
+        steps[name] = (metrics, actor_gradient(trainer))
+    (reference, reference_grad), (fast, fast_grad) = steps["reference"], steps["fast"]
+    assert reference["time/recompute"] > 0 and fast["time/recompute"] == 0.0
+    assert reference_grad.norm() > 0
+    assert fast["train/pg_loss"] == pytest.approx(
+        reference["train/pg_loss"], abs=1e-2 * abs(reference["train/pg_loss"]) + 1e-4
+    )
+    assert fast["train/logprob_abs_diff"] == pytest.approx(
+        reference["train/logprob_abs_diff"], rel=0.1, abs=1e-3
+    )
+    assert ((fast_grad - reference_grad).norm() / reference_grad.norm()).item() < 2e-2
+
+
+@pytest.mark.parametrize(
+    "sections",
+    [
+        {"algo": {"ppo_epochs": 2}},
+        {"minibatches": 2},
+        {"rollout": {"async_mode": True, "max_staleness": 1}},
+        {"rollout": {"max_staleness": 1}},
+    ],
+    ids=["two-epochs", "two-mini-batches", "async", "stale-allowed"],
+)
+def test_old_logprobs_from_the_update_are_refused_off_policy(
+    tiny_qwen25: Path, sections: dict[str, Any]
+) -> None:
+    """Off-policy updates must recompute: `update_pass` is a config error there, and `auto` recomputes."""
+    minibatches = sections.pop("minibatches", 1)
+    with pytest.raises(ValueError, match="needs an on-policy update"):
+        trainer_config(
+            tiny_qwen25,
+            4,
+            minibatches,
+            algo={**sections.get("algo", {}), "old_logprobs": "update_pass"},
+            **{k: v for k, v in sections.items() if k != "algo"},
+        )
+    auto = trainer_config(tiny_qwen25, 4, minibatches, **sections)
+    assert not auto.old_logprobs_from_update
+
+
+def test_old_logprobs_from_the_update_are_refused_for_episodes_of_two_policies(
+    tiny_qwen25: Path, processor: VLProcessor, encoder: TurnEncoder
+) -> None:
+    trainer = make_trainer(trainer_config(tiny_qwen25, 4, algo={"old_logprobs": "update_pass"}), processor)
+    batch = scored_by(trainer.actor, processor, one_group(encoder, [1.0, 0.0, 1.0, 0.0]))
+    stale = [Trajectory.from_dict({**batch[0].to_dict(), "policy_version": 1}), *batch[1:]]
+    before = weights(trainer.actor)
+    with pytest.raises(ValueError, match="policy versions \\[0, 1\\]"):
+        trainer.update(1, stale)
+    assert all(torch.equal(before[k], v) for k, v in weights(trainer.actor).items())
+
+
+def test_zero_variance_groups_are_the_groups_whose_episodes_share_one_reward(encoder: TurnEncoder) -> None:
+    same = one_group(encoder, [1.0, 1.0, 1.0])
+    mixed = [
+        trajectory(encoder, conversation(PROMPT, [reply]), f"m{i}", "g1", reward=reward)
+        for i, (reply, reward) in enumerate(zip(REPLIES, [1.0, 0.0, 1.0], strict=False))
+    ]
+    assert zero_variance_share([*same, *mixed]) == 0.5
+    assert zero_variance_share(mixed) == 0.0

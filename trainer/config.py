@@ -60,6 +60,11 @@ class ModelConfig(_Section):
         default=False,
         description="torch.compile each decoder layer and vision block, and the logprob chunks (GPU runs)",
     )
+    compute_dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        default="auto",
+        description="the trainer's matmul dtype over float32 master weights; auto: bfloat16 on GPU, "
+        "float32 on CPU (sharded runs always compute in bfloat16 on GPU)",
+    )
 
 
 class EnvConfig(_Section):
@@ -196,6 +201,11 @@ class AlgoConfig(_Section):
     entropy_coef: float = Field(default=0.0, ge=0)
     tis_cap: float | None = Field(default=2.0, gt=0, description="None disables TIS")
     ppo_epochs: int = Field(default=1, ge=1)
+    old_logprobs: Literal["auto", "recompute", "update_pass"] = Field(
+        default="auto",
+        description="recompute: a no-grad pass before the update; update_pass: the update's own forward, "
+        "detached (on-policy updates only); auto: update_pass where the update is on-policy",
+    )
 
     @property
     def use_kl(self) -> bool:
@@ -320,6 +330,24 @@ class TrainConfig(_Section):
         """Trajectories per optimizer step: `train.global_batch_size`, else all of a step's."""
         return self.train.global_batch_size or self.rollout.samples_per_step
 
+    @property
+    def on_policy(self) -> bool:
+        """Whether the update is exactly on-policy: one epoch of one mini-batch of current-policy episodes,
+        so the policy at its forward pass is the one that sampled them (docs/algorithms.md)."""
+        return (
+            self.algo.ppo_epochs == 1
+            and self.mini_batch_size == self.rollout.samples_per_step
+            and not self.rollout.async_mode
+            and self.rollout.max_staleness == 0
+        )
+
+    @property
+    def old_logprobs_from_update(self) -> bool:
+        """Whether the update takes its old logprobs from its own forward pass instead of a recompute."""
+        return self.algo.old_logprobs == "update_pass" or (
+            self.algo.old_logprobs == "auto" and self.on_policy
+        )
+
     @model_validator(mode="after")
     def _cross_section(self) -> TrainConfig:
         """Batch sizes fit together, group baselines have a group, and the modes fit the stack."""
@@ -335,6 +363,12 @@ class TrainConfig(_Section):
             raise ValueError(
                 f"algo.advantage_estimator={self.algo.advantage_estimator} needs "
                 f"rollout.n_samples_per_prompt >= 2 (got {self.rollout.n_samples_per_prompt})"
+            )
+        if self.algo.old_logprobs == "update_pass" and not self.on_policy:
+            raise ValueError(
+                "algo.old_logprobs=update_pass needs an on-policy update (algo.ppo_epochs=1, one mini-batch "
+                "per step, rollout.async_mode=false, rollout.max_staleness=0): otherwise the policy that "
+                "sampled the episodes is not the one the update starts from; use recompute or auto"
             )
         if self.rollout.async_mode and self.rollout.max_staleness < 1:
             raise ValueError(

@@ -5,8 +5,10 @@ Everything lives under the run directory:
 - `config.yaml`: the resolved configuration;
 - `metrics.jsonl`: one JSON object per step (`step` plus every metric);
 - `reward_curve.png`: mean reward and success rate (or the SFT loss) per step, with held-out success
-  where the run evaluates (`train.eval_every`), redrawn after every step (matplotlib's object API
-  renders it with Agg, no display needed; `draw_curve` redraws it from `metrics.jsonl`);
+  where the run evaluates (`train.eval_every`), redrawn after a step with held-out figures, after the
+  first step that comes `CURVE_EVERY_S` after the last drawing, and at the end (matplotlib's object API
+  renders it with Agg, no display needed, in a few hundred milliseconds, which a sub-second step cannot
+  pay every time; `draw_curve` redraws it from `metrics.jsonl`);
 - `tensorboard/`: the same scalars for TensorBoard;
 - `samples/step-NNNNNN/<episode>/`: a few trajectories per step as `trajectory.json` plus their images;
 - Weights & Biases, when `WANDB_API_KEY` is set and the `wandb` package is installed.
@@ -50,6 +52,7 @@ log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 CURVE_FILE = "reward_curve.png"
+CURVE_EVERY_S = 30.0
 REWARD_KEY = "reward/mean"
 SUCCESS_KEY = "env/success"
 CURVES = [(REWARD_KEY, "mean reward"), (SUCCESS_KEY, "success rate"), ("train/nll", "SFT loss (nats/token)")]
@@ -140,6 +143,7 @@ class RunLogger:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(dict(config), sort_keys=False))
         self.history = [r for r in read_metrics(run_dir) if r.get("step", math.inf) <= start_step]
+        self._curve_due = 0.0  # the first step draws
         self._rewrite_metrics()
         self.tensorboard = SummaryWriter(str(run_dir / "tensorboard")) if tensorboard else None
         self.wandb = _start_wandb(run_dir, config, wandb_project)
@@ -168,11 +172,13 @@ class RunLogger:
             self.tensorboard.flush()
         if self.wandb is not None:
             self.wandb.log(dict(metrics), step=step)
-        self.draw_curve()
+        if any(k.startswith("eval/") for k in metrics) or time.monotonic() >= self._curve_due:
+            self.draw_curve()
         self._show(step, metrics)
 
     def draw_curve(self) -> Path:
         """Redraw `reward_curve.png` from this run's history."""
+        self._curve_due = time.monotonic() + CURVE_EVERY_S
         return draw_curve(self.history, self.run_dir / CURVE_FILE)
 
     def save_samples(self, step: int, trajectories: Sequence[Trajectory], limit: int) -> None:
@@ -186,7 +192,9 @@ class RunLogger:
         self.console.print(message)
 
     def close(self) -> None:
-        """Stop the display and flush and close every sink."""
+        """Draw the curve a last time, stop the display and flush and close every sink."""
+        if self.history:
+            self.draw_curve()
         self.progress.stop()
         if self.tensorboard is not None:
             self.tensorboard.close()

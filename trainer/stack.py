@@ -174,7 +174,7 @@ async def open_stack(
         if cfg.env.url is None and cfg.env.serve:
             env = stack.enter_context(serve_env(cfg.env.name, run_dir / ENV_SERVER_LOG))
         if engine is None:
-            engine = await asyncio.to_thread(_build_engine, cfg, processor, model_path, device)
+            engine = await asyncio.to_thread(build_engine, cfg, processor, model_path, device)
         stack.push_async_callback(engine.close)
         queue = open_queue(cfg.rollout.queue, cfg.rollout.namespace)
         stack.push_async_callback(queue.close)
@@ -191,7 +191,7 @@ async def open_stack(
         yield Stack(queue, engine, env, max_staleness=cfg.rollout.max_staleness)
 
 
-def _build_engine(
+def build_engine(
     cfg: TrainConfig, processor: VLProcessor, model_path: Path, device: torch.device | None
 ) -> Engine:
     """The configured engine: an `HFEngine` on the checkpoint in this process, or a server's client."""

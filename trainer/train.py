@@ -509,6 +509,8 @@ def rollout_metrics(gathered: Gathered, stack: Stack) -> dict[str, float]:
         for name, values in per_episode.items():
             if name.startswith("env/") or name in renamed:
                 metrics[renamed.get(name, name)] = sum(values) / len(values)
+        for part in sorted({part for t in usable for part in t.timings}):  # mean seconds per episode
+            metrics[f"rollout/seconds/{part}"] = sum(t.timings.get(part, 0.0) for t in usable) / len(usable)
     return {k: v for k, v in metrics.items() if math.isfinite(v)}
 
 

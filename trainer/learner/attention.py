@@ -3,7 +3,8 @@
 HF's SDPA path cannot run a packed row on the flash kernel: it turns the row's text positions into a
 dense `[T, T]` block-diagonal mask, and Qwen-VL's vision blocks call SDPA once per attention window.
 `use_attention(model, VARLEN_ATTENTION)` switches an HF Qwen-VL model to torch's `varlen_attn`
-(FlashAttention-2 kernels shipped with torch; CUDA, bf16/fp16 only), registered with transformers'
+(FlashAttention-2 kernels shipped with torch; CUDA, bf16/fp16 only, so float32 inputs under autocast
+are cast to its dtype), registered with transformers'
 attention interface. The name holds "flash", so vision blocks take their `cu_seqlens` path. Decoder
 layers get no mask; their sequence bounds come with the packed batch (`SequenceBounds`, found on the
 host when it was packed, passed to the backbone by `packed_attention_kwargs`), or else are found per
@@ -87,6 +88,10 @@ def varlen_attention(
     if attention_mask is not None or dropout or sliding_window is not None:
         raise ValueError(f"{VARLEN_ATTENTION} takes packed rows only: no mask, dropout or sliding window")
     batch, heads, length, dim = query.shape
+    device = query.device.type
+    if query.dtype == torch.float32 and torch.is_autocast_enabled(device):
+        # fp32 q/k after the rotary tables under autocast: the kernel takes the autocast dtype
+        query, key, value = (x.to(torch.get_autocast_dtype(device)) for x in (query, key, value))
     if cu_seq_lens_q is None or max_length_q is None:
         if packed_cu_seqlens is not None and packed_max_seqlen is not None:
             cu_seq_lens_q, max_length_q = packed_cu_seqlens, packed_max_seqlen

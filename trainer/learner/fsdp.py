@@ -98,16 +98,17 @@ def shard_model(
     vision_frozen: bool = False,
     compiled: bool = False,
     keep_gathered: bool = False,
+    compute_dtype: torch.dtype = torch.float32,
 ) -> Model:
     """Prepare `module` for training on `device`: optional checkpointing (`activation_checkpointing`),
     frozen vision and compiled blocks (`torch.compile` per layer and block), then FSDP2.
 
     Shards only when a process group exists; otherwise the module is returned on `device` unchanged
-    in dtype. Sharded on GPU, it computes in bf16 with varlen FlashAttention and aligned MLP widths
-    (`trainer.learner.vision_mlp`). `keep_gathered`: see the module docstring. Returns the same object (FSDP2
-    shards in place).
+    in dtype. Sharded on GPU, or unsharded on GPU with a bf16 `compute_dtype` (the trainer's autocast),
+    it computes in bf16 with varlen FlashAttention and aligned MLP widths (`trainer.learner.vision_mlp`).
+    `keep_gathered`: see the module docstring. Returns the same object (FSDP2 shards in place).
     """
-    if is_distributed() and device.type == "cuda":
+    if device.type == "cuda" and (is_distributed() or compute_dtype == torch.bfloat16):
         use_attention(module, VARLEN_ATTENTION)
         align_gated_mlps(module)  # before checkpointing, which may subclass the MLPs again
     if gradient_checkpointing:

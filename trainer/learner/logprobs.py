@@ -24,7 +24,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
-from trainer.learner.models import ActorModel, ImageFeatures
+from trainer.image_features import ImageFeatures
+from trainer.learner.models import ActorModel
 from trainer.learner.packing import PackedBatch, SequenceSample, pack_sequences, scored_positions
 from trainer.rollout.processor import ImageLike, VLProcessor
 

@@ -11,7 +11,7 @@ One code path serves Qwen2.5-VL and Qwen3-VL; every per-arch fact comes from the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Required, TypedDict, TypeVar, Unpack
@@ -21,8 +21,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModelForImageTextToText, PretrainedConfig, PreTrainedModel
 
+from trainer.image_features import Grid, ImageFeatures, encode_images, with_image_features
 from trainer.learner.attention import SequenceBounds, packed_attention_kwargs
-from trainer.learner.vision_inputs import vision_inputs
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 BACKBONE_FILE = "model.safetensors"
@@ -30,8 +30,6 @@ BACKBONE_FILE = "model.safetensors"
 Scored = TypeVar("Scored")
 HeadScore = Callable[[nn.Module, torch.Tensor, torch.Tensor], Scored]
 """`score(head, hidden [K, H], targets [K])`: what the actor computes from the selected hidden states."""
-Grid = torch.Tensor | Sequence[Sequence[int]]
-"""`image_grid_thw`: `[images, 3]` (t, h, w) per image, as a tensor or as host ints."""
 
 
 def load_lm(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
@@ -40,48 +38,6 @@ def load_lm(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedM
         str(path), dtype=dtype, attn_implementation="sdpa", local_files_only=True
     )
     return model
-
-
-@dataclass(frozen=True)
-class ImageFeatures:
-    """What the vision tower hands the language model, one row per image pad token in image order:
-    the merged embeddings `[P, H]`, and Qwen3-VL's deepstack levels (none for Qwen2.5-VL)."""
-
-    embeds: torch.Tensor
-    deepstack: tuple[torch.Tensor, ...] = ()
-
-    @property
-    def tensors(self) -> list[torch.Tensor]:
-        """Every tensor, embeddings first."""
-        return [self.embeds, *self.deepstack]
-
-    def split(self, rows: Sequence[int]) -> list[ImageFeatures]:
-        """Consecutive parts of `rows` rows each (the image tokens of one micro-batch each)."""
-        parts = [t.split(list(rows)) for t in self.tensors]
-        return [ImageFeatures(embeds, tuple(levels)) for embeds, *levels in zip(*parts, strict=True)]
-
-    def detached(self) -> ImageFeatures:
-        """New autograd leaves with the same values, requiring grad when these do: gradients collect on
-        them, and reach the tower when handed back to `torch.autograd.backward`."""
-        grad = self.embeds.requires_grad
-        leaves = [t.detach().requires_grad_(grad) for t in self.tensors]
-        return ImageFeatures(leaves[0], tuple(leaves[1:]))
-
-
-def encode_images(backbone: Any, pixel_values: torch.Tensor, image_grid_thw: Grid) -> ImageFeatures:
-    """The vision tower's features for images of `image_grid_thw`, their layout computed on the host
-    (`trainer.learner.vision_inputs`) so the tower never waits for the GPU."""
-    grid = torch.as_tensor(image_grid_thw, device="cpu")
-    inputs = vision_inputs(backbone.visual, grid, pixel_values.device)
-    features = backbone.get_image_features(pixel_values, grid, return_dict=True, **inputs)
-    deepstack = getattr(features, "deepstack_features", None) or ()
-    return ImageFeatures(_rows(features.pooler_output), tuple(_rows(level) for level in deepstack))
-
-
-def _rows(per_image: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
-    """Every image's feature rows in one tensor: transformers versions return them joined (5.17's
-    Qwen3-VL deepstack levels) or one tensor per image."""
-    return per_image if isinstance(per_image, torch.Tensor) else torch.cat(list(per_image))
 
 
 class BackboneInputs(TypedDict, total=False):
@@ -122,35 +78,11 @@ def backbone_hidden(
     if image_features is not None:
         if image_positions is None:
             image_positions = (input_ids[0] == backbone.config.image_token_id).nonzero().squeeze(-1)
-        embeds, image_kwargs = _with_image_features(embeds, image_features, image_positions)
+        embeds, image_kwargs = with_image_features(embeds, image_features, image_positions)
         kwargs |= image_kwargs
     out = backbone.language_model(inputs_embeds=embeds, position_ids=position_ids, use_cache=False, **kwargs)
     hidden: torch.Tensor = out.last_hidden_state[0]
     return hidden
-
-
-def _with_image_features(
-    embeds: torch.Tensor, features: ImageFeatures, positions: torch.Tensor
-) -> tuple[torch.Tensor, dict[str, object]]:
-    """Token embeddings `[1, T, H]` with the image features written at the image pads' `positions`,
-    and the text model's extra inputs (Qwen3-VL's deepstack features).
-
-    HF's own forward writes them with `masked_scatter`, whose backward has to ask the GPU how many
-    positions the mask holds; `index_copy` with host-known positions does not.
-    """
-    if features.embeds.shape[0] != positions.numel():
-        raise ValueError(
-            f"{positions.numel()} image pad tokens but {features.embeds.shape[0]} image features"
-        )
-    embeds = embeds.index_copy(1, positions, features.embeds.to(embeds.dtype)[None])
-    if not features.deepstack:
-        return embeds, {}
-    return embeds, {
-        "visual_pos_masks": torch.zeros(embeds.shape[:2], dtype=torch.bool, device=embeds.device).index_fill(
-            1, positions, True
-        ),
-        "deepstack_visual_embeds": [level.to(embeds.dtype) for level in features.deepstack],
-    }
 
 
 class _VLModel(nn.Module):

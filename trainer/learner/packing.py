@@ -9,7 +9,7 @@ Everything the forward needs to know about the layout is computed here, on the h
 never waits on a host-device sync to learn it: the attention bounds of every segment, the longest
 one, and the scored positions. `cu_seqlens` and `image_grid_thw` stay on the host when the rest of
 the batch moves to the GPU (the vision tower's own inputs are derived from the grid there too,
-`trainer.learner.vision_inputs`).
+`trainer.vision_inputs`).
 
 Under FSDP every rank must run the vision tower in every micro-batch, or the collectives of ranks
 with and without images stop matching. A row without images therefore ends in a dummy segment
@@ -176,13 +176,6 @@ def scored_positions(mask: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tens
     if index.numel() and index[-1] >= cu_seqlens[-1]:
         raise ValueError("the mask selects tokens of the dummy-image segment, which no sequence owns")
     return index
-
-
-def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`tensor` on `device`; to a GPU through pinned memory, so the copy does not wait for queued work."""
-    if device.type != "cuda":
-        return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def dummy_image_sample(processor: VLProcessor) -> SequenceSample:

@@ -8,7 +8,9 @@ COMPLETED or TRUNCATED with at least one generated token) in episode-id order, a
    each split into micro-batches of at most `train.micro_batch_tokens` tokens balanced across
    ranks, and packs this rank's micro-batches;
 2. recomputes old logprobs (and reference logprobs, critic values) without gradients, and the
-   mean |trainer - rollout| logprob mismatch;
+   mean |trainer - rollout| logprob mismatch; where the update is exactly on-policy
+   (`TrainConfig.old_logprobs_from_update`), the old logprobs are instead the update's own forward pass,
+   detached, and no actor recompute runs (docs/algorithms.md);
 3. computes advantages (`compute_advantages`; group baselines use every rank's rewards, value-based
    estimators only this rank's rows, which are the ones it trains on);
 4. runs `algo.ppo_epochs` passes: one optimizer step per mini-batch, accumulating its micro-batches
@@ -16,13 +18,16 @@ COMPLETED or TRUNCATED with at least one generated token) in episode-id order, a
    FSDP averages gradients over ranks), clipping to `optim.grad_clip`.
 
 The vision tower runs once per `train.vision_pass_micro_batches` micro-batches (`VisionPasses`), in
-the recompute and in the update.
+the recompute and in the update. Forward passes compute in `model.compute_dtype` over float32 master
+weights (bfloat16 autocast on one GPU; FSDP's mixed precision when sharded), gradients and the optimizer
+stay float32.
 
 Metrics come back reduced over ranks, token-weighted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -34,15 +39,16 @@ from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from trainer.config import TrainConfig
+from trainer.device import host_to_device
+from trainer.image_features import ImageFeatures
 from trainer.learner.advantages import compute_advantages
 from trainer.learner.fsdp import is_distributed, set_last_micro_batch, shard_model
-from trainer.learner.logprobs import token_logprobs, token_values
+from trainer.learner.logprobs import TokenScores, token_logprobs, token_values
 from trainer.learner.losses import actor_loss, masked_sum, value_loss
-from trainer.learner.models import ActorModel, CriticModel, ImageFeatures, Models
+from trainer.learner.models import ActorModel, CriticModel, Models
 from trainer.learner.packing import (
     PackedBatch,
     SequenceSample,
-    host_to_device,
     pack_sequences,
     plan_micro_batches,
 )
@@ -140,7 +146,9 @@ class PolicyTrainer:
         self.device = device
         self.rank = dist.get_rank() if is_distributed() else 0
         self.world = dist.get_world_size() if is_distributed() else 1
+        self.compute_dtype = compute_dtype(cfg.model.compute_dtype, device)
         trained: dict[str, Any] = {
+            "compute_dtype": self.compute_dtype,
             "gradient_checkpointing": cfg.model.gradient_checkpointing,
             "uncheckpointed_layers": cfg.model.uncheckpointed_layers,
             "checkpoint_scope": cfg.model.checkpoint_scope,
@@ -149,7 +157,9 @@ class PolicyTrainer:
         }
         self.actor = shard_model(models.actor, device, vision_frozen=cfg.model.freeze_vision, **trained)
         self.reference = (
-            shard_model(models.reference, device, compiled=cfg.model.compile)
+            shard_model(
+                models.reference, device, compiled=cfg.model.compile, compute_dtype=self.compute_dtype
+            )
             if models.reference is not None
             else None
         )
@@ -175,6 +185,14 @@ class PolicyTrainer:
         if self.critic_optimizer is not None:
             self.schedulers["critic"] = LambdaLR(self.critic_optimizer, warmup(optim.warmup_steps))
         self.metric_names = metric_names(cfg, self.reference is not None, self.critic is not None)
+        self.old_from_update = cfg.old_logprobs_from_update
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Forward passes in bfloat16 over the float32 weights where `model.compute_dtype` asks for it and
+        FSDP's mixed precision does not already give it."""
+        if self.compute_dtype != torch.bfloat16 or (is_distributed() and self.device.type == "cuda"):
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
     def update(self, step: int, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         """The update of the module docstring; every rank calls it with the same trajectories.
@@ -184,14 +202,22 @@ class PolicyTrainer:
         rows = sorted((t for t in trajectories if t.trainable), key=lambda t: t.episode_id)
         if not rows:
             return {"train/skipped": 1.0}
+        if self.old_from_update:
+            _check_one_policy(rows)
         minis = self._mini_batches(step, len(rows))
-        started = time.perf_counter()
         micros = [self._pack(rows, mini) for mini in minis]
+        every = [m for mini in micros for m in mini]
         sums = _Sums(self.metric_names)
-        self._recompute([m for mini in micros for m in mini], rows, sums)
-        recompute_s = time.perf_counter() - started
+        started, recompute_s = time.perf_counter(), 0.0
+        if not self.old_from_update:
+            self._recompute(every, sums)
+            recompute_s = self._elapsed(started)
+        started, reference_s = time.perf_counter(), 0.0
+        if self.reference is not None or self.critic is not None:
+            self._reference_and_values(every)
+            reference_s = self._elapsed(started)
         started = time.perf_counter()
-        self._advantages(rows, [m for mini in micros for m in mini])
+        self._advantages(rows, every)
         grad_norms: list[float] = []
         generator = torch.Generator().manual_seed(self.cfg.train.seed * SEED_STRIDE + step)
         for _ in range(self.cfg.algo.ppo_epochs):
@@ -204,7 +230,15 @@ class PolicyTrainer:
         return {
             **self._step_metrics(rows, sums, grad_norms, started),
             "time/recompute": recompute_s,
+            "time/reference": reference_s,
+            "train/zero_variance_groups": zero_variance_share(rows),
         }
+
+    def _elapsed(self, started: float) -> float:
+        """Seconds since `started`, once the device has finished the work queued since (one sync a part)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - started
 
     def imitate(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         """One supervised (SFT) optimizer step on the generated tokens of `trajectories`: their NLL,
@@ -264,37 +298,46 @@ class PolicyTrainer:
         return micros
 
     @torch.no_grad()
-    def _recompute(self, micros: list[_Micro], rows: list[Trajectory], sums: _Sums) -> None:
-        """Old (and reference) logprobs and old values of every micro-batch; the rollout mismatch metric."""
-        temperature, compiled = self.cfg.rollout.rollout_temperature, self.cfg.model.compile
+    def _recompute(self, micros: list[_Micro], sums: _Sums) -> None:
+        """Old logprobs of every micro-batch, and the rollout mismatch metric."""
+        group = self.cfg.train.vision_pass_micro_batches
+        actor = VisionPasses(self.actor, [micro.batch for micro in micros], group)
+        for i, micro in enumerate(micros):
+            with self._autocast():
+                micro.old_logp = self._logprobs(self.actor, micro, actor.features(i)).logprobs
+            _add_mismatch(sums, micro.old_logp, micro.batch)
+            actor.backward(i)  # frees a finished group's features (nothing to backpropagate)
+
+    @torch.no_grad()
+    def _reference_and_values(self, micros: list[_Micro]) -> None:
+        """Reference logprobs and old values of every micro-batch, where a reference or critic is loaded."""
         batches = [micro.batch for micro in micros]
         group = self.cfg.train.vision_pass_micro_batches
-        actor = VisionPasses(self.actor, batches, group)
-        reference = VisionPasses(self.reference, batches, group) if self.reference is not None else None
-        critic = VisionPasses(self.critic, batches, group) if self.critic is not None else None
-        for i, micro in enumerate(micros):
-            micro.old_logp = token_logprobs(
-                self.actor, micro.batch, temperature, compiled=compiled, image_features=actor.features(i)
-            ).logprobs
-            if reference is not None:
-                micro.ref_logp = token_logprobs(
-                    reference.model,
-                    micro.batch,
-                    temperature,
-                    compiled=compiled,
-                    image_features=reference.features(i),
-                ).logprobs
-            if critic is not None:
-                micro.values = token_values(critic.model, micro.batch, image_features=critic.features(i))
-            mask = micro.batch.loss_mask
-            tokens = mask.sum()
-            diff = masked_sum((micro.old_logp - micro.batch.rollout_logprobs).abs(), mask) / tokens.clamp(
-                min=1
-            )
-            sums.add({"logprob_abs_diff": diff}, tokens)
-            for passes in (actor, reference, critic):
-                if passes is not None:
-                    passes.backward(i)  # frees a finished group's features (nothing to backpropagate)
+        if self.reference is not None:
+            reference = VisionPasses(self.reference, batches, group)
+            for i, micro in enumerate(micros):
+                with self._autocast():
+                    micro.ref_logp = self._logprobs(self.reference, micro, reference.features(i)).logprobs
+                reference.backward(i)
+        if self.critic is not None:
+            critic = VisionPasses(self.critic, batches, group)
+            for i, micro in enumerate(micros):
+                with self._autocast():
+                    micro.values = token_values(self.critic, micro.batch, image_features=critic.features(i))
+                critic.backward(i)
+
+    def _logprobs(
+        self, model: ActorModel, micro: _Micro, features: ImageFeatures | None, *, with_entropy: bool = False
+    ) -> TokenScores:
+        """`model`'s logprobs (and entropies) of a micro-batch's generated tokens, rollout temperature."""
+        return token_logprobs(
+            model,
+            micro.batch,
+            self.cfg.rollout.rollout_temperature,
+            with_entropy=with_entropy,
+            compiled=self.cfg.model.compile,
+            image_features=features,
+        )
 
     def _advantages(self, rows: list[Trajectory], micros: list[_Micro]) -> None:
         """Advantages over all usable trajectories (values known only for this rank's rows, which are
@@ -357,11 +400,15 @@ class PolicyTrainer:
         for i, micro in enumerate(micros):
             last = i == len(micros) - 1
             set_last_micro_batch(self.actor, last)
-            actor_backward(micro, actor_vision.features(i), denominator, sums)
+            with self._autocast():
+                features = actor_vision.features(i)
+            actor_backward(micro, features, denominator, sums)
             actor_vision.backward(i)
             if critic_vision is not None:
                 set_last_micro_batch(critic_vision.model, last)
-                self._critic_backward(micro, critic_vision.features(i), denominator, sums)
+                with self._autocast():
+                    features = critic_vision.features(i)
+                self._critic_backward(micro, features, denominator, sums)
                 critic_vision.backward(i)
         if not images:
             _without_vision_gradients(self.actor, critic_model)
@@ -380,9 +427,10 @@ class PolicyTrainer:
     ) -> None:
         """The negative log-likelihood of one micro-batch's generated tokens, backpropagated (a zero loss
         on a rank's empty bin, which still joins the collectives)."""
-        scores = token_logprobs(
-            self.actor, micro.batch, 1.0, compiled=self.cfg.model.compile, image_features=features
-        )
+        with self._autocast():
+            scores = token_logprobs(
+                self.actor, micro.batch, 1.0, compiled=self.cfg.model.compile, image_features=features
+            )
         mask = micro.batch.loss_mask
         nll = -(scores.logprobs * mask).sum()
         (nll / denominator * self.world).backward()
@@ -395,17 +443,14 @@ class PolicyTrainer:
         """The actor's loss on one micro-batch, backpropagated (a zero loss on a rank's empty bin, whose
         forward and backward still have to join the other ranks' collectives)."""
         batch, algo = micro.batch, self.cfg.algo
-        scores = token_logprobs(
-            self.actor,
-            batch,
-            self.cfg.rollout.rollout_temperature,
-            with_entropy=True,
-            compiled=self.cfg.model.compile,
-            image_features=features,
-        )
+        with self._autocast():
+            scores = self._logprobs(self.actor, micro, features, with_entropy=True)
         if not micro.rows:
             (scores.logprobs.sum() * 0.0).backward()
             return
+        if self.old_from_update:  # on-policy: this forward is the policy that sampled (ratio exactly 1)
+            micro.old_logp = scores.logprobs.detach()
+            _add_mismatch(sums, micro.old_logp, batch)
         pad = batch.to_padded
         mask = pad(batch.loss_mask)
         assert micro.old_logp is not None and micro.advantages is not None and scores.entropy is not None
@@ -430,7 +475,8 @@ class PolicyTrainer:
         """The critic's value loss on one micro-batch, backpropagated (zero on an empty bin, as above)."""
         assert self.critic is not None
         batch = micro.batch
-        values = token_values(self.critic, batch, image_features=features)
+        with self._autocast():
+            values = token_values(self.critic, batch, image_features=features)
         if not micro.rows:
             (values.sum() * 0.0).backward()
             return
@@ -449,6 +495,40 @@ class PolicyTrainer:
         (critic_loss * self.world).backward()
         sums.add({k: v for k, v in critic_metrics.items() if k != "vf_loss"}, mask.sum())
         sums.add_losses({"vf_loss": critic_metrics["vf_loss"]}, denominator, micro.share)
+
+
+def zero_variance_share(rows: Sequence[Trajectory]) -> float:
+    """The share of groups whose trainable episodes all have one reward: a group baseline gives them zero
+    advantage, so they add no policy gradient (a measure of how much of a GRPO step is spent for nothing)."""
+    rewards: dict[str, set[float]] = {}
+    for row in rows:
+        rewards.setdefault(row.group_id, set()).add(row.episode_reward)
+    return sum(len(values) == 1 for values in rewards.values()) / len(rewards)
+
+
+def compute_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`model.compute_dtype` resolved: `auto` is bfloat16 on a GPU and float32 on the CPU."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return torch.bfloat16 if name == "bfloat16" else torch.float32
+
+
+def _check_one_policy(rows: list[Trajectory]) -> None:
+    """Refuse to take old logprobs from the update when the episodes come from more than one policy."""
+    versions = sorted({t.policy_version for t in rows})
+    if len(versions) > 1:
+        raise ValueError(
+            f"the update takes its old logprobs from its own forward pass, which is right only on-policy, "
+            f"but its episodes come from policy versions {versions}: use algo.old_logprobs=recompute"
+        )
+
+
+def _add_mismatch(sums: _Sums, logp: torch.Tensor, batch: PackedBatch) -> None:
+    """Add the micro-batch's mean |trainer - rollout| logprob over its generated tokens."""
+    mask = batch.loss_mask
+    tokens = mask.sum()
+    diff = masked_sum((logp - batch.rollout_logprobs).abs(), mask) / tokens.clamp(min=1)
+    sums.add({"logprob_abs_diff": diff}, tokens)
 
 
 def _sequence(trajectory: Trajectory) -> SequenceSample:

@@ -24,7 +24,8 @@ from typing import cast
 
 import torch
 
-from trainer.learner.models import ActorModel, CriticModel, ImageFeatures
+from trainer.image_features import ImageFeatures
+from trainer.learner.models import ActorModel, CriticModel
 from trainer.learner.packing import PackedBatch
 
 

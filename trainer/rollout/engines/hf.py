@@ -2,8 +2,16 @@
 
 Requests queue up; one background task takes up to `max_batch_size` of them at once and decodes them
 together: a left-padded prefill with explicit mRoPE positions, then one token per step for every live
-row from a shared KV cache, each row with its own sampling params and seeded `torch.Generator`. Rows
-leave the batch as they finish. The model runs on one dedicated thread, so the event loop (HTTP, env
+row from a shared KV cache, each row with its own sampling params. Rows leave the batch as they finish,
+and requests that arrive meanwhile join it between steps (their own prefill, its cache merged in, left
+padded), up to `max_batch_size` rows, unless a weight update is waiting for the batch to end. Before a
+batch starts, the loop waits while requests keep arriving (every `batch_wait_s`, up to
+`max_batch_wait_s`), so the episodes of a rollout step that reach the engine together prefill together.
+
+Sampling is one batched pass per step: top-k / top-p / min-p masks for every row at once, then an
+inverse-CDF draw whose uniform is a hash of the row's seed (`sampling_seed`, else a random one) and the
+token's index, so a seeded request draws the same tokens in any batch, and one host sync per step reads
+every row's token and logprob. The model runs on one dedicated thread, so the event loop (HTTP, env
 I/O) keeps going; a batch's weights never change under it, because weight updates wait for the
 running batch and run on the same thread.
 
@@ -21,6 +29,7 @@ import contextlib
 import functools
 import logging
 import random
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -31,6 +40,7 @@ import torch
 from transformers import AutoModelForImageTextToText, PreTrainedModel
 
 from clients.errors import ImageError
+from trainer.image_features import encode_images, with_image_features
 from trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
 from trainer.rollout.engines.sglang_api import TOP_K_ALL, FinishReason, PauseMode, SamplingParams
 from trainer.rollout.processor import PixelInputs, VLProcessor, checkpoint_dir
@@ -40,6 +50,7 @@ from trainer.weights.transport import TransportKind
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH_SIZE = 8
+DEFAULT_MAX_BATCH_WAIT_S = 0.1
 HEALTH_TIMEOUT_S = 30.0
 
 
@@ -59,7 +70,7 @@ class _Job:
     request: GenerateRequest
     prompt: _Prompt
     future: asyncio.Future[GenerateResult]
-    generator: torch.Generator | None = None
+    seed: int | None = None
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     abort_message: str | None = None
@@ -99,6 +110,7 @@ class HFEngine:
         *,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         batch_wait_s: float = 0.005,
+        max_batch_wait_s: float = DEFAULT_MAX_BATCH_WAIT_S,
         model_path: str | None = None,
     ) -> None:
         if max_batch_size < 1:
@@ -107,6 +119,7 @@ class HFEngine:
         self.processor = processor
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
+        self.max_batch_wait_s = max_batch_wait_s
         self.model_path = model_path or str(getattr(model, "name_or_path", "") or "in-memory")
         self.device = next(model.parameters()).device
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
@@ -122,6 +135,7 @@ class HFEngine:
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._batch_lock = asyncio.Lock()
+        self._updates_waiting = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vistarl-hf-engine")
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -227,7 +241,12 @@ class HFEngine:
         which changes only when `final`: a bucket of a bucketed update is not, and leaves the version to
         the last bucket, as SGLang does. A load that does not fit the model raises `EngineRequestError`.
         """
-        async with self._batch_lock:
+        self._updates_waiting += 1
+        try:
+            await self._batch_lock.acquire()
+        finally:
+            self._updates_waiting -= 1
+        try:
             loop = asyncio.get_running_loop()
             try:
                 await loop.run_in_executor(self._executor, load, self.model.state_dict())
@@ -237,6 +256,8 @@ class HFEngine:
                 self._updates += 1
                 self._weight_version = weight_version or str(self._updates)
             return self._weight_version
+        finally:
+            self._batch_lock.release()
 
     async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> str:
         """Load an HF checkpoint directory of the same architecture and swap its weights in."""
@@ -295,8 +316,7 @@ class HFEngine:
             while True:
                 await self._work.wait()
                 await self._resumed.wait()
-                if self.batch_wait_s > 0 and len(self._queue) < self.max_batch_size:
-                    await asyncio.sleep(self.batch_wait_s)
+                await self._gather_arrivals()
                 jobs = [self._queue.popleft() for _ in range(min(self.max_batch_size, len(self._queue)))]
                 if not self._queue:
                     self._work.clear()
@@ -309,6 +329,17 @@ class HFEngine:
             for job in list(self._jobs.values()):
                 self._resolve(job, failed, self._weight_version)
 
+    async def _gather_arrivals(self) -> None:
+        """Wait `batch_wait_s` at a time while the queue grows and has room, `max_batch_wait_s` at most."""
+        if self.batch_wait_s <= 0:
+            return
+        deadline = time.monotonic() + max(self.max_batch_wait_s, self.batch_wait_s)
+        while len(self._queue) < self.max_batch_size and time.monotonic() < deadline:
+            waiting = len(self._queue)
+            await asyncio.sleep(self.batch_wait_s)
+            if len(self._queue) == waiting:
+                return
+
     async def _decode(self, jobs: list[_Job]) -> None:
         """Run one batch to completion, resolving each job as soon as it finishes."""
         self.stats.batches += 1
@@ -317,11 +348,19 @@ class HFEngine:
         version = self._weight_version
         loop = asyncio.get_running_loop()
         for job in jobs:
-            job.generator = _generator(job.params, self.device)
+            job.seed = _seed(job.params)
         live = jobs
         try:
             batch, tokens, logprobs = await loop.run_in_executor(self._executor, self._prefill, live)
             while True:
+                joining = self._admit(len(live))
+                if joining:
+                    live = live + joining
+                    extra, more, more_logprobs = await loop.run_in_executor(
+                        self._executor, self._prefill, joining
+                    )
+                    await loop.run_in_executor(self._executor, _merge, batch, extra)
+                    tokens, logprobs = tokens + more, logprobs + more_logprobs
                 keep = self._advance(live, tokens, logprobs, version)
                 if not keep:
                     return
@@ -333,6 +372,19 @@ class HFEngine:
         except Exception as exc:  # a failed forward pass ends its batch, never the engine
             for job in live:
                 self._resolve(job, FinishReason(type="abort", message=f"generation failed: {exc!r}"), version)
+
+    def _admit(self, running: int) -> list[_Job]:
+        """Queued jobs that join the running batch, up to `max_batch_size` rows, unless a weight update
+        is waiting for the batch to end or generation is paused (their seeds set)."""
+        if self._updates_waiting or not self._resumed.is_set():
+            return []
+        count = min(self.max_batch_size - running, len(self._queue))
+        joining = [self._queue.popleft() for _ in range(max(count, 0))]
+        for job in joining:
+            job.seed = _seed(job.params)
+        self.stats.rows += len(joining)
+        self.stats.largest_batch = max(self.stats.largest_batch, running + len(joining))
+        return joining
 
     def _advance(self, jobs: list[_Job], tokens: list[int], logprobs: list[float], version: str) -> list[int]:
         """Append each row's new token, resolve finished or aborted rows; the indices of rows that go on."""
@@ -426,7 +478,12 @@ class HFEngine:
 
     @torch.inference_mode()
     def _prefill(self, jobs: list[_Job]) -> tuple[_Batch, list[int], list[float]]:
-        """Left-pad the prompts, compute mRoPE positions, run the prompt pass and sample each first token."""
+        """Left-pad the prompts, compute mRoPE positions, run the prompt pass and sample each first token.
+
+        The layout (positions, image rows) is computed on the host and the images are encoded with their
+        vision inputs precomputed (`trainer.image_features.encode_images`), so the prompt pass never waits
+        for the GPU to learn a shape: HF's own path asks it several times per row.
+        """
         prompts = [job.prompt for job in jobs]
         width = max(len(p.input_ids) for p in prompts)
         pad_id = self.processor.tokenizer.pad_token_id or 0
@@ -435,11 +492,8 @@ class HFEngine:
         for row, prompt in enumerate(prompts):
             input_ids[row, width - len(prompt.input_ids) :] = torch.tensor(prompt.input_ids)
             attention_mask[row, width - len(prompt.input_ids) :] = 1
-        input_ids = input_ids.to(self.device)
-        attention_mask = attention_mask.to(self.device)
         pixels = [p.pixels for p in prompts if p.pixels is not None]
-        pixel_values = torch.cat([p.pixel_values for p in pixels]) if pixels else None
-        grid_thw = torch.cat([p.image_grid_thw for p in pixels]).to(self.device) if pixels else None
+        grid_thw = torch.cat([p.image_grid_thw for p in pixels]) if pixels else None
         image_tokens = (input_ids == self.processor.ids.image_pad) & attention_mask.bool()
         positions, deltas = self.model.model.get_rope_index(
             input_ids,
@@ -447,18 +501,31 @@ class HFEngine:
             image_grid_thw=grid_thw,
             attention_mask=attention_mask,
         )
-        out = self.model(
-            input_ids=input_ids,
+        embeds = self.model.get_input_embeddings()(input_ids.to(self.device))
+        extra: dict[str, Any] = {}
+        if pixels and grid_thw is not None:
+            pixel_values = torch.cat([p.pixel_values for p in pixels]).to(self.device, self.model.dtype)
+            features = encode_images(self.model.model, pixel_values, grid_thw)
+            flat, extra = with_image_features(
+                embeds.view(1, -1, embeds.shape[-1]),
+                features,
+                image_tokens.view(-1).nonzero().squeeze(-1).to(self.device),
+            )
+            embeds = flat.view(embeds.shape)
+            mask = extra.get("visual_pos_masks")  # Qwen3-VL's deepstack rows, per prompt row
+            if isinstance(mask, torch.Tensor):
+                extra["visual_pos_masks"] = mask.view(image_tokens.shape)
+        attention_mask = attention_mask.to(self.device)
+        out = self.model.model.language_model(  # the text model: Qwen3-VL's deepstack rows go in as given
+            inputs_embeds=embeds,
             attention_mask=attention_mask,
-            position_ids=positions,
-            pixel_values=None if pixel_values is None else pixel_values.to(self.device, self.model.dtype),
-            image_grid_thw=grid_thw,
+            position_ids=positions.to(self.device),
             use_cache=True,
-            logits_to_keep=1,
+            **extra,
         )
-        next_positions = attention_mask.sum(dim=1) + deltas.view(-1).to(self.device)
+        next_positions = (attention_mask.sum(dim=1) + deltas.view(-1).to(self.device)).to(positions.dtype)
         batch = _Batch(out.past_key_values, attention_mask, next_positions)
-        tokens, logprobs = _sample(out.logits[:, -1], jobs)
+        tokens, logprobs = _sample(self.model.lm_head(out.last_hidden_state[:, -1]), jobs)
         return batch, tokens, logprobs
 
     @torch.inference_mode()
@@ -485,6 +552,29 @@ class HFEngine:
         return _sample(out.logits[:, -1], jobs)
 
 
+@torch.inference_mode()
+def _merge(batch: _Batch, extra: _Batch) -> None:
+    """Append `extra`'s rows to `batch`: caches and attention masks left-padded to the longer of the two."""
+    width = max(batch.attention_mask.shape[1], extra.attention_mask.shape[1])
+    for layer, joining in zip(batch.cache.layers, extra.cache.layers, strict=True):
+        layer.keys = torch.cat([_left_pad(layer.keys, width, 2), _left_pad(joining.keys, width, 2)])
+        layer.values = torch.cat([_left_pad(layer.values, width, 2), _left_pad(joining.values, width, 2)])
+    batch.attention_mask = torch.cat(
+        [_left_pad(batch.attention_mask, width, 1), _left_pad(extra.attention_mask, width, 1)]
+    )
+    batch.next_positions = torch.cat([batch.next_positions, extra.next_positions])
+
+
+def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """`tensor` with zeros prepended along `dim` up to `width`."""
+    missing = width - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
 def _sample(logits: torch.Tensor, jobs: list[_Job]) -> tuple[list[int], list[float]]:
     """Pick each row's next token with its own params; its logprob is SGLang's (see the module doc)."""
     temperatures = torch.tensor(
@@ -492,34 +582,60 @@ def _sample(logits: torch.Tensor, jobs: list[_Job]) -> tuple[list[int], list[flo
     )
     logp = torch.log_softmax(logits.float() / temperatures[:, None], dim=-1)
     tokens = logp.argmax(dim=-1)
-    for row, job in enumerate(jobs):
-        if not job.params.greedy:
-            tokens[row] = _sample_filtered(logp[row], job.params, job.generator)
-    logprobs = logp.gather(-1, tokens[:, None]).squeeze(-1)
-    return tokens.tolist(), logprobs.tolist()
+    drawn = [row for row, job in enumerate(jobs) if not job.params.greedy]
+    if drawn:
+        rows = torch.tensor(drawn, device=logits.device)
+        sampled = [jobs[row] for row in drawn]
+        uniforms = [_uniform(job.seed, len(job.output_ids)) for job in sampled]
+        tokens[rows] = _draw(logp[rows].exp(), [job.params for job in sampled], uniforms)
+    picked = torch.stack([tokens.double(), logp.gather(-1, tokens[:, None]).squeeze(-1).double()])
+    ids, logprobs = picked.tolist()  # the step's one host sync
+    return [int(t) for t in ids], logprobs
 
 
-def _sample_filtered(
-    logp: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
-) -> torch.Tensor:
-    """Sample one id from `exp(logp)` restricted by top-k, then top-p, then min-p (as SGLang does)."""
-    probs = logp.exp()
-    if params.top_k == TOP_K_ALL and params.top_p >= 1.0 and params.min_p <= 0.0:
-        return torch.multinomial(probs, 1, generator=generator)[0]
-    top_k = probs.numel() if params.top_k == TOP_K_ALL else min(params.top_k, probs.numel())
-    probs, order = torch.topk(probs, top_k)
-    keep = (probs.cumsum(0) - probs) < params.top_p
-    if params.min_p > 0.0:
-        keep &= probs >= params.min_p * probs[0]
-    return order[torch.multinomial(probs * keep, 1, generator=generator)[0]]
+def _draw(probs: torch.Tensor, params: list[SamplingParams], uniforms: list[float]) -> torch.Tensor:
+    """One id per row of `probs` `[R, V]`, restricted by top-k, then top-p, then min-p (as SGLang does),
+    drawn by inverse CDF at the row's uniform."""
+    if any(p.top_k != TOP_K_ALL or p.top_p < 1.0 or p.min_p > 0.0 for p in params):
+        probs = _filtered(probs, params)
+    cdf = probs.double().cumsum(dim=-1)
+    u = torch.tensor(uniforms, dtype=torch.float64, device=probs.device)
+    target = (u * cdf[:, -1])[:, None]
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
-def _generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
-    """The row's sampler: seeded from `sampling_seed` (reproducible) or at random; none when greedy."""
+def _filtered(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """`probs` with what each row's top-k, top-p (over the top-k, unrenormalised) and min-p drop set to 0."""
+    vocab = probs.shape[-1]
+    device = probs.device
+    top_k = torch.tensor(
+        [vocab if p.top_k == TOP_K_ALL else min(p.top_k, vocab) for p in params], device=device
+    )
+    top_p = torch.tensor([p.top_p for p in params], device=device)
+    min_p = torch.tensor([p.min_p for p in params], device=device)
+    ordered, order = probs.sort(dim=-1, descending=True)
+    keep = torch.arange(vocab, device=device)[None, :] < top_k[:, None]
+    keep &= (ordered.cumsum(dim=-1) - ordered) < top_p[:, None]
+    keep &= ordered >= min_p[:, None] * ordered[:, :1]
+    return torch.zeros_like(probs).scatter_(-1, order, ordered * keep)
+
+
+def _seed(params: SamplingParams) -> int | None:
+    """The row's sampling seed: `sampling_seed` (reproducible) or a random one; none when greedy."""
     if params.greedy:
         return None
-    seed = params.sampling_seed if params.sampling_seed is not None else random.getrandbits(63)
-    return torch.Generator(device=device).manual_seed(seed)
+    return params.sampling_seed if params.sampling_seed is not None else random.getrandbits(63)
+
+
+def _uniform(seed: int | None, index: int) -> float:
+    """A uniform in [0, 1) from the row's seed and the index of the token drawn (splitmix64)."""
+    x = ((seed or 0) * 0x9E3779B97F4A7C15 + (index + 1) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return ((x ^ (x >> 31)) >> 11) / float(1 << 53)
+
+
+_MASK64 = (1 << 64) - 1
 
 
 def _eos_ids(model: PreTrainedModel, processor: VLProcessor) -> frozenset[int]:

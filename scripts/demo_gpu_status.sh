@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Where the runs of scripts/run_demo_gpu.sh stand: whether the detached driver still runs, and for each
+# run its last logged step, its held-out success points so far (before SFT, after SFT, every
+# train.eval_every RL steps) and its final line once there is one.
+#   bash scripts/demo_gpu_status.sh [OUT]         # OUT defaults to runs/demo-gpu
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+out=${1:-runs/demo-gpu}
+[ -d "$out" ] || { echo "no runs under $out" >&2; exit 1; }
+if [ -f "$out/driver.pid" ]; then
+    pid=$(cat "$out/driver.pid")
+    if kill -0 "$pid" 2>/dev/null; then echo "driver $pid: running"; else echo "driver $pid: finished"; fi
+fi
+shopt -s nullglob
+for log in "$out"/*.log; do
+    name=$(basename "$log" .log)
+    [ "$name" = driver ] && continue
+    echo "== $name"
+    last=$(grep -E '^step [0-9]+' "$log" | tail -n 1 || true)
+    echo "last step: ${last:-none yet}"
+    python3 - "$log" "$out/$name/rl/metrics.jsonl" <<'PY'
+import json, re, sys
+from pathlib import Path
+
+log, metrics = Path(sys.argv[1]), Path(sys.argv[2])
+points, stage = [], None
+for line in log.read_text(errors="replace").splitlines():  # the stage evaluations, as the run prints them
+    if m := re.search(r"held-out evaluation (.+?) \(", line):
+        stage = m.group(1)
+    elif stage and (m := re.search(r"success ([0-9.]+%)", line)):
+        points.append(f"{stage} {m.group(1)}")
+        stage = None
+if metrics.is_file():  # the periodic evaluations during RL
+    for line in metrics.read_text().splitlines():
+        record = json.loads(line)
+        if "eval/success_rate" in record:
+            points.append(f"RL step {record['step']} {100 * record['eval/success_rate']:.1f}%")
+print("held-out: " + (", ".join(points) if points else "none yet"))
+PY
+    final=$(grep -F 'held-out success:' "$log" | tail -n 1 || true)
+    [ -n "$final" ] && echo "$final"
+done

@@ -1,0 +1,33 @@
+"""`scripts/demo_gpu_status.sh`: each run's last step, held-out points and final line, read from its files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_status_reports_each_runs_last_step_held_out_points_and_final_line(tmp_path: Path) -> None:
+    (tmp_path / "3moves" / "rl").mkdir(parents=True)
+    (tmp_path / "3moves.log").write_text(
+        "held-out evaluation before SFT (runs/base)\n  success 2.0%, mean reward 0.020 over 200 episodes\n"
+        "held-out evaluation after SFT (runs/sft)\n  success 6.5%, mean reward 0.065 over 200 episodes\n"
+        "step 9  reward/mean=0.1\nstep 10  reward/mean=0.2\n"
+        "held-out success: before 2.0% -> after SFT 6.5% -> after RL 9.0% (200 levels)\n"
+    )
+    records = [{"step": 10, "eval/success_rate": 0.12}, {"step": 11, "reward/mean": 0.3}]
+    (tmp_path / "3moves" / "rl" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "1move.log").write_text("held-out evaluation before SFT (runs/base)\n")
+    (tmp_path / "driver.pid").write_text("999999999\n")
+    script = REPO / "scripts" / "demo_gpu_status.sh"
+    done = subprocess.run(["bash", str(script), str(tmp_path)], capture_output=True, text=True, check=True)
+    lines = done.stdout.splitlines()
+    assert lines[0] == "driver 999999999: finished"
+    moves = lines[lines.index("== 3moves") + 1 :]
+    assert moves[0] == "last step: step 10  reward/mean=0.2"
+    assert moves[1] == "held-out: before SFT 2.0%, after SFT 6.5%, RL step 10 12.0%"
+    assert moves[2].startswith("held-out success: before 2.0%")
+    one = lines[lines.index("== 1move") + 1 :]
+    assert one[:2] == ["last step: none yet", "held-out: none yet"]
