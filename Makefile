@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint typecheck deploy-check pytest compose-test bench clean
+.PHONY: slow-test install demo test lint typecheck deploy-check pytest compose-test bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -45,7 +45,11 @@ PYTEST_WORKERS ?= 3
 
 pytest: install
 	bash scripts/ensure-redis.sh
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 -m "not slow"
+
+# The tests marked slow (minutes of installing, not of testing): `vistarl[train]` alone in a fresh venv.
+slow-test: install
+	$(PY) -m pytest -q -p no:cacheprovider -m slow
 
 # Lint, mypy and the deploy checks run beside pytest, each check's output whole when it ends (-Otarget);
 # pytest prints as it goes. Every check and pytest run to the end; any failure fails `make test`.
