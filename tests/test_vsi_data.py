@@ -49,8 +49,8 @@ def test_vsibench_questions_import_and_play_in_the_rendered_rooms(tmp_path: Path
         obs, info = env.reset()
         assert info["scene_name"] == original["scene_name"] and info["question_id"] == original["id"]
         assert original["question"] in obs["text"]
-        _, done, step_info = env.step(f"<answer>{original['ground_truth']}</answer>")
-        assert done and step_info["episode_reward"] == 1.0
+        answered = env.step(f"<answer>{original['ground_truth']}</answer>")
+        assert answered.terminated and answered.info["episode_reward"] == 1.0
 
 
 def test_a_bad_parquet_is_refused_naming_the_problem(tmp_path: Path) -> None:
