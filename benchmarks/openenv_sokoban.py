@@ -67,9 +67,9 @@ class OpenEnvSokoban(Environment[SokobanAction, SokobanObservation, State]):
         """One turn of the episode."""
         if self._env is None:
             raise RuntimeError("reset before stepping")
-        obs, done, info = self._env.step(action.action)
+        result = self._env.step(action.action)
         self._state.step_count += 1
-        return _observation(obs, info, reward=float(info.get("reward", 0.0)), done=bool(done))
+        return _observation(result.observation, result.info, reward=result.reward, done=result.done)
 
     @property
     def state(self) -> State:
