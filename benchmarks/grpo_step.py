@@ -24,7 +24,8 @@ One line per part, mean seconds per step over the measured steps:
 
 Then episodes/s and training tokens/s (trainable tokens, prompt included, over the step's wall time), the
 peak GPU memory of the process (trainer and embedded engine together; the largest resident set on CPU),
-the embedded engine's batches (over the whole run) and their mean rows, the mean seconds an episode spent
+the embedded engine's batches (over the whole run), their mean rows and how many decoded from the static
+KV cache (CUDA graphs), the mean seconds an episode spent
 in each part (`rollout/seconds/*`: env calls, tokenizing, generating, in all; episodes overlap, so these
 are waits, not shares of the rollout), and one JSON line with every figure.
 """
@@ -125,7 +126,10 @@ def print_report(result: dict[str, Any]) -> None:
         f"episodes/s {result['episodes_per_s']:.1f}  training tokens/s {result['train_tokens_per_s']:.0f}  "
         f"peak memory {result['peak_memory_gib']:.2f} GiB  ({result['device']})"
     )
-    print(f"engine batches {result['engine_batches']}  mean rows {result['engine_mean_batch']}")
+    print(
+        f"engine batches {result['engine_batches']}  mean rows {result['engine_mean_batch']}"
+        f"  static-cache batches {result['engine_static_batches']}"
+    )
     split = "  ".join(f"{k} {v:.3f}" for k, v in result["episode_seconds"].items())
     print(f"seconds per episode: {split}")
     print(json.dumps(result))
@@ -173,6 +177,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     stats = engine.stats if isinstance(engine, HFEngine) else None
     return {
         "engine_batches": stats.batches if stats else None,
+        "engine_static_batches": stats.static_batches if stats else None,
         "engine_mean_batch": round(stats.rows / stats.batches, 1) if stats and stats.batches else None,
         "config": str(args.config),
         "settings": args.set,

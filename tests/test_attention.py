@@ -12,8 +12,8 @@ from transformers import PreTrainedModel
 
 from devtools.tiny_checkpoint import ARCHS
 from tests.vl_samples import mixed_samples
-from trainer.learner import attention
-from trainer.learner.attention import SDPA_ATTENTION, VARLEN_ATTENTION, sequence_bounds, use_attention
+from trainer import attention
+from trainer.attention import SDPA_ATTENTION, VARLEN_ATTENTION, sequence_bounds, use_attention
 from trainer.learner.logprobs import token_logprobs
 from trainer.learner.models import ActorModel, load_lm
 from trainer.learner.packing import PackedBatch, pack_sequences

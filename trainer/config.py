@@ -132,6 +132,11 @@ class RolloutConfig(_Section):
     stop: list[str] | None = Field(default=None, description="stop strings: a reply ends at the first")
     concurrency: int = Field(default=8, ge=1, description="episodes in flight per worker")
     engine: str = "hf"
+    cuda_graphs: bool = Field(
+        default=True,
+        description="the embedded engine decodes on a GPU from a static KV cache of "
+        "rollout_max_context_len positions a row, each step in a CUDA graph",
+    )
     queue: str | None = Field(default=None, pattern=r"^(redis|rediss|unix)://\S+$")
     local_workers: int = Field(default=1, ge=0, description="in-process rollout workers; 0: external ones")
     collect_timeout_s: float = Field(default=1800.0, gt=0, description="longest wait for one step's episodes")

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from trainer.learner.attention import SequenceBounds
+from trainer.attention import SequenceBounds
 from trainer.rollout.processor import ImageLike, VLProcessor
 
 RopeIndex = Callable[..., tuple[torch.Tensor, torch.Tensor]]

@@ -9,12 +9,15 @@ to (from its size alone, so the rollout never touches pixels), and the `pixel_va
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image
 from transformers import AutoImageProcessor, AutoTokenizer, PreTrainedTokenizerBase
@@ -29,6 +32,7 @@ Grid = tuple[int, int, int]
 MAX_IMAGE_BYTES = 32 * 1024 * 1024
 MAX_IMAGE_PIXELS = 64 * 1024 * 1024
 _HEADER_CHARS = 4096  # base64 characters read for a header: a multiple of 4
+PIXEL_CACHE_SIZE = 64  # data URLs whose pixel inputs a processor keeps (a rollout step's distinct images)
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,7 @@ class VLProcessor:
         self.tokenizer = tokenizer
         self.image_processor = image_processor
         self.ids = SpecialIds.from_tokenizer(tokenizer)
+        self._cached_pixels = functools.lru_cache(maxsize=PIXEL_CACHE_SIZE)(self._pixels)
         self.patch_size = int(image_processor.patch_size)  # type: ignore[attr-defined]
         self.merge_size = int(image_processor.merge_size)  # type: ignore[attr-defined]
         size = image_processor.size  # type: ignore[attr-defined]
@@ -125,10 +130,56 @@ class VLProcessor:
         return out
 
     def pixel_inputs(self, images: Sequence[ImageLike]) -> PixelInputs:
-        """Preprocess images (in pad order) into `pixel_values` and `image_grid_thw`."""
-        pil = [load_image(img) for img in images]
-        out = self.image_processor(images=pil, return_tensors="pt")  # type: ignore[operator]
+        """Preprocess images (in pad order) into `pixel_values` and `image_grid_thw`.
+
+        Each image is preprocessed on its own, a data URL once for the last `PIXEL_CACHE_SIZE` seen (the
+        samples of a GRPO group share their first observation, and the engine and the trainer both ask).
+        """
+        parts = [self._cached_pixels(img) if isinstance(img, str) else self._pixels(img) for img in images]
+        if not parts:
+            out = self.image_processor(images=[], return_tensors="pt")  # type: ignore[operator]
+            return PixelInputs(pixel_values=out["pixel_values"], image_grid_thw=out["image_grid_thw"])
+        return PixelInputs(
+            torch.cat([p.pixel_values for p in parts]), torch.cat([p.image_grid_thw for p in parts])
+        )
+
+    def _pixels(self, image: ImageLike) -> PixelInputs:
+        """One image's inputs. An image already at its resized size (an env that renders to the patch
+        grid) takes `_patches`, the image processor's own arithmetic without its per-image overhead;
+        any other goes through the image processor."""
+        pil = load_image(image)
+        if self._needs_no_resize(pil):
+            grid = [[1, pil.height // self.patch_size, pil.width // self.patch_size]]
+            return PixelInputs(torch.from_numpy(self._patches(pil)), torch.tensor(grid))
+        out = self.image_processor(images=[pil], return_tensors="pt")  # type: ignore[operator]
         return PixelInputs(pixel_values=out["pixel_values"], image_grid_thw=out["image_grid_thw"])
+
+    def _needs_no_resize(self, image: Image.Image) -> bool:
+        """Whether the Qwen2-VL PIL image processor would only rescale and normalize this image."""
+        processor: Any = self.image_processor
+        if type(processor).__name__ != "Qwen2VLImageProcessorPil":
+            return False
+        if not (processor.do_rescale and processor.do_normalize):
+            return False
+        factor = self.patch_size * self.merge_size
+        size = smart_resize(
+            image.height, image.width, factor, min_pixels=self.min_pixels, max_pixels=self.max_pixels
+        )
+        return size == (image.height, image.width)
+
+    def _patches(self, image: Image.Image) -> np.ndarray:
+        """The image processor's flattened patches of an RGB image that needs no resize: rescaled in
+        float64 and cast, normalized in float32, cut into merge-ordered patches repeated over time."""
+        processor: Any = self.image_processor
+        pixels = (np.asarray(image).astype(np.float64) * processor.rescale_factor).astype(np.float32)
+        pixels = (pixels - np.array(processor.image_mean, dtype=np.float32)) / np.array(
+            processor.image_std, dtype=np.float32
+        )
+        p, m, t = self.patch_size, self.merge_size, int(processor.temporal_patch_size)
+        h, w = image.height // p, image.width // p
+        grid = pixels.transpose(2, 0, 1).reshape(3, h // m, m, p, w // m, m, p)
+        grid = grid.transpose(1, 4, 2, 5, 0, 3, 6)[:, :, :, :, :, None]
+        return np.ascontiguousarray(np.broadcast_to(grid, (*grid.shape[:5], t, p, p))).reshape(h * w, -1)
 
 
 def checkpoint_dir(path: str | Path) -> str:

@@ -9,6 +9,7 @@ aligned to `train_ids`. The rules, with an example, are in docs/tokens.md.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ MessageLike = Mapping[str, Any] | Message
 
 # Stands in for an assistant reply when rendering deltas; it must not occur in any chat template.
 _REPLY_PROBE = "vistarl-reply-probe-7f3a"
+ENCODE_CACHE_SIZE = 256  # rendered texts whose ids an encoder keeps
 _Step = Literal["prompt", "generation", "observation"]
 
 
@@ -51,6 +53,7 @@ class TurnEncoder:
     def __init__(self, processor: VLProcessor) -> None:
         self.processor = processor
         self.ids = processor.ids
+        self._encoded = functools.lru_cache(maxsize=ENCODE_CACHE_SIZE)(self._encode)
         self._reply_prefix = self.render([{"role": "assistant", "content": _REPLY_PROBE}])
         eos = processor.tokenizer.convert_ids_to_tokens(self.ids.im_end)
         at = self._reply_prefix.rfind(_REPLY_PROBE)
@@ -70,8 +73,13 @@ class TurnEncoder:
         return str(text)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text`, with no BOS/EOS added."""
-        return list(self.processor.tokenizer.encode(text, add_special_tokens=False))
+        """Token ids of `text`, with no BOS/EOS added: the Rust tokenizer's own, once for each of the
+        last `ENCODE_CACHE_SIZE` texts (a prompt costs milliseconds, and the samples of a GRPO group
+        open with the same one)."""
+        return list(self._encoded(text))
+
+    def _encode(self, text: str) -> tuple[int, ...]:
+        return tuple(self.processor.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids)
 
     def prompt(self, messages: Sequence[Mapping[str, Any]]) -> Segment:
         """The opening context: `messages` (system prompt, first observation) and the generation prompt."""

@@ -40,8 +40,10 @@ import torch
 from transformers import AutoModelForImageTextToText, PreTrainedModel
 
 from clients.errors import ImageError
+from trainer.attention import VARLEN_ATTENTION, use_attention
 from trainer.image_features import encode_images, with_image_features
 from trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
+from trainer.rollout.engines.decode_cache import DecodeRows, DynamicRows, Prefill, StaticDecoder
 from trainer.rollout.engines.sglang_api import TOP_K_ALL, FinishReason, PauseMode, SamplingParams
 from trainer.rollout.processor import PixelInputs, VLProcessor, checkpoint_dir
 from trainer.weights.targets import WeightLoadError, copy_into
@@ -51,6 +53,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH_SIZE = 8
 DEFAULT_MAX_BATCH_WAIT_S = 0.1
+DEFAULT_STATIC_CACHE_LEN = 4096
 HEALTH_TIMEOUT_S = 30.0
 
 
@@ -81,21 +84,13 @@ class _Job:
 
 
 @dataclass
-class _Batch:
-    """Decoding state of the running batch, touched only on the model thread."""
-
-    cache: Any
-    attention_mask: torch.Tensor
-    next_positions: torch.Tensor  # (rows,) mRoPE position of each row's next token
-
-
-@dataclass
 class EngineStats:
     """Counters of the batching loop: how many batches ran and how full they were."""
 
     batches: int = 0
     rows: int = 0
     largest_batch: int = 0
+    static_batches: int = 0  # batches decoded from the static KV cache (CUDA graphs on a GPU)
 
 
 class HFEngine:
@@ -112,7 +107,13 @@ class HFEngine:
         batch_wait_s: float = 0.005,
         max_batch_wait_s: float = DEFAULT_MAX_BATCH_WAIT_S,
         model_path: str | None = None,
+        cuda_graphs: bool = True,
+        static_cache_len: int | None = None,
     ) -> None:
+        """`cuda_graphs`: on a GPU, decode from a static KV cache of `static_cache_len` positions a row
+        (default: the context, at most `DEFAULT_STATIC_CACHE_LEN`) with each step in a CUDA graph.
+        Without graphs (the CPU, or `cuda_graphs=False`), a `static_cache_len` decodes from the same
+        static cache eagerly; none: HF's eager decode over a growing cache."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model.eval()
@@ -127,6 +128,9 @@ class HFEngine:
         self.max_context_len = int(text_config.max_position_embeddings)
         self.eos_ids = _eos_ids(model, processor)
         self.stats = EngineStats()
+        self.static = _static_decoder(model, max_batch_size, cuda_graphs, static_cache_len)
+        if self.device.type == "cuda" and model.dtype in (torch.bfloat16, torch.float16):
+            use_attention(model.model.visual, VARLEN_ATTENTION)  # one kernel a block, not one per image
         self._weight_version = "0"
         self._updates = 0
         self._queue: collections.deque[_Job] = collections.deque()
@@ -148,6 +152,8 @@ class HFEngine:
         device: str = "cpu",
         dtype: torch.dtype | None = None,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        cuda_graphs: bool = True,
+        static_cache_len: int | None = None,
     ) -> HFEngine:
         """Load model and processor from a checkpoint directory; fp32 on CPU, bf16 on GPU by default.
 
@@ -157,7 +163,14 @@ class HFEngine:
             directory, device, dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
         )
         processor = VLProcessor.from_pretrained(directory)
-        return cls(model, processor, max_batch_size=max_batch_size, model_path=directory)
+        return cls(
+            model,
+            processor,
+            max_batch_size=max_batch_size,
+            model_path=directory,
+            cuda_graphs=cuda_graphs,
+            static_cache_len=static_cache_len,
+        )
 
     @property
     def weight_version(self) -> str:
@@ -181,7 +194,7 @@ class HFEngine:
             return await job.future
         finally:
             self._jobs.pop(request.rid, None)
-            with contextlib.suppress(ValueError):
+            if job in self._queue:  # not `remove` in `suppress`: its ValueError would repr the job's tensors
                 self._queue.remove(job)
 
     async def abort(self, rid: str) -> None:
@@ -349,37 +362,45 @@ class HFEngine:
         loop = asyncio.get_running_loop()
         for job in jobs:
             job.seed = _seed(job.params)
-        live = jobs
+        static = self.static is not None and all(self._fits_static(job) for job in jobs)
+        rows: DecodeRows = self.static.rows() if self.static and static else DynamicRows(self.model)
+        self.stats.static_batches += static
+        live: list[_Job] = []
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        joining = jobs
         try:
-            batch, tokens, logprobs = await loop.run_in_executor(self._executor, self._prefill, live)
             while True:
-                joining = self._admit(len(live))
                 if joining:
                     live = live + joining
-                    extra, more, more_logprobs = await loop.run_in_executor(
-                        self._executor, self._prefill, joining
-                    )
-                    await loop.run_in_executor(self._executor, _merge, batch, extra)
-                    tokens, logprobs = tokens + more, logprobs + more_logprobs
+                    more = await loop.run_in_executor(self._executor, self._prefill, joining, rows)
+                    tokens, logprobs = tokens + more[0], logprobs + more[1]
                 keep = self._advance(live, tokens, logprobs, version)
                 if not keep:
                     return
                 live = [live[i] for i in keep]
-                tokens = [tokens[i] for i in keep]
                 tokens, logprobs = await loop.run_in_executor(
-                    self._executor, self._step, batch, live, keep, tokens
+                    self._executor, self._step, rows, live, keep, [tokens[i] for i in keep]
                 )
+                joining = self._admit(len(live), static)
         except Exception as exc:  # a failed forward pass ends its batch, never the engine
+            log.exception("generation failed for a batch of %d rows", len(live))
             for job in live:
                 self._resolve(job, FinishReason(type="abort", message=f"generation failed: {exc!r}"), version)
+        finally:
+            rows.close()
 
-    def _admit(self, running: int) -> list[_Job]:
+    def _admit(self, running: int, static: bool) -> list[_Job]:
         """Queued jobs that join the running batch, up to `max_batch_size` rows, unless a weight update
-        is waiting for the batch to end or generation is paused (their seeds set)."""
+        is waiting for the batch to end or generation is paused (their seeds set). A static batch takes
+        them in order up to the first that does not fit its cache."""
         if self._updates_waiting or not self._resumed.is_set():
             return []
-        count = min(self.max_batch_size - running, len(self._queue))
-        joining = [self._queue.popleft() for _ in range(max(count, 0))]
+        joining: list[_Job] = []
+        while self._queue and running + len(joining) < self.max_batch_size:
+            if static and not self._fits_static(self._queue[0]):
+                break
+            joining.append(self._queue.popleft())
         for job in joining:
             job.seed = _seed(job.params)
         self.stats.rows += len(joining)
@@ -402,6 +423,11 @@ class HFEngine:
             else:
                 self._resolve(job, finish, version)
         return keep
+
+    def _fits_static(self, job: _Job) -> bool:
+        """Whether `job`'s prompt and token budget fit a row of the static KV cache."""
+        static = self.static
+        return static is not None and static.fits(len(job.prompt.input_ids), job.params.max_new_tokens)
 
     def _finish_reason(self, job: _Job) -> FinishReason | None:
         """SGLang's order of checks: the length budget, then stop ids, then stop strings."""
@@ -477,8 +503,9 @@ class HFEngine:
     # --- the model thread ---------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def _prefill(self, jobs: list[_Job]) -> tuple[_Batch, list[int], list[float]]:
-        """Left-pad the prompts, compute mRoPE positions, run the prompt pass and sample each first token.
+    def _prefill(self, jobs: list[_Job], rows: DecodeRows) -> tuple[list[int], list[float]]:
+        """Left-pad the prompts, compute mRoPE positions, run the prompt pass, add the rows to `rows` and
+        sample each first token.
 
         The layout (positions, image rows) is computed on the host and the images are encoded with their
         vision inputs precomputed (`trainer.image_features.encode_images`), so the prompt pass never waits
@@ -524,55 +551,15 @@ class HFEngine:
             **extra,
         )
         next_positions = (attention_mask.sum(dim=1) + deltas.view(-1).to(self.device)).to(positions.dtype)
-        batch = _Batch(out.past_key_values, attention_mask, next_positions)
-        tokens, logprobs = _sample(self.model.lm_head(out.last_hidden_state[:, -1]), jobs)
-        return batch, tokens, logprobs
+        rows.join(Prefill(out.past_key_values, attention_mask, next_positions))
+        return _sample(self.model.lm_head(out.last_hidden_state[:, -1]), jobs)
 
     @torch.inference_mode()
     def _step(
-        self, batch: _Batch, jobs: list[_Job], keep: list[int], tokens: list[int]
+        self, rows: DecodeRows, jobs: list[_Job], keep: list[int], tokens: list[int]
     ) -> tuple[list[int], list[float]]:
-        """Drop finished rows, feed each live row its last token, and sample the next one."""
-        if len(keep) < batch.attention_mask.shape[0]:
-            index = torch.tensor(keep, device=self.device)
-            batch.cache.batch_select_indices(index)
-            batch.attention_mask = batch.attention_mask[index]
-            batch.next_positions = batch.next_positions[index]
-        rows = len(jobs)
-        ones = torch.ones((rows, 1), dtype=batch.attention_mask.dtype, device=self.device)
-        batch.attention_mask = torch.cat([batch.attention_mask, ones], dim=1)
-        out = self.model(
-            input_ids=torch.tensor(tokens, device=self.device).view(rows, 1),
-            attention_mask=batch.attention_mask,
-            position_ids=batch.next_positions.view(1, rows, 1).expand(3, rows, 1),
-            past_key_values=batch.cache,
-            use_cache=True,
-        )
-        batch.next_positions = batch.next_positions + 1
-        return _sample(out.logits[:, -1], jobs)
-
-
-@torch.inference_mode()
-def _merge(batch: _Batch, extra: _Batch) -> None:
-    """Append `extra`'s rows to `batch`: caches and attention masks left-padded to the longer of the two."""
-    width = max(batch.attention_mask.shape[1], extra.attention_mask.shape[1])
-    for layer, joining in zip(batch.cache.layers, extra.cache.layers, strict=True):
-        layer.keys = torch.cat([_left_pad(layer.keys, width, 2), _left_pad(joining.keys, width, 2)])
-        layer.values = torch.cat([_left_pad(layer.values, width, 2), _left_pad(joining.values, width, 2)])
-    batch.attention_mask = torch.cat(
-        [_left_pad(batch.attention_mask, width, 1), _left_pad(extra.attention_mask, width, 1)]
-    )
-    batch.next_positions = torch.cat([batch.next_positions, extra.next_positions])
-
-
-def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    """`tensor` with zeros prepended along `dim` up to `width`."""
-    missing = width - tensor.shape[dim]
-    if missing == 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+        """Keep the rows that go on, feed each its last token, and sample the next one."""
+        return _sample(rows.step(keep, tokens), jobs)
 
 
 def _sample(logits: torch.Tensor, jobs: list[_Job]) -> tuple[list[int], list[float]]:
@@ -636,6 +623,20 @@ def _uniform(seed: int | None, index: int) -> float:
 
 
 _MASK64 = (1 << 64) - 1
+
+
+def _static_decoder(
+    model: PreTrainedModel, slots: int, cuda_graphs: bool, cache_len: int | None
+) -> StaticDecoder | None:
+    """The engine's static-cache decoder: with CUDA graphs on a GPU unless `cuda_graphs` is off; without
+    them (the CPU, or graphs off) when a cache length is given; else None, for HF's eager decode."""
+    if next(model.parameters()).device.type == "cuda" and cuda_graphs:
+        context = int(model.config.get_text_config().max_position_embeddings)
+        length = cache_len or min(context, DEFAULT_STATIC_CACHE_LEN)
+        return StaticDecoder(model, slots=slots, cache_len=length, cuda_graphs=True)
+    if cache_len is not None:
+        return StaticDecoder(model, slots=slots, cache_len=cache_len, cuda_graphs=False)
+    return None
 
 
 def _eos_ids(model: PreTrainedModel, processor: VLProcessor) -> frozenset[int]:
