@@ -2,18 +2,20 @@
 
 Requests queue up; one background task takes up to `max_batch_size` of them at once and decodes them
 together: a left-padded prefill with explicit mRoPE positions, then one token per step for every live
-row from a shared KV cache, each row with its own sampling params. Rows leave the batch as they finish,
-and requests that arrive meanwhile join it between steps (their own prefill, its cache merged in, left
-padded), up to `max_batch_size` rows, unless a weight update is waiting for the batch to end. Before a
+row from a shared KV cache (`decode_cache`: grown per step, or static in CUDA graphs on a GPU), each row
+with its own sampling params. Rows leave the batch as they finish, and requests that arrive meanwhile
+join it between steps (their own prefill, its cache merged in), up to `max_batch_size` rows, unless a
+weight update is waiting for the batch to end. Before a
 batch starts, the loop waits while requests keep arriving (every `batch_wait_s`, up to
 `max_batch_wait_s`), so the episodes of a rollout step that reach the engine together prefill together.
 
 Sampling is one batched pass per step: top-k / top-p / min-p masks for every row at once, then an
 inverse-CDF draw whose uniform is a hash of the row's seed (`sampling_seed`, else a random one) and the
 token's index, so a seeded request draws the same tokens in any batch, and one host sync per step reads
-every row's token and logprob. The model runs on one dedicated thread, so the event loop (HTTP, env
-I/O) keeps going; a batch's weights never change under it, because weight updates wait for the
-running batch and run on the same thread.
+every row's token and logprob. A batch runs whole on one dedicated model thread, which takes joining
+requests from the queue between steps and hands each finished result to its caller's event loop, so
+the event loop (HTTP, env I/O) keeps going and no decode step waits for it; a batch's weights never
+change under it, because weight updates wait for the running batch and run on the same thread.
 
 Semantics follow SGLang: single-pad `engine_ids` are expanded here; logprobs are
 `log_softmax(logits / temperature)` before top-p / top-k / min-p (plain `log_softmax` when greedy);
@@ -29,6 +31,7 @@ import contextlib
 import functools
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -50,6 +53,9 @@ from trainer.weights.targets import WeightLoadError, copy_into
 from trainer.weights.transport import TransportKind
 
 log = logging.getLogger(__name__)
+
+_Finish = Callable[["_Job", FinishReason], None]
+"""How the batch loop hands a finished job over: with its reason, to the caller's event loop."""
 
 DEFAULT_MAX_BATCH_SIZE = 8
 DEFAULT_MAX_BATCH_WAIT_S = 0.1
@@ -134,6 +140,7 @@ class HFEngine:
         self._weight_version = "0"
         self._updates = 0
         self._queue: collections.deque[_Job] = collections.deque()
+        self._queue_lock = threading.Lock()
         self._jobs: dict[str, _Job] = {}
         self._work = asyncio.Event()
         self._resumed = asyncio.Event()
@@ -187,15 +194,15 @@ class HFEngine:
         if request.rid in self._jobs:
             raise EngineRequestError(f"request id {request.rid!r} is already in flight")
         self._jobs[request.rid] = job
-        self._queue.append(job)
+        with self._queue_lock:
+            self._queue.append(job)
         self._ensure_loop()
         self._work.set()
         try:
             return await job.future
         finally:
             self._jobs.pop(request.rid, None)
-            if job in self._queue:  # not `remove` in `suppress`: its ValueError would repr the job's tensors
-                self._queue.remove(job)
+            self._dequeue(job)
 
     async def abort(self, rid: str) -> None:
         """End request `rid`: a queued one at once, a running one after the current step."""
@@ -224,11 +231,26 @@ class HFEngine:
 
     def _abort_job(self, job: _Job, message: str) -> None:
         """Resolve a queued job now; mark a running one, which the batch loop resolves after its step."""
-        if job in self._queue:
-            self._queue.remove(job)
+        if self._dequeue(job):
             self._resolve(job, FinishReason(type="abort", message=message), self._weight_version)
         else:
             job.abort_message = message
+
+    def _dequeue(self, job: _Job) -> bool:
+        """Take `job` out of the queue if it is still there (the model thread takes jobs from it too)."""
+        with self._queue_lock:
+            if job not in self._queue:  # `remove` alone would raise an error that reprs the job's tensors
+                return False
+            self._queue.remove(job)
+            return True
+
+    def _take(self, count: int, fits: Callable[[_Job], bool] = lambda job: True) -> list[_Job]:
+        """Up to `count` queued jobs from the front, stopping at the first that does not `fit`."""
+        taken: list[_Job] = []
+        with self._queue_lock:
+            while self._queue and len(taken) < count and fits(self._queue[0]):
+                taken.append(self._queue.popleft())
+        return taken
 
     # --- weights ----------------------------------------------------------------------------------
 
@@ -330,7 +352,7 @@ class HFEngine:
                 await self._work.wait()
                 await self._resumed.wait()
                 await self._gather_arrivals()
-                jobs = [self._queue.popleft() for _ in range(min(self.max_batch_size, len(self._queue)))]
+                jobs = self._take(self.max_batch_size)
                 if not self._queue:
                     self._work.clear()
                 if jobs:
@@ -354,17 +376,22 @@ class HFEngine:
                 return
 
     async def _decode(self, jobs: list[_Job]) -> None:
-        """Run one batch to completion, resolving each job as soon as it finishes."""
+        """Run one batch to completion on the model thread, each job's result handed to its caller as
+        soon as it finishes. The whole loop runs there, so no decode step waits for this event loop."""
         self.stats.batches += 1
         self.stats.rows += len(jobs)
         self.stats.largest_batch = max(self.stats.largest_batch, len(jobs))
-        version = self._weight_version
-        loop = asyncio.get_running_loop()
         for job in jobs:
             job.seed = _seed(job.params)
         static = self.static is not None and all(self._fits_static(job) for job in jobs)
         rows: DecodeRows = self.static.rows() if self.static and static else DynamicRows(self.model)
         self.stats.static_batches += static
+        loop = asyncio.get_running_loop()
+        finish = functools.partial(self._hand_over, loop, self._weight_version)
+        await loop.run_in_executor(self._executor, self._decode_batch, jobs, rows, static, finish)
+
+    def _decode_batch(self, jobs: list[_Job], rows: DecodeRows, static: bool, finish: _Finish) -> None:
+        """The batch loop on the model thread: prefill arrivals, hand over finished rows, step the rest."""
         live: list[_Job] = []
         tokens: list[int] = []
         logprobs: list[float] = []
@@ -373,20 +400,18 @@ class HFEngine:
             while True:
                 if joining:
                     live = live + joining
-                    more = await loop.run_in_executor(self._executor, self._prefill, joining, rows)
+                    more = self._prefill(joining, rows)
                     tokens, logprobs = tokens + more[0], logprobs + more[1]
-                keep = self._advance(live, tokens, logprobs, version)
+                keep = self._advance(live, tokens, logprobs, finish)
                 if not keep:
                     return
                 live = [live[i] for i in keep]
-                tokens, logprobs = await loop.run_in_executor(
-                    self._executor, self._step, rows, live, keep, [tokens[i] for i in keep]
-                )
+                tokens, logprobs = self._step(rows, live, keep, [tokens[i] for i in keep])
                 joining = self._admit(len(live), static)
         except Exception as exc:  # a failed forward pass ends its batch, never the engine
             log.exception("generation failed for a batch of %d rows", len(live))
             for job in live:
-                self._resolve(job, FinishReason(type="abort", message=f"generation failed: {exc!r}"), version)
+                finish(job, FinishReason(type="abort", message=f"generation failed: {exc!r}"))
         finally:
             rows.close()
 
@@ -396,32 +421,30 @@ class HFEngine:
         them in order up to the first that does not fit its cache."""
         if self._updates_waiting or not self._resumed.is_set():
             return []
-        joining: list[_Job] = []
-        while self._queue and running + len(joining) < self.max_batch_size:
-            if static and not self._fits_static(self._queue[0]):
-                break
-            joining.append(self._queue.popleft())
+        joining = self._take(self.max_batch_size - running, self._fits_static if static else lambda job: True)
         for job in joining:
             job.seed = _seed(job.params)
         self.stats.rows += len(joining)
         self.stats.largest_batch = max(self.stats.largest_batch, running + len(joining))
         return joining
 
-    def _advance(self, jobs: list[_Job], tokens: list[int], logprobs: list[float], version: str) -> list[int]:
-        """Append each row's new token, resolve finished or aborted rows; the indices of rows that go on."""
+    def _advance(
+        self, jobs: list[_Job], tokens: list[int], logprobs: list[float], finish: _Finish
+    ) -> list[int]:
+        """Append each row's new token, `finish` finished or aborted rows; the indices of rows that go on."""
         keep = []
         for i, (job, token, logprob) in enumerate(zip(jobs, tokens, logprobs, strict=True)):
             if job.future.done():
                 continue
             job.output_ids.append(token)
             job.logprobs.append(logprob)
-            finish = self._finish_reason(job)
-            if finish is None and job.abort_message is not None:
-                finish = FinishReason(type="abort", message=job.abort_message)
-            if finish is None:
+            reason = self._finish_reason(job)
+            if reason is None and job.abort_message is not None:
+                reason = FinishReason(type="abort", message=job.abort_message)
+            if reason is None:
                 keep.append(i)
             else:
-                self._resolve(job, finish, version)
+                finish(job, reason)
         return keep
 
     def _fits_static(self, job: _Job) -> bool:
@@ -444,10 +467,18 @@ class HFEngine:
         return None
 
     def _resolve(self, job: _Job, finish: FinishReason, version: str) -> None:
-        """Hand the caller its result (unless it stopped waiting)."""
-        if job.future.done():
-            return
-        result = GenerateResult(
+        """Hand the caller its result (unless it stopped waiting), on the event loop."""
+        _deliver(job.future, self._result(job, finish, version))
+
+    def _hand_over(
+        self, loop: asyncio.AbstractEventLoop, version: str, job: _Job, finish: FinishReason
+    ) -> None:
+        """`_resolve` from the model thread: the result is built here, set on the caller's loop."""
+        loop.call_soon_threadsafe(_deliver, job.future, self._result(job, finish, version))
+
+    def _result(self, job: _Job, finish: FinishReason, version: str) -> GenerateResult:
+        """The job's result as it stands."""
+        return GenerateResult(
             rid=job.request.rid,
             output_ids=job.output_ids,
             logprobs=job.logprobs,
@@ -456,7 +487,6 @@ class HFEngine:
             weight_version=version,
             text=self._text(job, finish),
         )
-        job.future.set_result(result)
 
     def _text(self, job: _Job, finish: FinishReason) -> str:
         """The decoded output, with a matched stop token or string trimmed unless `no_stop_trim`."""
@@ -560,6 +590,12 @@ class HFEngine:
     ) -> tuple[list[int], list[float]]:
         """Keep the rows that go on, feed each its last token, and sample the next one."""
         return _sample(rows.step(keep, tokens), jobs)
+
+
+def _deliver(future: asyncio.Future[GenerateResult], result: GenerateResult) -> None:
+    """Set `future`'s result unless its caller stopped waiting."""
+    if not future.done():
+        future.set_result(result)
 
 
 def _sample(logits: torch.Tensor, jobs: list[_Job]) -> tuple[list[int], list[float]]:
