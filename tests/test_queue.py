@@ -185,7 +185,7 @@ async def test_results_read_but_not_acknowledged_reach_the_next_consumer(make_qu
     queue = make_queue()
     await queue.enqueue([job("a"), job("b")])
     await finish(queue, "w1")
-    read_then_crashed = await queue._read_results("trainer", 10, 0.5, own_pending=False)
+    read_then_crashed = await queue.read_results("trainer", 10, 0.5, own_pending=False)
     assert len(read_then_crashed) == 2
 
     results = await ResultConsumer(make_queue()).collect(2, timeout_s=1.0)

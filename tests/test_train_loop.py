@@ -9,10 +9,11 @@ import pytest
 
 from trainer.config import TrainConfig
 from trainer.eval import eval_starts
+from trainer.prompts import PromptSource
 from trainer.rollout.engines.base import GenerateRequest
 from trainer.rollout.engines.scripted import ScriptedEngine
 from trainer.rollout.processor import VLProcessor
-from trainer.train import PromptSource, run_training
+from trainer.train import run_training
 
 
 def odd_seeds_count(index: int, request: GenerateRequest) -> str:

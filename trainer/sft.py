@@ -33,11 +33,12 @@ from trainer.learner.checkpoint import TrainerState, save_checkpoint
 from trainer.learner.fsdp import init_distributed, is_distributed, rank_device
 from trainer.learner.models import Models, load_actor
 from trainer.learner.update import SEED_STRIDE, PolicyTrainer
+from trainer.ranks import current_rank
 from trainer.rollout.processor import VLProcessor
 from trainer.rollout.tokenization import TokenTrackError, TokenTracks, TurnEncoder
 from trainer.rollout.trajectory import Status, Trajectory
+from trainer.run_dir import agreed_run_dir
 from trainer.run_logging import RunLogger
-from trainer.train import resolve_run_dir, share
 
 __all__ = ["SFTResult", "load_sft_data", "run_sft"]
 
@@ -109,10 +110,9 @@ def run_sft(cfg: TrainConfig, *, name: str = "sft", console: Console | None = No
     if data_path is None:
         raise ValueError("sft.data is not set: give the JSONL of demonstrations or trajectories to imitate")
     init_distributed()
-    rank = dist.get_rank() if is_distributed() else 0
+    rank = current_rank()
     device = rank_device()
-    chosen = {"run_dir": str(resolve_run_dir(cfg, name, resume=False))} if rank == 0 else None
-    run_dir = Path(share(chosen, device)["run_dir"])
+    run_dir = agreed_run_dir(cfg, name, False, device)
     torch.manual_seed(cfg.train.seed)
     if cfg.sft.lr is not None:
         cfg = cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"lr": cfg.sft.lr})})

@@ -236,6 +236,23 @@ class EpisodeQueue(ABC):
     async def forget_consumer(self, consumer: str) -> None:
         """A departing worker: no longer alive, and its name leaves the group if it holds no jobs."""
 
+    # --- the trainer (`ResultConsumer`) ----------------------------------------------------------
+
+    @abstractmethod
+    async def read_results(
+        self, consumer: str, count: int, block_s: float, *, own_pending: bool
+    ) -> list[tuple[str, bytes]]:
+        """Deliver up to `count` published results to `consumer` as (entry id, packed trajectory),
+        waiting at most `block_s` for the first. With `own_pending`, instead re-deliver at once the ones
+        `consumer` read before and never settled (after a restart or an outage). Payloads are not
+        checked here: the caller decodes and validates them."""
+
+    @abstractmethod
+    async def settle_results(self, firsts: Sequence[tuple[str, str]], entry_ids: Sequence[str]) -> list[bool]:
+        """Mark each (episode id, result entry id) as seen, then acknowledge and delete `entry_ids`,
+        atomically. Returns, per pair, True where this entry is the episode's first result (or is that
+        same entry, settled again), so each episode is passed on once for `dedupe_ttl_s`."""
+
     # --- operators -----------------------------------------------------------------------------
 
     @abstractmethod
@@ -298,21 +315,6 @@ class EpisodeQueue(ABC):
     @abstractmethod
     async def _dead_page(self, after: str, count: int) -> list[DeadLetter]:
         """Up to `count` dead letters with ids after `after` ("" for the start)."""
-
-    @abstractmethod
-    async def _read_results(
-        self, consumer: str, count: int, block_s: float, own_pending: bool
-    ) -> list[tuple[str, bytes]]:
-        """Deliver up to `count` results to `consumer` (its own unacknowledged ones if `own_pending`)."""
-
-    @abstractmethod
-    async def _settle_results(
-        self, firsts: Sequence[tuple[str, str]], entry_ids: Sequence[str]
-    ) -> list[bool]:
-        """Mark each (episode_id, result entry id) as seen, then ack and delete `entry_ids`, atomically.
-
-        Returns, per pair, True where this entry is the episode's first result (or is that same entry).
-        """
 
     # --- shared helpers --------------------------------------------------------------------------
 

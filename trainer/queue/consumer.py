@@ -49,7 +49,7 @@ class ResultConsumer:
 
     async def _collect_batch(self, count: int, block_s: float) -> list[Trajectory]:
         """Read one batch, acknowledge it, and keep the valid first result of each episode."""
-        entries = await self.queue._read_results(self.name, count, block_s, self._own_pending)
+        entries = await self.queue.read_results(self.name, count, block_s, own_pending=self._own_pending)
         if not entries:
             self._own_pending = False
             return []
@@ -59,7 +59,7 @@ class ResultConsumer:
                 valid.append((entry_id, Trajectory.from_msgpack(payload)))
             except ValueError as exc:
                 self.rejected[_reason(exc)] += 1
-        firsts = await self.queue._settle_results(
+        firsts = await self.queue.settle_results(
             [(trajectory.episode_id, entry_id) for entry_id, trajectory in valid],
             [entry_id for entry_id, _ in entries],
         )

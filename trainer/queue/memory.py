@@ -177,8 +177,8 @@ class MemoryQueue(EpisodeQueue):
         ids = [i for i in self._dead if _EntryIds.order(i) > floor][:count]
         return [DeadLetter(id=i, **unpack(self._dead[i])) for i in ids]
 
-    async def _read_results(
-        self, consumer: str, count: int, block_s: float, own_pending: bool
+    async def read_results(
+        self, consumer: str, count: int, block_s: float, *, own_pending: bool
     ) -> list[tuple[str, bytes]]:
         if own_pending:
             mine = [i for i, lease in self._results.leases.items() if lease.consumer == consumer][:count]
@@ -187,9 +187,7 @@ class MemoryQueue(EpisodeQueue):
             await self._results.wait(block_s)
         return self._results.deliver(consumer, count)
 
-    async def _settle_results(
-        self, firsts: Sequence[tuple[str, str]], entry_ids: Sequence[str]
-    ) -> list[bool]:
+    async def settle_results(self, firsts: Sequence[tuple[str, str]], entry_ids: Sequence[str]) -> list[bool]:
         now = time.monotonic()
         while self._seen and next(iter(self._seen.values()))[1] < now:
             self._seen.popitem(last=False)

@@ -325,8 +325,8 @@ class RedisQueue(EpisodeQueue):
         return [DeadLetter(id=_text(i), **unpack(fields[_DEAD_FIELD])) for i, fields in rows]
 
     @_redis_call
-    async def _read_results(
-        self, consumer: str, count: int, block_s: float, own_pending: bool
+    async def read_results(
+        self, consumer: str, count: int, block_s: float, *, own_pending: bool
     ) -> list[tuple[str, bytes]]:
         block_ms = None if own_pending else int(min(block_s, _MAX_BLOCK_S) * 1000) or None
         reply = await self._redis.xreadgroup(
@@ -339,9 +339,7 @@ class RedisQueue(EpisodeQueue):
         return self._entries(reply, _RESULT_FIELD)
 
     @_redis_call
-    async def _settle_results(
-        self, firsts: Sequence[tuple[str, str]], entry_ids: Sequence[str]
-    ) -> list[bool]:
+    async def settle_results(self, firsts: Sequence[tuple[str, str]], entry_ids: Sequence[str]) -> list[bool]:
         keys = [self.keys.results, *(self.keys.seen_prefix + episode_id for episode_id, _ in firsts)]
         args: list[bytes | str | int] = [TRAINER_GROUP, int(self.dedupe_ttl_s), len(firsts)]
         args += [entry_id for _, entry_id in firsts]

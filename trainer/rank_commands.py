@@ -1,0 +1,80 @@
+"""The commands rank 0 sends every rank of a training run, typed, and how they travel.
+
+Rank 0 drives the run; every rank (rank 0 included) carries out each command it sends, in order:
+
+- `Train`: one update on a step's trajectories, then a checkpoint if it names the state to save;
+- `Push`: the weights to the engine as a policy version (every rank gathers, rank 0 sends);
+- `Stop`: the run is over.
+
+Rank 0 keeps its own command object as it is. Under torchrun the others receive it as msgpack bytes
+in a tensor broadcast (no pickle), tagged with the command's class name, and validate it as they decode
+it: the one validation a trajectory gets on those ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import torch
+from pydantic import TypeAdapter
+
+from trainer.learner.checkpoint import TrainerState
+from trainer.learner.fsdp import is_distributed
+from trainer.ranks import broadcast_bytes, current_rank
+from trainer.rollout.trajectory import Trajectory
+
+__all__ = ["Push", "RankCommand", "Stop", "Train", "decode", "encode", "share_command"]
+
+
+@dataclass(frozen=True)
+class Train:
+    """Update on step `step`'s trajectories; with `checkpoint`, then save the run as that state."""
+
+    step: int
+    trajectories: list[Trajectory]
+    checkpoint: TrainerState | None = None
+
+
+@dataclass(frozen=True)
+class Push:
+    """Send the actor's weights to the engine as policy version `version`."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The run is over: the other ranks stop following."""
+
+
+RankCommand = Train | Push | Stop
+
+_ADAPTERS: dict[str, TypeAdapter[Any]] = {kind.__name__: TypeAdapter(kind) for kind in (Train, Push, Stop)}
+
+
+def encode(command: RankCommand) -> bytes:
+    """msgpack of `[class name, fields]`, the fields as JSON-safe data."""
+    name = type(command).__name__
+    return bytes(msgpack.packb([name, _ADAPTERS[name].dump_python(command, mode="json")], use_bin_type=True))
+
+
+def decode(payload: bytes) -> RankCommand:
+    """The command `encode` wrote, validated; anything else is a `ValueError`."""
+    name, fields = msgpack.unpackb(payload, raw=False)
+    if name not in _ADAPTERS:
+        raise ValueError(f"not a rank command: {name!r}")
+    command: RankCommand = _ADAPTERS[name].validate_python(fields)
+    return command
+
+
+def share_command(command: RankCommand | None, device: torch.device) -> RankCommand:
+    """Rank 0's `command` on every rank (the others pass None); rank 0 keeps its own object."""
+    if current_rank() != 0:
+        return decode(broadcast_bytes(None, device))
+    if command is None:
+        raise ValueError("rank 0 gives the command")
+    if is_distributed():
+        broadcast_bytes(encode(command), device)
+    return command

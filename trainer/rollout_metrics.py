@@ -1,0 +1,71 @@
+"""What a step's gathered episodes tell: the rollout metrics each step logs, and how its episodes ended."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+
+import torch
+
+from trainer.rollout.trajectory import Status
+from trainer.stack import Gathered, Stack
+
+__all__ = ["outcomes", "rollout_metrics"]
+
+RENAMED = {
+    "turns": "rollout/turns",
+    "generated_tokens": "rollout/response_tokens",
+    "context_tokens": "rollout/context_tokens",
+}
+"""Episode metrics logged under another name; `env/...` ones keep theirs, the rest are not logged."""
+
+
+def rollout_metrics(gathered: Gathered, stack: Stack) -> dict[str, float]:
+    """Reward and env metrics over usable episodes; statuses, lengths and losses over all of them."""
+    trajectories = gathered.trajectories
+    usable = [t for t in trajectories if t.status.played]
+    metrics: dict[str, float] = {
+        "rollout/episodes": float(len(trajectories)),
+        "rollout/missing": float(gathered.missing),
+        "rollout/stale": float(gathered.stale),
+        "rollout/unexpected": float(stack.unexpected),
+        "rollout/rejected": float(stack.rejected),
+    }
+    statuses = Counter(t.status for t in trajectories)
+    for status in Status:
+        metrics[f"rollout/status/{status.value}"] = float(statuses.get(status, 0))
+    if trajectories:
+        lags = [stack.lag(t) for t in trajectories]
+        metrics["rollout/policy_lag"] = sum(lags) / len(lags)
+    if usable:
+        metrics.update(_usable_metrics(gathered))
+    return {k: v for k, v in metrics.items() if math.isfinite(v)}
+
+
+def _usable_metrics(gathered: Gathered) -> dict[str, float]:
+    """The reward's spread, the mean of each logged episode metric and each timing, over usable episodes."""
+    usable = [t for t in gathered.trajectories if t.status.played]
+    rewards = torch.tensor([t.episode_reward for t in usable])
+    metrics = {
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std()) if len(usable) > 1 else 0.0,
+        "reward/min": float(rewards.min()),
+        "reward/max": float(rewards.max()),
+    }
+    per_episode: defaultdict[str, list[float]] = defaultdict(list)
+    for t in usable:
+        for name, value in t.metrics.items():
+            per_episode[name].append(value)
+    for name, values in per_episode.items():
+        if name.startswith("env/") or name in RENAMED:
+            metrics[RENAMED.get(name, name)] = sum(values) / len(values)
+    for part in sorted({part for t in usable for part in t.timings}):  # mean seconds per episode
+        metrics[f"rollout/seconds/{part}"] = sum(t.timings.get(part, 0.0) for t in usable) / len(usable)
+    return metrics
+
+
+def outcomes(gathered: Gathered) -> str:
+    """How a step's episodes ended, e.g. `3 COMPLETED, 5 FAILED, 0 missing`."""
+    counts = Counter(t.status.value for t in gathered.trajectories)
+    ended = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    return f"{ended}, {gathered.missing} missing"

@@ -1,0 +1,37 @@
+"""A run's directory: `train.run_dir`, or a fresh (or, resuming, the newest) `runs/<name>-<timestamp>`.
+
+Rank 0 chooses it and every rank takes rank 0's choice, so a run started across a second boundary
+still writes to one place. The RL loop and SFT both name their runs this way.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+from trainer.config import TrainConfig
+from trainer.learner.checkpoint import latest_checkpoint
+from trainer.ranks import broadcast_bytes, current_rank
+
+__all__ = ["agreed_run_dir", "resolve_run_dir"]
+
+
+def resolve_run_dir(cfg: TrainConfig, name: str, resume: bool) -> Path:
+    """`train.run_dir`, else `runs/<name>-<timestamp>` (when resuming: the newest such run)."""
+    if cfg.train.run_dir is not None:
+        return cfg.train.run_dir
+    if resume:
+        candidates = sorted(Path("runs").glob(f"{name}-*"), key=lambda p: p.name)
+        with_checkpoints = [p for p in candidates if latest_checkpoint(p) is not None]
+        if with_checkpoints:
+            return with_checkpoints[-1]
+    return Path("runs") / f"{name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def agreed_run_dir(cfg: TrainConfig, name: str, resume: bool, device: torch.device) -> Path:
+    """Rank 0's `resolve_run_dir` on every rank (call it on all of them)."""
+    chosen = os.fsencode(resolve_run_dir(cfg, name, resume)) if current_rank() == 0 else None
+    return Path(os.fsdecode(broadcast_bytes(chosen, device)))
