@@ -9,10 +9,16 @@
 #   bash scripts/run_demo_gpu.sh [OUT]            # OUT defaults to runs/demo-gpu
 #   bash scripts/run_demo_gpu.sh --detach [OUT]   # start them in their own process session and return
 #   bash scripts/demo_gpu_status.sh [OUT]         # each run's last step, held-out points, final line
+#   SEEDS="0 1 2" CURRICULA=3moves bash scripts/run_demo_gpu.sh --detach runs/seeds   # 3 seeds of 3moves
+# Every (curriculum, seed) pair runs at once (train.seed; the held-out levels stay the same 200), run k
+# on GPU k modulo the GPUs there are: one run a GPU on a machine with as many, all on one GPU otherwise
+# (a run of the medium model takes about 17 GiB). Extra arguments after OUT are `--set` overrides for
+# every run (`train.max_time_s=1200` for 20 minutes of RL).
 # Each run leaves OUT/<name>/ (eval-before, sft, eval-sft, rl, eval-rl) and OUT/<name>.log, whose last
-# line is `held-out success: before X% -> after SFT Y% -> after RL Z% (200 levels)`. Detached, the
-# script's own output goes to OUT/driver.log and its process id to OUT/driver.pid; the runs outlive the
-# shell (and the command) that started them.
+# line is `held-out success: before X% -> after SFT Y% -> after RL Z% (200 levels)`; <name> is the
+# curriculum, with `-seed<N>` when SEEDS names more than one. Detached, the script's own output goes to
+# OUT/driver.log and its process id to OUT/driver.pid; the runs outlive the shell (and the command)
+# that started them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,24 +27,39 @@ if [ "${1:-}" = "--detach" ]; then detach=1; shift; fi
 out=${1:-runs/demo-gpu}
 mkdir -p "$out"
 if [ "$detach" = 1 ]; then
-    setsid nohup bash "$0" "$out" > "$out/driver.log" 2>&1 < /dev/null &
+    setsid nohup bash "$0" "$out" "${@:2}" > "$out/driver.log" 2>&1 < /dev/null &
     echo $! > "$out/driver.pid"
     echo "started in the background (pid $(cat "$out/driver.pid")); follow with: bash scripts/demo_gpu_status.sh $out"
     exit 0
 fi
+shift || true
+common=("$@")
 
 vistarl() { python3 -m cli.main "$@"; }
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-3}   # three runs share the machine's cores
+read -r -a seeds <<< "${SEEDS:-0}"
+read -r -a curricula <<< "${CURRICULA:-3moves 3turns 1move}"
+gpus=$(python3 -c "import torch; print(max(torch.cuda.device_count(), 1))")
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-3}   # the runs share the machine's cores
 
 [ -d runs/demo-model-gpu ] || vistarl model tiny --shape medium --out runs/demo-model-gpu
-learn() {  # name, then --set overrides of configs/sokoban_demo_gpu.yaml
-    local name=$1; shift
-    local sets=(); for value in "$@"; do sets+=(--set "$value"); done
-    vistarl demo learn --config configs/sokoban_demo_gpu.yaml --out "$out/$name" "${sets[@]}" \
-        > "$out/$name.log" 2>&1
+overrides() {  # a curriculum's --set overrides of configs/sokoban_demo_gpu.yaml
+    case $1 in
+        3moves) ;;
+        3turns) echo rollout.max_turns=3 ;;
+        1move) echo env.options.max_solution_len=1 ;;
+        *) echo "unknown curriculum $1 (3moves, 3turns, 1move)" >&2; exit 2 ;;
+    esac
 }
-learn 3moves &
-learn 3turns rollout.max_turns=3 &
-learn 1move env.options.max_solution_len=1 &
+run=0
+for curriculum in "${curricula[@]}"; do
+    for seed in "${seeds[@]}"; do
+        name=$curriculum; [ "${#seeds[@]}" -gt 1 ] && name=$curriculum-seed$seed
+        sets=(--set "train.seed=$seed")
+        for value in $(overrides "$curriculum") "${common[@]}"; do sets+=(--set "$value"); done
+        CUDA_VISIBLE_DEVICES=$((run % gpus)) vistarl demo learn --config configs/sokoban_demo_gpu.yaml \
+            --out "$out/$name" "${sets[@]}" > "$out/$name.log" 2>&1 &
+        run=$((run + 1))
+    done
+done
 wait
 tail -n 1 "$out"/*.log
