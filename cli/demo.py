@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from services.server.launch import serve_env
+from serving.launch import serve_env
 
 if TYPE_CHECKING:
     from clients.http import EnvClient

@@ -32,9 +32,9 @@ import msgpack
 from clients.protocol import ErrorCode, Observation
 from services.env_api import EnvFactory
 from services.server.env_work import EnvHost, Stepped, Task, guarded, task_payload
-from services.server.errors import ServiceError
 from services.server.metrics import ServerMetrics
 from services.server.settings import ServerSettings
+from serving.errors import ServiceError
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from clients.images import ImageError
 from clients.protocol import ErrorCode, FormatResponse, Observation, ResetResponse, StepResponse
 from services.env_api import Env, EnvFactory, checked_step
 from services.server.encoding import json_safe, message_to_wire, observation_from_wire, observation_to_wire
-from services.server.errors import ServiceError
+from serving.errors import ServiceError
 
 logger = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ import msgpack
 from clients.protocol import ErrorCode, Observation
 from services.env_api import load_env_factory
 from services.server.env_work import EnvHost, guarded, task_from_payload
-from services.server.errors import ServiceError
 from services.server.gc_tuning import collect_garbage_less_often
+from serving.errors import ServiceError
 
 READ_CHUNK = 1 << 16
 MAX_CALL_BYTES = 1 << 28

@@ -37,8 +37,8 @@ from clients.protocol import (
     StepResponse,
 )
 from services.server.embedded import EnvService
-from services.server.errors import ServiceError, describe_validation_errors
 from services.server.security import MCP_PATH
+from serving.errors import ServiceError, describe_validation_errors
 
 
 class _Arguments(BaseModel):

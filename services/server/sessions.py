@@ -37,13 +37,13 @@ from clients.protocol import ErrorCode, FormatRequest, ReadyResponse, ResetReque
 from services.env_api import EnvFactory
 from services.server.env_pool import EnvGoneError, EnvLostError, EnvPool
 from services.server.env_work import Stepped, Task
-from services.server.errors import ServiceError, describe_validation_errors
 from services.server.local_sessions import LocalSessions
 from services.server.metrics import ServerMetrics
 from services.server.settings import ServerSettings
 from services.server.store import create_store
 from services.server.store.base import Commit, SessionStore, StepRecord, StoredAnswer, action_digest
 from services.server.tasks import TaskCatalog
+from serving.errors import ServiceError, describe_validation_errors
 
 logger = logging.getLogger(__name__)
 

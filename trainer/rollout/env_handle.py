@@ -30,8 +30,8 @@ from clients.protocol import (
 )
 from services.env_api import load_env_factory
 from services.server.embedded import EnvService
-from services.server.errors import ServiceError
 from services.server.settings import ServerSettings
+from serving.errors import ServiceError
 from trainer.rollout.job import EpisodeJob
 
 __all__ = ["EnvError", "EnvHandle", "EnvSessions", "Envs", "describe_env", "is_url", "split_size"]
