@@ -82,11 +82,11 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
 
     async def reset(request: ResetRequest) -> bytes:
         """Start an episode; returns the session id and the first observation."""
-        return await manager.reset(request)
+        return (await manager.reset(request)).body
 
     async def step(request: StepRequest) -> bytes:
         """Apply one action (the response text, or a call of one of the env's tools) to a session."""
-        return await manager.step(tool_actions.resolve(request))
+        return (await manager.step(tool_actions.resolve(request))).body
 
     async def format_observation(request: FormatRequest) -> bytes:
         """Turn an observation into the env's chat message."""

@@ -1,7 +1,8 @@
 """Where env code runs: threads of the server process, or env worker processes with session affinity.
 
 Both pools host the envs of live sessions and run `services.server.env_work.EnvHost` calls off the event loop,
-each bounded by `env_timeout_s`, answering with ready-to-send JSON bodies.
+each bounded by `env_timeout_s`, answering with ready-to-send JSON bodies (with the response itself too,
+from threads).
 
 - `ThreadEnvPool` (`env_workers = 0`, the default on one core): a thread pool in the server process.
   Cheapest to start, and enough for envs that wait on I/O or release the GIL; the GIL caps CPU-bound
@@ -29,9 +30,9 @@ from typing import Any, Protocol, TypeVar
 
 import msgpack
 
-from clients.protocol import ErrorCode, Observation
+from clients.protocol import ErrorCode, Observation, ResetResponse
 from services.env_api import EnvFactory
-from services.server.env_work import EnvHost, Stepped, Task, guarded, task_payload
+from services.server.env_work import EnvHost, Reply, Stepped, Task, guarded, task_payload
 from services.server.metrics import ServerMetrics
 from services.server.settings import ServerSettings
 from serving.errors import ServiceError
@@ -64,13 +65,15 @@ class EnvPool(Protocol):
         """Start what the pool needs (worker processes); raises if it cannot."""
         ...
 
-    async def start(self, session_id: str, task: Task, with_message: bool) -> tuple[bytes, bytes | None]:
-        """Create and reset the env of a new session from its task: the `ResetResponse` body and the
-        env's state (None unless states are exported)."""
+    async def start(
+        self, session_id: str, task: Task, with_message: bool
+    ) -> tuple[Reply[ResetResponse], bytes | None]:
+        """Create and reset the env of a new session from its task: the `ResetResponse` and the env's state
+        (None unless states are exported)."""
         ...
 
     async def step(self, session_id: str, action: str, with_message: bool) -> Stepped:
-        """Step a session's env: whether it is done, the `StepResponse` body, and the state."""
+        """Step a session's env: whether it is done, the `StepResponse`, and the state."""
         ...
 
     async def restore(self, session_id: str, state: bytes) -> None:
@@ -124,7 +127,9 @@ class ThreadEnvPool:
     async def open(self) -> None:
         return None
 
-    async def start(self, session_id: str, task: Task, with_message: bool) -> tuple[bytes, bytes | None]:
+    async def start(
+        self, session_id: str, task: Task, with_message: bool
+    ) -> tuple[Reply[ResetResponse], bytes | None]:
         return await self._call("reset", session_id, self.host.start, session_id, task, with_message)
 
     async def step(self, session_id: str, action: str, with_message: bool) -> Stepped:
@@ -190,13 +195,15 @@ class ProcessEnvPool:
             lambda: sum(1 for w in self.workers if w is not None and w.alive)
         )
 
-    async def start(self, session_id: str, task: Task, with_message: bool) -> tuple[bytes, bytes | None]:
+    async def start(
+        self, session_id: str, task: Task, with_message: bool
+    ) -> tuple[Reply[ResetResponse], bytes | None]:
         body, state = await self._place(session_id, "reset", [*task_payload(task), with_message])
-        return bytes(body), state
+        return Reply(bytes(body)), state
 
     async def step(self, session_id: str, action: str, with_message: bool) -> Stepped:
         done, body, state = await self._worker_of(session_id).call("step", [session_id, action, with_message])
-        return Stepped(bool(done), bytes(body), state)
+        return Stepped(bool(done), Reply(bytes(body)), state)
 
     async def restore(self, session_id: str, state: bytes) -> None:
         """Restore in the live worker that holds the session's stale env, else in the one with the fewest."""
