@@ -142,11 +142,18 @@ class SessionManager:
             raise _not_found(session_id)
 
     async def ready(self) -> ReadyResponse:
-        """Readiness: not ready while draining or at capacity, so that a load balancer routes elsewhere."""
+        """Readiness: not ready while draining or at capacity, so that a load balancer routes elsewhere, nor
+        when the env pool could not start (while it starts, this waits for it)."""
+        try:
+            await self.pool.started()
+        except ServiceError:
+            started = False
+        else:
+            started = True
         active = len(self.local)
         full = active + self._claimed >= self.settings.max_sessions
         return ReadyResponse(
-            ready=not (full or self.draining),
+            ready=started and not (full or self.draining),
             active_sessions=active,
             max_sessions=self.settings.max_sessions,
             draining=self.draining,
