@@ -207,7 +207,8 @@ class ProcessEnvPool:
         """Wait until every worker has loaded the env (each within `WORKER_START_TIMEOUT_S`); a 500 naming
         the failure if one could not."""
         assert self._starting is not None, "open() the pool first"
-        await asyncio.wait([self._starting])  # neither raises its failure nor cancels it with the caller
+        if not self._starting.done():  # waiting neither raises its failure nor cancels it with the caller
+            await asyncio.wait([self._starting])
         if self._starting.cancelled():
             raise ServiceError(ErrorCode.DRAINING, "server is shutting down")
         failure = self._starting.exception()
