@@ -43,6 +43,7 @@ RUN touch README.md && pip install "setuptools>=77" "./[${EXTRAS}]" && pip unins
 
 COPY README.md ./
 COPY clients ./clients
+COPY serving ./serving
 COPY services ./services
 COPY trainer ./trainer
 COPY cli ./cli

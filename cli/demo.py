@@ -20,8 +20,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from services.server.launch import serve_env
-
 if TYPE_CHECKING:
     from clients.http import EnvClient
 
@@ -123,6 +121,7 @@ def solver_command(
     """Serve Sokoban, play generated levels with a scripted BFS agent over HTTP, and save what it saw."""
     from clients.errors import EnvClientError
     from clients.http import EnvClient
+    from serving.launch import serve_env
 
     run_dir = out or Path("runs") / f"demo-solver-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -8,14 +8,15 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from trainer.rollout.trajectory import Status, Trajectory
+if TYPE_CHECKING:
+    from trainer.rollout.trajectory import Trajectory
 
 
 def rollout(
@@ -154,6 +155,8 @@ def _progress() -> Progress:
 
 def _print_summary(trajectories: Sequence[Trajectory], wall_s: float, out: Path) -> None:
     """Statuses, mean reward of scored episodes, turns, and generated tokens per second of episodes."""
+    from trainer.rollout.trajectory import Status
+
     statuses = Counter(t.status for t in trajectories)
     scored = [t.episode_reward for t in trajectories if t.status.played]
     generated = sum(t.metrics.get("generated_tokens", 0.0) for t in trajectories)

@@ -1,4 +1,13 @@
-"""What an external agent installs: the wire protocol, the image codec and the HTTP clients. No torch."""
+"""What an external agent installs: the wire protocol, the image codec and the HTTP clients. No torch.
+
+The HTTP clients (`clients.http`, with aiohttp and httpx) are imported on first use, so that a server,
+which needs only the protocol, starts without them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from clients.errors import (
     AuthError,
@@ -17,8 +26,10 @@ from clients.errors import (
     SessionNotFoundError,
     TaskNotFoundError,
 )
-from clients.http import AsyncEnvClient, AsyncEpisode, EnvClient, Episode, RetryPolicy
 from clients.images import decode_image, encode_image
+
+if TYPE_CHECKING:
+    from clients.http import AsyncEnvClient, AsyncEpisode, EnvClient, Episode, RetryPolicy
 
 __all__ = [
     "AsyncEnvClient",
@@ -44,3 +55,12 @@ __all__ = [
     "decode_image",
     "encode_image",
 ]
+
+HTTP_CLIENTS = frozenset({"AsyncEnvClient", "AsyncEpisode", "EnvClient", "Episode", "RetryPolicy"})
+
+
+def __getattr__(name: str) -> Any:
+    """`clients.AsyncEnvClient` and the other names of `clients.http`, imported on first use."""
+    if name in HTTP_CLIENTS:
+        return getattr(importlib.import_module("clients.http"), name)
+    raise AttributeError(f"module 'clients' has no attribute {name!r}")

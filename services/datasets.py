@@ -4,7 +4,8 @@ A dataset is a directory of `<split>.parquet` files (as `vistarl data ...` write
 file whose stem names its split. Each row is one sample in an env's `sample_model` schema (JSON-safe
 columns, images as PNG data URLs). `ParquetSplit` implements `services.env_api.TaskSplit`: its length
 comes from the file's metadata, and a row is read with the row group that holds it (the few groups read
-last are kept), so a server can hold splits larger than its memory.
+last are kept), so a server can hold splits larger than its memory. pyarrow is imported with the first
+split opened, so that a server serving none starts without it.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import functools
 import itertools
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 GROUPS_KEPT = 4
 SUFFIX = ".parquet"
@@ -27,6 +28,8 @@ class ParquetSplit:
     """The rows of one parquet file as a `TaskSplit`; safe to read from several threads."""
 
     def __init__(self, path: Path) -> None:
+        import pyarrow.parquet as pq
+
         self.path = path
         self._file = pq.ParquetFile(path)
         sizes = [self._file.metadata.row_group(g).num_rows for g in range(self._file.num_row_groups)]

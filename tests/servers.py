@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from services.server.launch import free_port, stop_process
+from serving.launch import free_port, stop_process
 
 __all__ = [
     "children",

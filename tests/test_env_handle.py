@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from clients.protocol import ResetResponse, StepResponse
 from tests.servers import free_port, running_process, stop_process, vistarl_cmd
 from trainer.rollout.env_handle import EnvError, EnvHandle, Envs, is_url
 from trainer.rollout.job import EpisodeJob
@@ -74,6 +75,18 @@ async def test_in_process_and_remote_give_the_same_episode(sokoban_url: str, env
     assert image_urls(first_message)[0].startswith("data:image/png;base64,")
     rewards = [answer.reward for _, answer in local_results[1:]]
     assert all(isinstance(r, float) for r in rewards)
+
+
+async def test_in_process_answers_are_the_responses_themselves_not_json_parsed_back(
+    envs: Envs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(body: bytes) -> None:
+        raise AssertionError("an in-process answer was parsed from JSON")
+
+    for model in (ResetResponse, StepResponse):
+        monkeypatch.setattr(model, "model_validate_json", refuse)
+    results = await play(await envs.open("sokoban"), ["<answer>Left</answer>"], seed=3)
+    assert isinstance(results[-1][1], StepResponse)
 
 
 async def test_a_solved_level_reports_done_and_the_env_reward(sokoban_url: str, envs: Envs) -> None:

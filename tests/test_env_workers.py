@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import subprocess
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -22,7 +26,7 @@ from services.server.env_worker import serve
 from services.server.metrics import ServerMetrics
 from services.server.settings import ServerSettings, usable_cores
 from tests.envs.counter import ENV_FACTORY
-from tests.envs.serving import COUNTER_ENV, counter_process
+from tests.envs.serving import COUNTER_ENV, counter_process, served_process
 from tests.servers import children, metric, wait_until
 
 TIMEOUT = 30.0
@@ -33,6 +37,7 @@ def test_a_dead_worker_loses_only_its_sessions_and_is_replaced() -> None:
         counter_process("--env-workers", "2") as (url, proc),
         httpx.Client(base_url=url, timeout=TIMEOUT) as http,
     ):
+        assert http.get("/ready").json()["ready"] is True  # once the workers have started
         assert metric(url, "vistarl_env_workers") == 2
         sessions = [
             http.post("/reset", json={"options": {"target": 50}}).json()["session_id"] for _ in range(2)
@@ -60,6 +65,45 @@ def test_a_dead_worker_loses_only_its_sessions_and_is_replaced() -> None:
         assert all(
             http.post("/step", json={"session_id": s, "action": "inc"}).status_code == 200 for s in fresh
         )
+
+
+def gated_process(gate: Path) -> contextlib.AbstractContextManager[tuple[str, subprocess.Popen[bytes]]]:
+    """A server of `tests.envs.gated` with two env workers, which load the env only once `gate` exists."""
+    return served_process("tests.envs.gated", "--env-workers", "2", env={"VISTARL_TEST_GATE": str(gate)})
+
+
+def test_the_server_answers_while_its_workers_start_and_is_ready_once_they_have(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    with (
+        gated_process(gate) as (url, _),
+        httpx.Client(base_url=url, timeout=TIMEOUT) as http,
+        ThreadPoolExecutor(2) as calls,
+    ):
+        assert http.get("/health").status_code == 200  # the workers wait at the gate meanwhile
+        assert metric(url, "vistarl_env_workers") == 0
+        ready = calls.submit(http.get, "/ready")
+        reset = calls.submit(http.post, "/reset", json={"options": {"target": 2}})
+        time.sleep(0.5)
+        assert not ready.done() and not reset.done(), "both wait for the workers"
+        gate.write_text("open")
+        assert ready.result(timeout=TIMEOUT).json()["ready"] is True
+        session = reset.result(timeout=TIMEOUT).json()["session_id"]
+        assert http.post("/step", json={"session_id": session, "action": "inc"}).status_code == 200
+        assert metric(url, "vistarl_env_workers") == 2
+
+
+def test_workers_that_cannot_start_leave_the_server_unready_and_say_why(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    gate.write_text("fail")
+    with gated_process(gate) as (url, proc), httpx.Client(base_url=url, timeout=TIMEOUT) as http:
+        ready = http.get("/ready")
+        assert ready.status_code == 503 and ready.json()["ready"] is False
+        for answer in (http.post("/reset", json={}), http.post("/format", json={"observation": {}})):
+            assert answer.status_code == 500
+            message = answer.json()["error"]["message"]
+            assert "the env workers did not start: env worker" in message and "exited with code 1" in message
+        assert http.get("/health").status_code == 200
+        assert wait_until(lambda: children(proc.pid) == [])
 
 
 def test_what_an_env_prints_stays_off_the_frames() -> None:

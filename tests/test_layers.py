@@ -1,5 +1,7 @@
-"""The trainer's folders import one way: the learner and the rollout side meet only in what both may
-import (`trainer.weights`, the processor, `Trajectory`), never in each other's code."""
+"""The folders import one way: the trainer reaches envs only through `clients/` and the sessions contract
+(`services/sessions_api.py`), never the env server's internals (`services/server/`); `serving/` (the HTTP
+plumbing both servers share) imports neither side; and the learner and the rollout side meet only in
+what both may import (`trainer.weights`, the processor, `Trajectory`), never in each other's code."""
 
 from __future__ import annotations
 
@@ -8,15 +10,18 @@ from pathlib import Path
 
 import pytest
 
-TRAINER = Path(__file__).resolve().parents[1] / "trainer"
+ROOT = Path(__file__).resolve().parents[1]
 
 FORBIDDEN: list[tuple[str, str, frozenset[str]]] = [
-    ("rollout", "trainer.learner", frozenset()),
-    ("learner", "trainer.rollout.engines", frozenset()),
-    ("weights", "trainer.learner", frozenset()),
-    ("weights", "trainer.rollout", frozenset({"trainer.rollout.engines.sglang_api"})),
+    ("trainer", "services.server", frozenset()),
+    ("serving", "services", frozenset()),
+    ("serving", "trainer", frozenset()),
+    ("trainer/rollout", "trainer.learner", frozenset()),
+    ("trainer/learner", "trainer.rollout.engines", frozenset()),
+    ("trainer/weights", "trainer.learner", frozenset()),
+    ("trainer/weights", "trainer.rollout", frozenset({"trainer.rollout.engines.sglang_api"})),
 ]
-"""(folder under trainer/, a module prefix its files must not import, the modules allowed anyway)."""
+"""(a folder of the repository, a module prefix its files must not import, the modules allowed anyway)."""
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -32,13 +37,13 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def violations(folder: str, prefix: str, allowed: frozenset[str]) -> list[str]:
-    """`file: module` for each import of `prefix` (or below it) by a file under `trainer/folder`."""
+    """`file: module` for each import of `prefix` (or below it) by a file under `folder`."""
     found = []
-    for path in sorted((TRAINER / folder).rglob("*.py")):
+    for path in sorted((ROOT / folder).rglob("*.py")):
         for module in sorted(imported_modules(path)):
             inside = module == prefix or module.startswith(prefix + ".")
             if inside and not any(module == a or module.startswith(a + ".") for a in allowed):
-                found.append(f"{path.relative_to(TRAINER.parent)}: {module}")
+                found.append(f"{path.relative_to(ROOT)}: {module}")
     return found
 
 
@@ -46,6 +51,7 @@ def violations(folder: str, prefix: str, allowed: frozenset[str]) -> list[str]:
     ("folder", "prefix", "allowed"), FORBIDDEN, ids=[f"{f}-{p}" for f, p, _ in FORBIDDEN]
 )
 def test_folder_does_not_import_the_other_side(folder: str, prefix: str, allowed: frozenset[str]) -> None:
+    assert (ROOT / folder).is_dir()
     assert violations(folder, prefix, allowed) == []
 
 

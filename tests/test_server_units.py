@@ -1,8 +1,12 @@
-"""In-process pieces of the server: wire conversions and several apps sharing one process."""
+"""In-process pieces of the server: wire conversions, several apps sharing one process, what a start
+imports."""
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -76,3 +80,22 @@ def test_the_hot_endpoints_keep_their_openapi_schema() -> None:
         post = paths[f"/{name.lower()}"]["post"]
         assert schema_ref(post["requestBody"]["content"]).endswith(f"/{name}Request")
         assert schema_ref(post["responses"]["200"]["content"]).endswith(f"/{name}Response")
+
+
+# In a fresh interpreter, what `vistarl serve sokoban` imports before it answers.
+SERVE_IMPORTS = """
+import json, sys
+import cli.main
+from services.env_api import load_env_factory
+from services.server.app import create_app
+create_app(load_env_factory("sokoban"))
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("aiohttp", "pyarrow", "trainer"))))
+"""
+
+
+def test_a_server_start_imports_neither_the_http_clients_nor_pyarrow_nor_the_trainer() -> None:
+    """Each would add to every server start (docs/benchmarks.md, "Start-up"): the clients are for agents,
+    pyarrow for `--data` splits (imported with the first), the trainer for other commands."""
+    done = subprocess.run([sys.executable, "-c", SERVE_IMPORTS], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []

@@ -12,8 +12,8 @@ import pytest
 
 from clients.protocol import InfoResponse, StepResponse, ToolCall
 from services.env_api import ENV_MODULES, load_env_factory
-from services.server.errors import ServiceError
 from services.server.tool_calls import ToolActions
+from serving.errors import ServiceError
 from tests.envs.serving import served
 from tests.wire import assert_error
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from services.server.launch import serve_env
+from serving.launch import serve_env
 from trainer.config import RolloutConfig, TrainConfig
 from trainer.queue import open_queue
 from trainer.queue.base import EpisodeQueue

@@ -3,10 +3,11 @@
 Endpoints (see docs/server.md): POST /reset, POST /step, POST /format, DELETE /sessions/{id},
 GET /info, GET /health, GET /ready, GET /metrics; MCP at /mcp; the browser playground at GET /play and
 GET /play/replay. The sessions and what runs them come from `embedded` (session rules in `sessions`,
-tasks in `tasks`, where envs run in `env_pool`); error shapes live in `errors`, auth and the body limit
-in `security`, what the OpenAPI schema adds in `openapi`, the lean path of the env endpoints in
-`json_route`, tool calls as actions in `tool_calls`, the MCP tools in `mcp_tools`, the pages in `play`
-(all in `services.server`); this module only wires them together.
+tasks in `tasks`, where envs run in `env_pool`); the open paths and CORS in `security`, what the OpenAPI
+schema adds in `openapi`, the lean path of the env endpoints in `json_route`, tool calls as actions in
+`tool_calls`, the MCP tools in `mcp_tools`, the pages in `play` (all in `services.server`); error shapes
+and the request guard (auth, the body limit) come from `serving`, shared with the engine server. This
+module only wires them together.
 """
 
 from __future__ import annotations
@@ -30,14 +31,15 @@ from clients.protocol import (
 )
 from services.env_api import EnvFactory
 from services.server.embedded import EnvService
-from services.server.errors import install_error_handlers
 from services.server.json_route import JSONRoute
 from services.server.mcp_route import LazyMCP
 from services.server.openapi import METRICS_RESPONSES, READY_RESPONSES, errors, guarded_router
 from services.server.play import PLAY_PATHS, play_routes
-from services.server.security import OPEN_PATHS, RequestGuard, cors_options
+from services.server.security import OPEN_PATHS, cors_options
 from services.server.settings import ServerSettings
 from services.server.tool_calls import ToolActions
+from serving.errors import install_error_handlers
+from serving.guard import RequestGuard
 
 
 def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) -> FastAPI:
@@ -80,11 +82,11 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
 
     async def reset(request: ResetRequest) -> bytes:
         """Start an episode; returns the session id and the first observation."""
-        return await manager.reset(request)
+        return (await manager.reset(request)).body
 
     async def step(request: StepRequest) -> bytes:
         """Apply one action (the response text, or a call of one of the env's tools) to a session."""
-        return await manager.step(tool_actions.resolve(request))
+        return (await manager.step(tool_actions.resolve(request))).body
 
     async def format_observation(request: FormatRequest) -> bytes:
         """Turn an observation into the env's chat message."""

@@ -1,8 +1,9 @@
 """`EnvService`: one env's sessions, tasks and env pool, as a server holds them, with or without HTTP.
 
-`create_app` puts HTTP in front of an `EnvService`. The rollout calls one directly when an episode names
-its env by module instead of by URL, so an in-process episode goes through the server's own rules
-(tasks at reset, options, limits, idempotent steps, timeouts) rather than a second copy of them.
+`create_app` puts HTTP in front of an `EnvService`. In process, it answers `services.sessions_api`'s
+`EnvSessions` contract (`open_in_process` starts one), so an in-process episode goes through the server's
+own rules (tasks at reset, options, limits, idempotent steps, timeouts) rather than a second copy of
+them, and gets the typed answers the env's thread made, with no JSON in between.
 """
 
 from __future__ import annotations
@@ -10,20 +11,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from clients.protocol import InfoResponse, ResetRequest, ResetResponse, StepRequest, StepResponse
+from clients.protocol import (
+    ErrorCode,
+    InfoResponse,
+    ResetRequest,
+    ResetResponse,
+    StepRequest,
+    StepResponse,
+)
 from services.env_api import EnvFactory
 from services.server.env_pool import create_pool
 from services.server.metrics import ServerMetrics
 from services.server.sessions import SessionManager
 from services.server.settings import ServerSettings
 from services.server.tasks import TaskCatalog
+from serving.errors import ServiceError
 
 __all__ = ["EnvService"]
 
 
 class EnvService:
     """The parts of an env server below HTTP. `start()` before use, `stop()` after; `manager` answers
-    every env call with the JSON body the HTTP route sends."""
+    every env call as the HTTP route sends it, the methods below as an in-process caller takes it."""
 
     def __init__(self, factory: EnvFactory, settings: ServerSettings | None = None) -> None:
         self.factory = factory
@@ -58,14 +67,25 @@ class EnvService:
                 await self._reaper
         await self.manager.shutdown()
 
+    async def describe(self) -> InfoResponse:
+        """`GET /info` without the HTTP."""
+        return self.info
+
     async def reset(self, request: ResetRequest) -> ResetResponse:
         """`POST /reset` without the HTTP: the same validation, task lookup and limits."""
-        return ResetResponse.model_validate_json(await self.manager.reset(request))
+        return (await self.manager.reset(request)).typed(ResetResponse)
 
     async def step(self, request: StepRequest) -> StepResponse:
         """`POST /step` without the HTTP."""
-        return StepResponse.model_validate_json(await self.manager.step(request))
+        return (await self.manager.step(request)).typed(StepResponse)
 
-    async def close(self, session_id: str) -> None:
-        """`DELETE /sessions/{id}` without the HTTP."""
-        await self.manager.close(session_id)
+    async def close(self, session_id: str) -> bool:
+        """`DELETE /sessions/{id}` without the HTTP: True if the session ended now, False if it was
+        already gone."""
+        try:
+            await self.manager.close(session_id)
+        except ServiceError as exc:
+            if exc.code != ErrorCode.SESSION_NOT_FOUND:
+                raise
+            return False
+        return True

@@ -1,7 +1,8 @@
 """Where env code runs: threads of the server process, or env worker processes with session affinity.
 
 Both pools host the envs of live sessions and run `services.server.env_work.EnvHost` calls off the event loop,
-each bounded by `env_timeout_s`, answering with ready-to-send JSON bodies.
+each bounded by `env_timeout_s`, answering with ready-to-send JSON bodies (with the response itself too,
+from threads).
 
 - `ThreadEnvPool` (`env_workers = 0`, the default on one core): a thread pool in the server process.
   Cheapest to start, and enough for envs that wait on I/O or release the GIL; the GIL caps CPU-bound
@@ -9,9 +10,10 @@ each bounded by `env_timeout_s`, answering with ready-to-send JSON bodies.
 - `ProcessEnvPool` (`env_workers = N`, by default one per usable core): N `python -m
   services.server.env_worker` processes. Each session lives in the worker that reset (or restored) it,
   so its steps always reach its env; new sessions go to the worker with the fewest. The event loop
-  only routes requests: msgpack frames on each worker's stdin and stdout. A worker that dies or
-  overruns the timeout is replaced; the envs it held are lost (500), and their sessions with them
-  unless a shared session store can restore them.
+  only routes requests: msgpack frames on each worker's stdin and stdout. The workers start in the
+  background, so the server answers (`/health`) while they load the env; what needs one waits for them.
+  A worker that dies or overruns the timeout is replaced; the envs it held are lost (500), and their
+  sessions with them unless a shared session store can restore them.
 
 With a shared session store (`session_store`), both return each env's state after a reset and every step,
 and `restore` rebuilds a session's env from a stored state.
@@ -29,12 +31,12 @@ from typing import Any, Protocol, TypeVar
 
 import msgpack
 
-from clients.protocol import ErrorCode, Observation
+from clients.protocol import ErrorCode, Observation, ResetResponse
 from services.env_api import EnvFactory
-from services.server.env_work import EnvHost, Stepped, Task, guarded, task_payload
-from services.server.errors import ServiceError
+from services.server.env_work import EnvHost, Reply, Stepped, Task, guarded, task_payload
 from services.server.metrics import ServerMetrics
 from services.server.settings import ServerSettings
+from serving.errors import ServiceError
 
 logger = logging.getLogger(__name__)
 
@@ -61,16 +63,22 @@ class EnvPool(Protocol):
     """Runs env calls for the session manager; one call per session at a time is the caller's rule."""
 
     async def open(self) -> None:
-        """Start what the pool needs (worker processes); raises if it cannot."""
+        """Start what the pool needs (worker processes), without waiting for it: see `started`."""
         ...
 
-    async def start(self, session_id: str, task: Task, with_message: bool) -> tuple[bytes, bytes | None]:
-        """Create and reset the env of a new session from its task: the `ResetResponse` body and the
-        env's state (None unless states are exported)."""
+    async def started(self) -> None:
+        """Wait until the pool can run env calls (bounded); a 500 `ServiceError` naming why if it cannot."""
+        ...
+
+    async def start(
+        self, session_id: str, task: Task, with_message: bool
+    ) -> tuple[Reply[ResetResponse], bytes | None]:
+        """Create and reset the env of a new session from its task: the `ResetResponse` and the env's state
+        (None unless states are exported)."""
         ...
 
     async def step(self, session_id: str, action: str, with_message: bool) -> Stepped:
-        """Step a session's env: whether it is done, the `StepResponse` body, and the state."""
+        """Step a session's env: whether it is done, the `StepResponse`, and the state."""
         ...
 
     async def restore(self, session_id: str, state: bytes) -> None:
@@ -124,7 +132,12 @@ class ThreadEnvPool:
     async def open(self) -> None:
         return None
 
-    async def start(self, session_id: str, task: Task, with_message: bool) -> tuple[bytes, bytes | None]:
+    async def started(self) -> None:
+        return None
+
+    async def start(
+        self, session_id: str, task: Task, with_message: bool
+    ) -> tuple[Reply[ResetResponse], bytes | None]:
         return await self._call("reset", session_id, self.host.start, session_id, task, with_message)
 
     async def step(self, session_id: str, action: str, with_message: bool) -> Stepped:
@@ -181,22 +194,37 @@ class ProcessEnvPool:
         self._closing = False
         self._format_turn = itertools.count()
         self._restarting: set[asyncio.Task[None]] = set()
-
-    async def open(self) -> None:
-        """Start every worker and wait until each has loaded the env."""
-        started = await asyncio.gather(*(self._spawn(slot) for slot in range(len(self.workers))))
-        self.workers = list(started)
+        self._starting: asyncio.Task[None] | None = None
         self.metrics.env_workers.set_function(
             lambda: sum(1 for w in self.workers if w is not None and w.alive)
         )
 
-    async def start(self, session_id: str, task: Task, with_message: bool) -> tuple[bytes, bytes | None]:
+    async def open(self) -> None:
+        """Start every worker in the background; `started` waits for them."""
+        self._starting = asyncio.create_task(self._start_workers(), name="vistarl-env-workers-start")
+
+    async def started(self) -> None:
+        """Wait until every worker has loaded the env (each within `WORKER_START_TIMEOUT_S`); a 500 naming
+        the failure if one could not."""
+        assert self._starting is not None, "open() the pool first"
+        if not self._starting.done():  # waiting neither raises its failure nor cancels it with the caller
+            await asyncio.wait([self._starting])
+        if self._starting.cancelled():
+            raise ServiceError(ErrorCode.DRAINING, "server is shutting down")
+        failure = self._starting.exception()
+        if failure is not None:
+            message = f"the env workers did not start: {failure}; see the server log"
+            raise ServiceError(ErrorCode.INTERNAL, message)
+
+    async def start(
+        self, session_id: str, task: Task, with_message: bool
+    ) -> tuple[Reply[ResetResponse], bytes | None]:
         body, state = await self._place(session_id, "reset", [*task_payload(task), with_message])
-        return bytes(body), state
+        return Reply(bytes(body)), state
 
     async def step(self, session_id: str, action: str, with_message: bool) -> Stepped:
         done, body, state = await self._worker_of(session_id).call("step", [session_id, action, with_message])
-        return Stepped(bool(done), bytes(body), state)
+        return Stepped(bool(done), Reply(bytes(body)), state)
 
     async def restore(self, session_id: str, state: bytes) -> None:
         """Restore in the live worker that holds the session's stale env, else in the one with the fewest."""
@@ -220,20 +248,49 @@ class ProcessEnvPool:
             worker.sessions.discard(session_id)
 
     async def format(self, observation: Observation) -> bytes:
-        alive = self._alive()
+        alive = await self._alive()
         worker = alive[next(self._format_turn) % len(alive)]
         body: bytes = await worker.call("format", [observation.model_dump(mode="json")])
         return body
 
     async def shutdown(self) -> None:
-        """Ask every worker to close its envs and exit; kill those still running after the grace."""
+        """Stop starting workers; ask every worker to close its envs and exit; kill those still running
+        after the grace."""
         self._closing = True
+        if self._starting is not None:
+            self._starting.cancel()
+            await asyncio.gather(self._starting, return_exceptions=True)
+        await self._stop_workers()
+
+    async def _start_workers(self) -> None:
+        """Start every worker, each into its slot once it has loaded the env; if one cannot start, stop the
+        others and fail (the failure is logged here, and `started` names it)."""
+        slots = range(len(self.workers))
+        outcomes = await asyncio.gather(*(self._start_in(slot) for slot in slots), return_exceptions=True)
+        failure = next((outcome for outcome in outcomes if isinstance(outcome, BaseException)), None)
+        if failure is not None:
+            logger.error("the env workers did not start: %s", failure)
+            self._closing = True
+            await self._stop_workers()
+            raise failure
+
+    async def _start_in(self, slot: int) -> None:
+        """Start the first worker of `slot`; a TimeoutError says what it did not do in time."""
+        try:
+            self.workers[slot] = await self._spawn(slot)
+        except TimeoutError:
+            raise TimeoutError(
+                f"env worker {slot} did not load the env within {WORKER_START_TIMEOUT_S:.0f} s"
+            ) from None
+
+    async def _stop_workers(self) -> None:
+        """Stop every worker in a slot, at once, each within the shutdown grace."""
         workers = [w for w in self.workers if w is not None]
         await asyncio.gather(*(w.stop(self.settings.shutdown_timeout_s) for w in workers))
 
     async def _place(self, session_id: str, op: str, args: list[Any]) -> Any:
         """Run `op` for a session new to this pool in the worker holding the fewest, which keeps it."""
-        worker = min(self._alive(), key=lambda w: (len(w.sessions), len(w.pending)))
+        worker = min(await self._alive(), key=lambda w: (len(w.sessions), len(w.pending)))
         self.placement[session_id] = worker
         worker.sessions.add(session_id)
         try:
@@ -242,7 +299,9 @@ class ProcessEnvPool:
             self.discard(session_id)
             raise
 
-    def _alive(self) -> list[EnvWorker]:
+    async def _alive(self) -> list[EnvWorker]:
+        """The running workers, once they have started; a 500 if none is."""
+        await self.started()
         alive = [w for w in self.workers if w is not None and w.alive]
         if not alive:
             raise ServiceError(ErrorCode.INTERNAL, "no env worker process is running; see the server log")

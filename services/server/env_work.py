@@ -1,7 +1,8 @@
 """What an env call does, from arguments to the JSON body the client gets: the work both env pools run.
 
 `EnvHost` keeps the live envs of the sessions it hosts, by session id, and answers `start`, `step`,
-`restore`, `close` and `format` with ready-to-send JSON bytes: observations are encoded (PNG data URLs,
+`restore`, `close` and `format` with ready-to-send JSON bytes (a `Reply` for `start` and `step`, which
+keeps the response too, for callers in the same process): observations are encoded (PNG data URLs,
 plain-JSON info) where the env ran, in the server's threads or in an env worker process, never on the
 event loop. For a shared session store it also exports each env's state after a reset and every step, as
 msgpack (`encode_state`), and rebuilds envs from such states (`EnvFactory.restore`).
@@ -13,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import msgpack
 from pydantic import BaseModel
@@ -23,11 +24,12 @@ from clients.images import ImageError
 from clients.protocol import ErrorCode, FormatResponse, Observation, ResetResponse, StepResponse
 from services.env_api import Env, EnvFactory, checked_step
 from services.server.encoding import json_safe, message_to_wire, observation_from_wire, observation_to_wire
-from services.server.errors import ServiceError
+from serving.errors import ServiceError
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+R = TypeVar("R", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -39,12 +41,25 @@ class Task:
     sample: BaseModel | None = None
 
 
+@dataclass(frozen=True)
+class Reply(Generic[R]):
+    """An env call's answer: the JSON body that HTTP sends, and the response it encodes when that was made
+    in this process (an env worker's answer, or a stored one replayed, comes as the body alone)."""
+
+    body: bytes
+    response: R | None = None
+
+    def typed(self, model: type[R]) -> R:
+        """The response: the one made here, else parsed from the body."""
+        return self.response if self.response is not None else model.model_validate_json(self.body)
+
+
 class Stepped(NamedTuple):
-    """One step's outcome: whether the episode is done, the `StepResponse` body, and the env's state after
-    it (msgpack, when the host exports states)."""
+    """One step's outcome: whether the episode is done, the `StepResponse`, and the env's state after it
+    (msgpack, when the host exports states)."""
 
     done: bool
-    body: bytes
+    reply: Reply[StepResponse]
     state: bytes | None
 
 
@@ -64,8 +79,10 @@ class EnvHost:
         self.envs: dict[str, Env] = {}
         self._formatter: Env | None = None
 
-    def start(self, session_id: str, task: Task, with_message: bool) -> tuple[bytes, bytes | None]:
-        """Build and reset an env for `session_id` from its task; the `ResetResponse` body and the state.
+    def start(
+        self, session_id: str, task: Task, with_message: bool
+    ) -> tuple[Reply[ResetResponse], bytes | None]:
+        """Build and reset an env for `session_id` from its task; the `ResetResponse` and the state.
 
         The env's own ValueError on its options or sample is the caller's fault (422).
         """
@@ -77,23 +94,22 @@ class EnvHost:
             raise ServiceError(code, f"{what} rejected by {self.factory.name}: {exc}") from exc
         try:
             obs, info = env.reset()
-            body = to_json(
-                ResetResponse(
-                    session_id=session_id,
-                    observation=observation_to_wire(obs),
-                    info=json_safe(info),
-                    message=message_to_wire(env.format_observation(obs)) if with_message else None,
-                )
+            response = ResetResponse(
+                session_id=session_id,
+                observation=observation_to_wire(obs),
+                info=json_safe(info),
+                message=message_to_wire(env.format_observation(obs)) if with_message else None,
             )
+            reply = Reply(to_json(response), response)
             state = self._state(env)
         except BaseException:
             env.close()
             raise
         self.envs[session_id] = env
-        return body, state
+        return reply, state
 
     def step(self, session_id: str, action: str, with_message: bool) -> Stepped:
-        """One env step: done, the `StepResponse` body (from the env's `StepResult`), the state."""
+        """One env step: done, the `StepResponse` (from the env's `StepResult`), the state."""
         env = self.envs[session_id]
         result = checked_step(env, action)
         response = StepResponse(
@@ -104,7 +120,7 @@ class EnvHost:
             info=json_safe(result.info),
             message=message_to_wire(env.format_observation(result.observation)) if with_message else None,
         )
-        return Stepped(response.done, to_json(response), self._state(env))
+        return Stepped(response.done, Reply(to_json(response), response), self._state(env))
 
     def restore(self, session_id: str, state: bytes) -> None:
         """Rebuild the env of `session_id` from what `encode_state` wrote, replacing any env it had here."""

@@ -27,8 +27,8 @@ import msgpack
 from clients.protocol import ErrorCode, Observation
 from services.env_api import load_env_factory
 from services.server.env_work import EnvHost, guarded, task_from_payload
-from services.server.errors import ServiceError
 from services.server.gc_tuning import collect_garbage_less_often
+from serving.errors import ServiceError
 
 READ_CHUNK = 1 << 16
 MAX_CALL_BYTES = 1 << 28
@@ -39,11 +39,13 @@ def answer(host: EnvHost, op: str, args: list[Any]) -> Any:
     """Run one call on `host`; the payload of a successful answer."""
     if op == "step":
         session_id, action, with_message = args
-        return list(guarded("step", host.step, session_id, action, with_message))
+        done, stepped, state = guarded("step", host.step, session_id, action, with_message)
+        return [done, stepped.body, state]
     if op == "reset":
         session_id, options, seed, sample, with_message = args
         task = task_from_payload(host.factory, options, seed, sample)
-        return list(guarded("reset", host.start, session_id, task, with_message))
+        started, state = guarded("reset", host.start, session_id, task, with_message)
+        return [started.body, state]
     if op == "restore":
         session_id, state = args
         return guarded("restore", host.restore, session_id, state)

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
 from clients.protocol import ErrorCode
-from services.server.errors import ServiceError, invalid_body
+from serving.errors import ServiceError, invalid_body
 
 JSON_MEDIA_TYPE = "application/json"
 
@@ -55,7 +55,7 @@ class JSONRoute(APIRoute):
 async def read_json(request: Request, model: type[BaseModel]) -> BaseModel:
     """The request's JSON body as `model`, or a `ServiceError` (400 malformed, 422 invalid or not JSON).
 
-    The body is read once; its size is already bounded by `services.server.security.RequestGuard`.
+    The body is read once; its size is already bounded by `serving.guard.RequestGuard`.
     """
     try:
         body = await request.body()

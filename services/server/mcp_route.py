@@ -4,6 +4,9 @@ imports the MCP SDK, which is most of `vistarl serve`'s start-up (docs/server.md
 The first request imports `mcp_tools` in a worker thread (the event loop keeps answering meanwhile),
 builds `EnvTools` and starts its streamable HTTP task group in the task group that `running` holds for
 the app's lifespan; every request, the first included, then goes to the SDK's own `/mcp` route.
+
+The route answers GET itself with 405 (the stateless transport has no server-initiated messages to
+stream), and gives the SDK's plain-text refusals (421, 403) the `ErrorResponse` body of every other error.
 """
 
 from __future__ import annotations
@@ -16,13 +19,25 @@ from typing import TYPE_CHECKING
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from starlette.routing import Route, Router
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
+from clients.protocol import ErrorCode
 from services.server.embedded import EnvService
 from services.server.security import MCP_PATH
+from serving.guard import refusal_of
+from serving.metrics import ServingMetrics
 
 if TYPE_CHECKING:
     from services.server.mcp_tools import EnvTools
+
+NO_MCP_STREAM = (
+    "GET /mcp: this server sends no server-initiated messages, so it opens no SSE stream; "
+    "POST each JSON-RPC request (MCP's streamable HTTP allows 405 here)"
+)
+PLAIN_REFUSALS = {403: ErrorCode.FORBIDDEN, 421: ErrorCode.MISDIRECTED}
+"""The statuses of the MCP SDK's plain-text refusals (its DNS-rebinding guard: a foreign `Origin`, a
+foreign `Host`), answered as `ErrorResponse` bodies with these codes."""
+LOOPBACK_HINT = "a server bound to a loopback address answers /mcp only for loopback Host and Origin headers"
 
 
 class LazyMCP:
@@ -50,9 +65,15 @@ class LazyMCP:
                 tasks.cancel_scope.cancel()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Hand the request to the SDK's `/mcp` route, building it first if this is the first request."""
+        """Refuse GET; hand any other request to the SDK's `/mcp` route, building it first if this is the
+        first request."""
+        metrics = self.service.metrics
+        if scope["method"] == "GET":
+            refusal = refusal_of(metrics, ErrorCode.BAD_REQUEST, NO_MCP_STREAM, {"Allow": "POST"}, status=405)
+            await refusal(scope, receive, send)
+            return
         router = self._router or await self._build()
-        await router(scope, receive, send)
+        await router(scope, receive, json_refusals(send, metrics))
 
     async def _build(self) -> Router:
         """Import the SDK, build the tools and start their task group, once however many requests wait."""
@@ -73,3 +94,29 @@ async def _run(tools: EnvTools, *, task_status: TaskStatus[None]) -> None:
     async with tools.http_running():
         task_status.started()
         await anyio.sleep_forever()
+
+
+def json_refusals(send: Send, metrics: ServingMetrics) -> Send:
+    """`send`, with a plain-text answer of a `PLAIN_REFUSALS` status (the MCP SDK's) sent instead as an
+    `ErrorResponse` body carrying its text."""
+    refused: list[Message] = []
+
+    async def json_send(message: Message) -> None:
+        if message["type"] == "http.response.start" and message["status"] in PLAIN_REFUSALS:
+            media_type = dict(message.get("headers", [])).get(b"content-type", b"")
+            if not media_type.startswith(b"application/json"):
+                refused.append(message)
+                return
+        if not refused:
+            await send(message)
+            return
+        refused.append(message)
+        if message.get("more_body", False):
+            return
+        text = b"".join(part.get("body", b"") for part in refused[1:]).decode(errors="replace").strip()
+        status = refused[0]["status"]
+        answer = refusal_of(metrics, PLAIN_REFUSALS[status], f"{text}: {LOOPBACK_HINT}", status=status)
+        await send({"type": "http.response.start", "status": status, "headers": answer.raw_headers})
+        await send({"type": "http.response.body", "body": answer.body})
+
+    return json_send

@@ -37,8 +37,8 @@ from clients.protocol import (
     StepResponse,
 )
 from services.server.embedded import EnvService
-from services.server.errors import ServiceError, describe_validation_errors
 from services.server.security import MCP_PATH
+from serving.errors import ServiceError, describe_validation_errors
 
 
 class _Arguments(BaseModel):
@@ -185,12 +185,12 @@ class EnvTools:
 
     async def _start(self, arguments: StartEpisode) -> types.CallToolResult:
         request = ResetRequest.model_validate(arguments.model_dump(exclude_none=True))
-        answer = ResetResponse.model_validate_json(await self.manager.reset(request))
+        answer = (await self.manager.reset(request)).typed(ResetResponse)
         return _result(Turn(session_id=answer.session_id, info=answer.info), answer.observation)
 
     async def _act(self, arguments: Act) -> types.CallToolResult:
         request = StepRequest.model_validate(arguments.model_dump(exclude_none=True))
-        answer = StepResponse.model_validate_json(await self.manager.step(request))
+        answer = (await self.manager.step(request)).typed(StepResponse)
         return _result(_turn(arguments.session_id, answer), answer.observation)
 
     async def _observe(self, arguments: SessionRef) -> types.CallToolResult:

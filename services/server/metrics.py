@@ -1,32 +1,23 @@
-"""Prometheus metrics of one environment server, kept in a registry of its own.
-
-A per-app `CollectorRegistry` lets several servers live in one process (tests, embedded use) without
-their metric names colliding in the global registry.
-"""
+"""Prometheus metrics of one environment server, in the registry of its own that `serving.metrics` gives
+every server."""
 
 from __future__ import annotations
 
 import functools
 
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import Counter, Gauge, Histogram
+
+from serving.metrics import ServingMetrics
 
 STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
-class ServerMetrics:
-    """The counters, gauge and histogram that `GET /metrics` exposes."""
-
-    content_type = CONTENT_TYPE_LATEST
+class ServerMetrics(ServingMetrics):
+    """The counters, gauges and histogram that `GET /metrics` exposes, errors (`vistarl_env_errors`)
+    included."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        super().__init__("vistarl_env")
         counter = functools.partial(Counter, registry=self.registry)
         gauge = functools.partial(Gauge, registry=self.registry)
         self.active_sessions = gauge("vistarl_env_active_sessions", "Sessions currently held by this server.")
@@ -46,14 +37,9 @@ class ServerMetrics:
             "Envs rebuilt here from the shared session store's state (a session new to this replica, or "
             "one stepped elsewhere since).",
         )
-        self.errors = counter("vistarl_env_errors", "Error answers, by error code.", ["code"])
         self.env_workers = gauge(
             "vistarl_env_workers", "Env worker processes running (0 with envs in threads)."
         )
         self.env_worker_restarts = counter(
             "vistarl_env_worker_restarts", "Env worker processes replaced after exiting."
         )
-
-    def render(self) -> bytes:
-        """The registry in the Prometheus text format."""
-        return generate_latest(self.registry)

@@ -33,17 +33,25 @@ from typing import Any
 import anyio
 from pydantic import BaseModel, ValidationError
 
-from clients.protocol import ErrorCode, FormatRequest, ReadyResponse, ResetRequest, StepRequest
+from clients.protocol import (
+    ErrorCode,
+    FormatRequest,
+    ReadyResponse,
+    ResetRequest,
+    ResetResponse,
+    StepRequest,
+    StepResponse,
+)
 from services.env_api import EnvFactory
 from services.server.env_pool import EnvGoneError, EnvLostError, EnvPool
-from services.server.env_work import Stepped, Task
-from services.server.errors import ServiceError, describe_validation_errors
+from services.server.env_work import Reply, Stepped, Task
 from services.server.local_sessions import LocalSessions
 from services.server.metrics import ServerMetrics
 from services.server.settings import ServerSettings
 from services.server.store import create_store
 from services.server.store.base import Commit, SessionStore, StepRecord, StoredAnswer, action_digest
 from services.server.tasks import TaskCatalog
+from serving.errors import ServiceError, describe_validation_errors
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +84,7 @@ class SessionManager:
 
     # --- endpoints ------------------------------------------------------------------------------
 
-    async def reset(self, request: ResetRequest) -> bytes:
+    async def reset(self, request: ResetRequest) -> Reply[ResetResponse]:
         """Start an episode in a new session from its task (see `services.server.tasks`); 409 if a chosen
         `session_id` is taken (live or finished), 503 when full."""
         options = self._validate_options(request.options)
@@ -88,13 +96,13 @@ class SessionManager:
             await self._release(session_id)  # an env left here of a session that expired
             async with self._slot():
                 task = Task(options, request.seed, sample)
-                body, state = await self.pool.start(session_id, task, request.format)
-                await self._create(session_id, state, body)
+                reply, state = await self.pool.start(session_id, task, request.format)
+                await self._create(session_id, state, reply.body)
                 self.local.hold(session_id, 0)
         self.metrics.resets.inc()
-        return body
+        return reply
 
-    async def step(self, request: StepRequest) -> bytes:
+    async def step(self, request: StepRequest) -> Reply[StepResponse]:
         """Step a session; a retried `request_id` gets the stored answer instead of a second step."""
         if len(request.action) > self.settings.max_action_chars:
             raise ServiceError(
@@ -134,11 +142,18 @@ class SessionManager:
             raise _not_found(session_id)
 
     async def ready(self) -> ReadyResponse:
-        """Readiness: not ready while draining or at capacity, so that a load balancer routes elsewhere."""
+        """Readiness: not ready while draining or at capacity, so that a load balancer routes elsewhere, nor
+        when the env pool could not start (while it starts, this waits for it)."""
+        try:
+            await self.pool.started()
+        except ServiceError:
+            started = False
+        else:
+            started = True
         active = len(self.local)
         full = active + self._claimed >= self.settings.max_sessions
         return ReadyResponse(
-            ready=not (full or self.draining),
+            ready=started and not (full or self.draining),
             active_sessions=active,
             max_sessions=self.settings.max_sessions,
             draining=self.draining,
@@ -187,7 +202,7 @@ class SessionManager:
 
     # --- the steps of a step --------------------------------------------------------------------
 
-    async def _attempt(self, request: StepRequest) -> bytes | None:
+    async def _attempt(self, request: StepRequest) -> Reply[StepResponse] | None:
         """One try at a step (numbered as in the module docstring); None when it must start over."""
         session_id = request.session_id
         version = self.local.version(session_id)
@@ -254,10 +269,12 @@ class SessionManager:
         self.metrics.step_seconds.observe(time.perf_counter() - started)
         return stepped
 
-    async def _commit(self, request: StepRequest, version: int, stepped: Stepped) -> bytes | None:
+    async def _commit(
+        self, request: StepRequest, version: int, stepped: Stepped
+    ) -> Reply[StepResponse] | None:
         """Store the step; its answer, or None when another replica committed a step first."""
         session_id = request.session_id
-        answer = StoredAnswer(action_digest(request.action), stepped.body)
+        answer = StoredAnswer(action_digest(request.action), stepped.reply.body)
         record = StepRecord(request.request_id, answer, stepped.done, stepped.state)
         try:
             outcome = await self.store.commit(session_id, version, record)
@@ -277,12 +294,12 @@ class SessionManager:
         if outcome is Commit.CONFLICT:
             return None
         self.metrics.steps.inc()
-        return stepped.body
+        return stepped.reply
 
-    def _replay(self, request: StepRequest, answer: StoredAnswer) -> bytes:
+    def _replay(self, request: StepRequest, answer: StoredAnswer) -> Reply[StepResponse]:
         """The stored answer of a retried step (the store found it under the step's `request_id`)."""
         assert request.request_id is not None, "answers are stored and found by request_id only"
-        return answer.replay(request.session_id, request.request_id, request.action)
+        return Reply(answer.replay(request.session_id, request.request_id, request.action))
 
     # --- helpers --------------------------------------------------------------------------------
 

@@ -20,8 +20,8 @@ from clients.images import ImageError, decode_image
 from clients.protocol import Datasets, ErrorCode, ResetRequest, SplitInfo
 from services.datasets import ParquetSplit, load_splits
 from services.env_api import EnvFactory, TaskSplit
-from services.server.errors import ServiceError, describe_validation_errors
 from services.server.settings import ServerSettings
+from serving.errors import ServiceError, describe_validation_errors
 
 IMAGE_URL_PREFIX = "data:image/"
 

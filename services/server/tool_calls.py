@@ -16,7 +16,7 @@ from jsonschema import Draft202012Validator
 
 from clients.protocol import ErrorCode, StepRequest, ToolCall
 from services.env_api import EnvFactory
-from services.server.errors import ServiceError
+from serving.errors import ServiceError
 
 
 class ToolActions:

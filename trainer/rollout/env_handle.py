@@ -1,11 +1,12 @@
 """One interface to an episode's environment, whether it runs behind an env server or in this process.
 
 An env is named by an `http(s)://` URL (an env server, reached through a shared `AsyncEnvClient`) or by a
-registered name or import path (`sokoban`, `services.sokoban`: the same server code, an `EnvService`,
-run in this process). Either way an episode speaks the wire protocol's models: a job's task becomes a
-`ResetRequest` (seed, task id, sample, options), each reply a `StepRequest` with a request id, and the
-answers carry the env's own chat messages (image parts as PNG data URLs). So the episode loop cannot
-tell the two apart, and a task reaches the env the same way in process, over HTTP and through the queue.
+registered name or import path (`sokoban`, `services.sokoban`: the same server code, run in this process
+by `services.sessions_api.open_in_process`). Either way an episode speaks the wire protocol's models
+through one contract, `services.sessions_api.EnvSessions`: a job's task becomes a `ResetRequest` (seed,
+task id, sample, options), each reply a `StepRequest` with a request id, and the answers carry the env's
+own chat messages (image parts as PNG data URLs). So the episode loop cannot tell the two apart, and a
+task reaches the env the same way in process, over HTTP and through the queue.
 Every env failure (an exception, a timeout, an unreachable or failing server) surfaces as `EnvError`.
 """
 
@@ -16,51 +17,20 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any
 
 from clients.http import AsyncEnvClient, RetryPolicy
-from clients.protocol import (
-    ErrorCode,
-    InfoResponse,
-    Message,
-    ResetRequest,
-    ResetResponse,
-    StepRequest,
-    StepResponse,
-)
-from services.env_api import load_env_factory
-from services.server.embedded import EnvService
-from services.server.errors import ServiceError
-from services.server.settings import ServerSettings
+from clients.protocol import InfoResponse, Message, ResetRequest, ResetResponse, StepRequest, StepResponse
+from services.sessions_api import EnvSessions, InProcessSessions, open_in_process
 from trainer.rollout.job import EpisodeJob
 
-__all__ = ["EnvError", "EnvHandle", "EnvSessions", "Envs", "describe_env", "is_url", "split_size"]
+__all__ = ["EnvError", "EnvHandle", "Envs", "describe_env", "is_url", "split_size"]
 
 log = logging.getLogger(__name__)
 
 
 class EnvError(RuntimeError):
     """The environment failed: it raised, overran its timeout, or its server failed or is unreachable."""
-
-
-class EnvSessions(Protocol):
-    """Where one env's sessions live: an env server, or an `EnvService` in this process."""
-
-    async def describe(self) -> InfoResponse:
-        """The env's `/info`: its system prompt, action format, tasks and limits."""
-        ...
-
-    async def reset(self, request: ResetRequest) -> ResetResponse:
-        """Start a session."""
-        ...
-
-    async def step(self, request: StepRequest) -> StepResponse:
-        """Step a session."""
-        ...
-
-    async def close(self, session_id: str) -> bool:
-        """End a session: True if it ended now, False if it was already gone."""
-        ...
 
 
 def is_url(spec: str) -> bool:
@@ -98,33 +68,8 @@ class RemoteSessions:
         return await self.client.close(session_id)
 
 
-class LocalSessions:
-    """An env's sessions in an `EnvService` of this process: the env server's own code, without HTTP."""
-
-    def __init__(self, service: EnvService) -> None:
-        self.service = service
-
-    async def describe(self) -> InfoResponse:
-        return self.service.info
-
-    async def reset(self, request: ResetRequest) -> ResetResponse:
-        return await self.service.reset(request)
-
-    async def step(self, request: StepRequest) -> StepResponse:
-        return await self.service.step(request)
-
-    async def close(self, session_id: str) -> bool:
-        try:
-            await self.service.close(session_id)
-        except ServiceError as exc:
-            if exc.code != ErrorCode.SESSION_NOT_FOUND:
-                raise
-            return False
-        return True
-
-
 class Envs:
-    """The envs one process plays: a shared client per env server URL, an `EnvService` per env module.
+    """The envs one process plays: a shared client per env server URL, in-process sessions per env module.
 
     `timeout_s` bounds one env call (an attempt, for a server); `outage_s` how long a call to an env
     server keeps retrying through an outage (connection refused, 503) before the episode fails.
@@ -135,7 +80,7 @@ class Envs:
         self.timeout_s = timeout_s
         self.retry = RetryPolicy.outage(outage_s, base_delay=0.2)
         self._remote: dict[str, RemoteSessions] = {}
-        self._local: dict[str, LocalSessions] = {}
+        self._local: dict[str, InProcessSessions] = {}
         self._starting = asyncio.Lock()
 
     async def open(self, spec: str) -> EnvHandle:
@@ -145,12 +90,9 @@ class Envs:
         async with self._starting:
             if spec not in self._local:
                 try:
-                    settings = ServerSettings(env_workers=0, env_timeout_s=self.timeout_s)
-                    service = EnvService(load_env_factory(spec), settings)
+                    self._local[spec] = await open_in_process(spec, self.timeout_s)
                 except ValueError as exc:
                     raise EnvError(str(exc)) from exc
-                await service.start()
-                self._local[spec] = LocalSessions(service)
         return EnvHandle(self._local[spec])
 
     def _remote_sessions(self, url: str) -> RemoteSessions:
@@ -160,12 +102,12 @@ class Envs:
         return self._remote[url]
 
     async def aclose(self) -> None:
-        """Close every client's connections and stop every in-process env service."""
+        """Close every client's connections and stop every env's in-process sessions."""
         remote, local = list(self._remote.values()), list(self._local.values())
         self._remote, self._local = {}, {}
         await asyncio.gather(
             *(sessions.client.shutdown() for sessions in remote),
-            *(sessions.service.stop() for sessions in local),
+            *(sessions.stop() for sessions in local),
         )
 
 

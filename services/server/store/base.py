@@ -28,7 +28,7 @@ from typing import Protocol
 import msgpack
 
 from clients.protocol import ErrorCode
-from services.server.errors import ServiceError
+from serving.errors import ServiceError
 
 
 def action_digest(action: str) -> bytes:

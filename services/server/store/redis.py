@@ -24,8 +24,8 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from clients.protocol import ErrorCode
-from services.server.errors import ServiceError
 from services.server.store.base import Commit, Retention, Snapshot, StepRecord, StoredAnswer
+from serving.errors import ServiceError
 
 T = TypeVar("T")
 

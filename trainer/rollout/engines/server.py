@@ -8,8 +8,9 @@ update, `POST /init_weights_update_group` and `POST /update_weights_from_distrib
 (`trainer.weights.receiver`: each bucket straight into the parameters; gloo on CPU). Bodies and answers
 are the shared models of `trainer.rollout.engines.sglang_api`; like SGLang 0.5.23, an invalid body (an
 unknown `sampling_params` key, say) gets 400. `POST /v1/chat/completions` is a minimal OpenAI-compatible
-chat completion for agents (`trainer.rollout.engines.chat`, docs/agents.md). The body-size limit and
-the optional bearer token (`VISTARL_API_TOKEN`) are the env servers' own guards.
+chat completion for agents (`trainer.rollout.engines.chat`, docs/agents.md). The body-size limit, the
+optional bearer token (`VISTARL_API_TOKEN`) and the error bodies are those of the env servers too
+(`serving`).
 """
 
 from __future__ import annotations
@@ -28,14 +29,14 @@ from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from clients.protocol import ErrorCode
-from services.server.errors import (
+from serving.errors import (
     ServiceError,
     describe_validation_errors,
     error_response,
     install_error_handlers,
 )
-from services.server.metrics import ServerMetrics
-from services.server.security import RequestGuard
+from serving.guard import RequestGuard
+from serving.metrics import ServingMetrics
 from trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
 from trainer.rollout.engines.chat import ChatCompletion, ChatCompletionRequest, completion, generate_request
 from trainer.rollout.engines.hf import DEFAULT_MAX_BATCH_SIZE, HFEngine
@@ -73,7 +74,7 @@ class EngineServerSettings(BaseSettings):
 def create_app(engine: HFEngine, settings: EngineServerSettings | None = None) -> FastAPI:
     """A FastAPI app serving `engine`; the engine is closed when the app shuts down."""
     settings = settings or EngineServerSettings()
-    metrics = ServerMetrics()
+    metrics = ServingMetrics("vistarl_engine")
     receiver = WeightReceiver(engine.model.config.model_type)
 
     @contextlib.asynccontextmanager

@@ -1,6 +1,6 @@
-"""Error answers of the environment server: every failure becomes an `ErrorResponse` body.
+"""Error answers of vistarl's servers: every failure becomes an `ErrorResponse` body.
 
-`ServiceError` is what the server's own code raises; the handlers installed by `install_error_handlers`
+`ServiceError` is what a server's own code raises; the handlers installed by `install_error_handlers`
 turn it, FastAPI's validation errors, HTTP errors (404, 405, 413) and unexpected crashes into
 `{"error": {"code", "message"}}` with the status from `ERROR_STATUS`, counting each by code.
 """
@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from clients.protocol import ERROR_STATUS, ErrorCode, ErrorResponse
-from services.server.metrics import ServerMetrics
+from serving.metrics import ServingMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def invalid_body(errors: Sequence[Mapping[str, Any]], prefix: str = "") -> Servi
     return ServiceError(ErrorCode.VALIDATION_ERROR, describe_validation_errors(errors, prefix))
 
 
-def install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
+def install_error_handlers(app: FastAPI, metrics: ServingMetrics) -> None:
     """Register the handlers that give every error answer the `ErrorResponse` shape."""
 
     def answer(

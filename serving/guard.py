@@ -1,0 +1,108 @@
+"""The request guard: bearer-token auth and the request body size limit, in one pure ASGI middleware.
+
+It runs before routing and before the body is parsed, so an unauthenticated or oversized request costs
+the server almost nothing, and it reads the headers of every request once. Its refusals are
+`ErrorResponse` bodies like every other error, counted by code. Each server names the paths that need
+no token (its probes, say).
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from clients.protocol import ErrorCode
+from serving.errors import error_response
+from serving.metrics import ServingMetrics
+
+
+class RequestGuard:
+    """Answer 401 unless `Authorization: Bearer <token>` matches (when a token is set; the scheme name in
+    any case, as RFC 7235 has it), 413 when a body exceeds `max_bytes`; paths in `open_paths` need no
+    token.
+
+    Auth comes first, so no body is read before it. A declared Content-Length over the limit is refused
+    before reading anything; a declared length within it bounds what the server delivers. A body without
+    one (chunked) is counted as it streams: the read that crosses the limit raises a 413
+    `HTTPException`, which FastAPI passes on to the error handlers.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_bytes: int,
+        metrics: ServingMetrics,
+        open_paths: frozenset[str],
+        token: str | None = None,
+    ) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.metrics = metrics
+        self.expected = None if token is None else token.encode()
+        self.open_paths = open_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        authorization = declared = b""
+        for name, value in scope["headers"]:  # ASGI header names are lower-case
+            if name == b"authorization":
+                authorization = value
+            elif name == b"content-length":
+                declared = value
+        if not self._authorized(scope["path"], authorization):
+            refusal = refusal_of(
+                self.metrics,
+                ErrorCode.UNAUTHORIZED,
+                "missing or invalid bearer token",
+                {"WWW-Authenticate": "Bearer"},
+            )
+        elif declared.isdigit() and int(declared) > self.max_bytes:
+            too_large = self._too_large(f"{declared.decode()} bytes")
+            refusal = refusal_of(self.metrics, ErrorCode.PAYLOAD_TOO_LARGE, too_large)
+        else:
+            await self.app(scope, receive if declared.isdigit() else self._counting(receive), send)
+            return
+        await refusal(scope, receive, send)
+
+    def _authorized(self, path: str, authorization: bytes) -> bool:
+        """Whether the request may pass: no token is set, the path is open, or it carries the token."""
+        if self.expected is None or path in self.open_paths:
+            return True
+        scheme, _, credentials = authorization.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(b" "), self.expected)
+
+    def _counting(self, receive: Receive) -> Receive:
+        """`receive`, raising 413 once the body read so far exceeds `max_bytes`."""
+        received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise HTTPException(413, self._too_large(f"more than {self.max_bytes} bytes"))
+            return message
+
+        return counting_receive
+
+    def _too_large(self, size: str) -> str:
+        return f"request body of {size} exceeds the limit of {self.max_bytes} bytes"
+
+
+def refusal_of(
+    metrics: ServingMetrics,
+    code: ErrorCode,
+    message: str,
+    headers: dict[str, str] | None = None,
+    status: int | None = None,
+) -> JSONResponse:
+    """An `ErrorResponse` that middleware answers instead of calling the app, counted by code."""
+    metrics.errors.labels(code=code.value).inc()
+    return error_response(code, message, headers, status)
