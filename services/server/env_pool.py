@@ -70,7 +70,8 @@ class EnvPool(Protocol):
         ...
 
     async def step(self, session_id: str, action: str, with_message: bool) -> Stepped:
-        """Step a session's env: whether it is done, the `StepResponse` body, and the state."""
+        """Step a session's env: whether it is done, the `StepResponse` body, and the state. A step that
+        ends the episode closes the env, which the pool then forgets."""
         ...
 
     async def restore(self, session_id: str, state: bytes) -> None:
@@ -196,6 +197,8 @@ class ProcessEnvPool:
 
     async def step(self, session_id: str, action: str, with_message: bool) -> Stepped:
         done, body, state = await self._worker_of(session_id).call("step", [session_id, action, with_message])
+        if done:  # the worker closed the env with the step
+            self.discard(session_id)
         return Stepped(bool(done), bytes(body), state)
 
     async def restore(self, session_id: str, state: bytes) -> None:
