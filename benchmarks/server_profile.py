@@ -42,8 +42,14 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("services/server/sessions.py", "local_sessions.py", "services/server/store/"),
     ),
     ("request guard (middleware)", ("services/server/security.py", "starlette/middleware")),
-    ("body validation", ("services/server/json_route.py", "tool_calls.py")),
-    ("routing (FastAPI, Starlette)", ("fastapi/", "starlette/")),
+    (
+        "body validation",
+        ("read_json (", "_body (services/server/json_route.py", "_is_json (", "tool_calls.py"),
+    ),
+    (
+        "routing (the lean routes, FastAPI, Starlette)",
+        ("services/server/json_route.py", "fastapi/", "starlette/"),
+    ),
     ("HTTP protocol (uvicorn, httptools)", ("uvicorn/protocols", "httptools")),
     ("event loop and the rest", ()),
 )
