@@ -80,9 +80,13 @@ class Calls:
         """Queue one decoded call frame (a malformed one is left for `answer_one` to refuse)."""
         self.queue.append(call)
 
+    def passable(self) -> bool:
+        """Whether a call may go before the one at the head (a build, right after another build)."""
+        return self.owed > 0 and _builds(self.queue[0])
+
     def take(self) -> Any:
         """The next call to answer."""
-        passing = self._overtaking() if self.owed > 0 and _builds(self.queue[0]) else None
+        passing = self._overtaking() if self.passable() else None
         if passing is None:
             return self.queue.popleft()
         call = self.queue[passing]
@@ -121,15 +125,16 @@ def _session(call: Any) -> Any:
 
 
 def serve(host: EnvHost, calls: int, answers: BinaryIO) -> None:
-    """Answer the calls read from file descriptor `calls` until it closes and every call is answered;
-    what has arrived is read before each answer, so that the turns of `Calls` see it."""
+    """Answer the calls read from file descriptor `calls` until it closes and every call is answered.
+    Calls are read when none waits, and also before answering a build that others may pass, so that
+    `Calls` sees those that arrived meanwhile."""
     unpacker = msgpack.Unpacker(max_buffer_size=MAX_CALL_BYTES)
     waiting = Calls()
     readable = select.poll()
     readable.register(calls, select.POLLIN)
     reading = True
     while reading or waiting:
-        if reading and (not waiting or readable.poll(0)):
+        if reading and (not waiting or (waiting.passable() and readable.poll(0))):
             chunk = os.read(calls, READ_CHUNK)
             reading = bool(chunk)
             unpacker.feed(chunk)
