@@ -86,11 +86,13 @@ def vistarl_user(session: aiohttp.ClientSession, url: str, episodes: Episodes) -
         latencies: list[float] = []
         while time.perf_counter() < stop_at:
             n = next(numbers)
-            session_id = (await _post(session, f"{url}/reset", episodes.reset(n)))["session_id"]
+            session_id = (await post_json(session, f"{url}/reset", episodes.reset(n)))["session_id"]
             for response in episodes.responses(n):
                 if (sent := time.perf_counter()) >= stop_at:
                     break
-                answer = await _post(session, f"{url}/step", {"session_id": session_id, "action": response})
+                answer = await post_json(
+                    session, f"{url}/step", {"session_id": session_id, "action": response}
+                )
                 _record(latencies, sent, measure_from, stop_at)
                 if answer["done"]:
                     break
@@ -101,7 +103,8 @@ def vistarl_user(session: aiohttp.ClientSession, url: str, episodes: Episodes) -
     return play
 
 
-async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> Any:
+async def post_json(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> Any:
+    """POST `body` as JSON; the decoded answer (an error status raises)."""
     data = json.dumps(body)
     async with session.post(url, data=data, headers={"Content-Type": "application/json"}) as reply:
         reply.raise_for_status()

@@ -11,7 +11,15 @@ encoding, one in pydantic under `EnvHost.step` is the JSON answer, one in asynci
 manager is the session rules. The table gives each part's share of the samples and its CPU per step
 (the tree's CPU per step over the window, from /proc, times the share); the first two parts are the
 env's own work, the rest the server's overhead. Threads without Python frames (an OpenGL driver's)
-are not sampled, so an env's own share is understated there, and the overhead overstated.
+are not sampled, so an env's own share is understated there, and the overhead overstated; and on a
+busy machine a process that waits for a core after a wake-up is sampled as running, which inflates the
+pipes, the HTTP protocol and the event loop.
+
+So each env is then also played alone in this process (`env_alone`: the same episodes, one after
+another, built, reset, stepped and their images encoded as the server encodes them), and its CPU per
+step (this process and its children, Geo3k's grading processes) is taken from the server's: the
+overhead measured without sampling. It counts against the server what running the env there costs it
+beyond the env's own work, cold caches included.
 `py-spy` is not a dependency of the project: `pip install py-spy`.
 """
 
@@ -19,17 +27,21 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
 from benchmarks.episodes import EPISODES, Episodes
-from benchmarks.harness import benchmark_parser, served_env
+from benchmarks.harness import benchmark_parser, ms_per_step, process_tree_cpu_s, served_env
 from benchmarks.lean_load import Row, measure, vistarl_user
+from services.env_api import EnvFactory, load_env_factory
+from services.server.encoding import observation_to_wire
 
 PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("env: step, reset, render", ("services/sokoban/", "services/geo3k/", "services/vsi/", "math_verify")),
@@ -42,8 +54,14 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("services/server/sessions.py", "local_sessions.py", "services/server/store/"),
     ),
     ("request guard (middleware)", ("services/server/security.py", "starlette/middleware")),
-    ("body validation", ("services/server/json_route.py", "tool_calls.py")),
-    ("routing (FastAPI, Starlette)", ("fastapi/", "starlette/")),
+    (
+        "body validation",
+        ("read_json (", "_body (services/server/json_route.py", "_is_json (", "tool_calls.py"),
+    ),
+    (
+        "routing (the lean routes, FastAPI, Starlette)",
+        ("services/server/json_route.py", "fastapi/", "starlette/"),
+    ),
     ("HTTP protocol (uvicorn, httptools)", ("uvicorn/protocols", "httptools")),
     ("event loop and the rest", ()),
 )
@@ -71,17 +89,19 @@ def parts(raw: str) -> collections.Counter[str]:
 
 @dataclass(frozen=True)
 class Profile:
-    """A loaded server's figures, its flags, and its samples by part."""
+    """A loaded server's figures, its flags, its samples by part, and the CPU per step of its env alone."""
 
     row: Row
     flags: list[str]
     samples: collections.Counter[str]
+    alone_ms_per_step: float | None
 
 
 async def sampled(
     episodes: Episodes, flags: list[str], seconds: float, warmup: float, concurrency: int
 ) -> Profile:
-    """Load `vistarl serve ENV FLAGS` with `concurrency` users and sample it for `seconds` after `warmup`."""
+    """Load `vistarl serve ENV FLAGS` with `concurrency` users and sample it for `seconds` after `warmup`;
+    then play the env alone here (`env_alone`), the server stopped."""
     py_spy = shutil.which("py-spy")
     if py_spy is None:
         raise SystemExit("py-spy is not installed: pip install py-spy")
@@ -97,7 +117,46 @@ async def sampled(
             sampler = await asyncio.create_subprocess_exec(*record, stdout=subprocess.DEVNULL)
             await sampler.wait()
             row = await running
-        return Profile(row, flags, parts(out.read_text()))
+        samples = parts(out.read_text())
+    return Profile(row, flags, samples, env_alone(episodes, seconds, warmup))
+
+
+def env_alone(episodes: Episodes, seconds: float, warmup: float) -> float | None:
+    """CPU ms per step of the env's own work on `episodes`, played one after another in this process for
+    `seconds` after `warmup` seconds of the same (None without /proc)."""
+    factory = load_env_factory(episodes.env)
+    numbers = iter(range(1 << 62))
+    deadline = time.perf_counter() + warmup
+    while time.perf_counter() < deadline:
+        play(factory, episodes, next(numbers))
+    before, steps = process_tree_cpu_s(os.getpid()), 0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        steps += play(factory, episodes, next(numbers))
+    after = process_tree_cpu_s(os.getpid())
+    return None if before is None or after is None else ms_per_step(after - before, steps)
+
+
+def play(factory: EnvFactory, episodes: Episodes, n: int) -> int:
+    """Play episode `n` as the server would: build and reset the env, step it until done, encode every
+    observation's images (`observation_to_wire`); how many steps it took."""
+    reset = episodes.reset(n)
+    env = factory.create(
+        factory.options_model.model_validate(reset.get("options", {})), reset.get("seed"), None
+    )
+    steps = 0
+    try:
+        observation, _ = env.reset()
+        observation_to_wire(observation)
+        for response in episodes.responses(n):
+            result = env.step(response)
+            observation_to_wire(result.observation)
+            steps += 1
+            if result.done:
+                break
+    finally:
+        env.close()
+    return steps
 
 
 def breakdown(profile: Profile) -> str:
@@ -107,10 +166,16 @@ def breakdown(profile: Profile) -> str:
     per_step, first = row.cpu_ms_per_step or 0.0, row.front_cpu_ms_per_step or 0.0
     total = sum(samples.values()) or 1
     overhead = per_step * sum(samples[name] for name, _ in PARTS[ENV_PARTS:]) / total
+    alone = profile.alone_ms_per_step
+    beyond = (
+        ""
+        if alone is None
+        else f"; the env alone {alone:.3f} ms/step, so **{per_step - alone:.3f}** beyond it"
+    )
     lines = [
         f"`vistarl serve {' '.join([row.env, *profile.flags])}`, {row.steps_per_s:.0f} steps/s, p99 "
         f"{row.p99_ms:.1f} ms, {per_step:.2f} ms of server CPU per step ({first:.2f} in its first process), "
-        f"load avg {row.load:.1f}: **overhead {overhead:.3f} ms/step**",
+        f"load avg {row.load:.1f}: **overhead {overhead:.3f} ms/step** sampled{beyond}",
         "",
         "| part | share of samples | CPU ms/step |",
         "|---|---:|---:|",

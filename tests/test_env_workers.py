@@ -117,17 +117,11 @@ def test_what_an_env_prints_stays_off_the_frames() -> None:
         assert answers[-1]["info"]["episode_reward"] == 3.0
 
 
-def test_the_worker_answers_every_call_in_order_and_survives_bad_ones() -> None:
+def served(calls: list[list[object]]) -> tuple[list[list[object]], EnvHost]:
+    """Every answer a worker's `serve` writes for `calls` sent at once (then the end of its input), in the
+    order written, and the host it served them from."""
     calls_r, calls_w = os.pipe()
     answers_r, answers_w = os.pipe()
-    calls = [
-        [1, "bogus", []],
-        [2, "reset", ["s1", {"target": 10}, 5, None, False]],
-        [3, "step", ["s1", "inc", True]],
-        [4, "step", ["nope", "inc", False]],
-        [5, "reset", ["s2", {"refuse": "no thanks"}, None, None, False]],
-        [6, "close", ["s1"]],
-    ]
     os.write(calls_w, b"".join(msgpack.packb(call) for call in calls))
     os.close(calls_w)
     host = EnvHost(ENV_FACTORY, max_image_bytes=1 << 20, max_image_pixels=1 << 16)
@@ -138,19 +132,49 @@ def test_the_worker_answers_every_call_in_order_and_survives_bad_ones() -> None:
     unpacker = msgpack.Unpacker()
     with os.fdopen(answers_r, "rb") as source:
         unpacker.feed(source.read())
-    answers = list(unpacker)
-    assert [a[0] for a in answers] == [1, 2, 3, 4, 5, 6]
-    assert answers[0][1] is False and answers[0][2][0] == "internal_error" and "bogus" in answers[0][2][1]
-    body, state = answers[1][2]
+    return list(unpacker), host
+
+
+def test_the_worker_answers_every_call_and_survives_bad_ones() -> None:
+    answers, host = served(
+        [
+            [1, "bogus", []],
+            [2, "reset", ["s1", {"target": 10}, 5, None, False]],
+            [3, "step", ["s1", "inc", True]],
+            [4, "step", ["nope", "inc", False]],
+            [5, "reset", ["s2", {"refuse": "no thanks"}, None, None, False]],
+            [6, "close", ["s1"]],
+        ]
+    )
+    by_id = {answer[0]: answer for answer in answers}
+    assert len(answers) == len(by_id) == 6
+    assert by_id[1][1] is False and by_id[1][2][0] == "internal_error" and "bogus" in by_id[1][2][1]
+    body, state = by_id[2][2]
     assert json.loads(body)["observation"]["text"].startswith("count=5") and state is None
-    done, body, state = answers[2][2]
+    done, body, state = by_id[3][2]
     assert done is False and json.loads(body)["message"]["role"] == "user" and state is None
-    assert answers[3][1] is False and answers[3][2][0] == "internal_error"
-    assert answers[4][1] is False and answers[4][2] == [
+    assert by_id[4][1] is False and by_id[4][2][0] == "internal_error"
+    assert by_id[5][1] is False and by_id[5][2] == [
         "invalid_options",
         "options rejected by counter: no thanks",
     ]
-    assert answers[5] == [6, True, None] and host.envs == {}
+    assert by_id[6] == [6, True, None] and host.envs == {}
+
+
+def test_a_step_passes_the_resets_of_other_sessions_but_not_its_own() -> None:
+    answers, _ = served(
+        [
+            [1, "reset", ["a", {"target": 10}, None, None, False]],
+            [2, "reset", ["b", {"target": 10}, None, None, False]],
+            [3, "reset", ["c", {"target": 10}, None, None, False]],
+            [4, "step", ["a", "inc", False]],
+            [5, "step", ["b", "inc", False]],
+        ]
+    )
+    assert [answer[0] for answer in answers] == [1, 4, 2, 5, 3]  # resets take turns with waiting steps
+    assert all(ok for _, ok, _ in answers)
+    for _, _, (done, body, _) in (answer for answer in answers if answer[0] in (4, 5)):
+        assert done is False and json.loads(body)["observation"]["text"].startswith("count=1")
 
 
 @pytest.mark.parametrize(("cores", "workers"), [(1, 0), (2, 2), (6, 6)])

@@ -31,7 +31,7 @@ from clients.protocol import (
 )
 from services.env_api import EnvFactory
 from services.server.embedded import EnvService
-from services.server.json_route import JSONRoute
+from services.server.json_route import JSONRoute, LeanRoutes
 from services.server.mcp_route import LazyMCP
 from services.server.openapi import METRICS_RESPONSES, READY_RESPONSES, errors, guarded_router
 from services.server.play import PLAY_PATHS, play_routes
@@ -69,15 +69,6 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
     )
     install_error_handlers(app, metrics)
     token = None if settings.api_token is None else settings.api_token.get_secret_value()
-    app.add_middleware(
-        RequestGuard,
-        max_bytes=settings.max_body_bytes,
-        metrics=metrics,
-        token=token,
-        open_paths=OPEN_PATHS | PLAY_PATHS,
-    )
-    if settings.cors_origins:  # added last, so outermost: a preflight needs no token
-        app.add_middleware(CORSMiddleware, **cors_options(settings.cors_origins))
     guarded = guarded_router(token_required=token is not None)
 
     async def reset(request: ResetRequest) -> bytes:
@@ -136,6 +127,20 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
     async def health() -> HealthResponse:
         """Liveness: the process answers; never needs a token."""
         return HealthResponse()
+
+    if not settings.otel:  # added first, so innermost; with tracing on, FastAPI's router names the spans
+        posts = {path: endpoint for path, endpoint, _, _ in env_routes}
+        handlers = app.exception_handlers
+        app.add_middleware(LeanRoutes, posts=posts, delete_session=delete_session, handlers=handlers)
+    app.add_middleware(
+        RequestGuard,
+        max_bytes=settings.max_body_bytes,
+        metrics=metrics,
+        token=token,
+        open_paths=OPEN_PATHS | PLAY_PATHS,
+    )
+    if settings.cors_origins:  # added last, so outermost: a preflight needs no token
+        app.add_middleware(CORSMiddleware, **cors_options(settings.cors_origins))
 
     app.include_router(guarded)
     app.router.routes.extend([*mcp.http_routes(), *play_routes()])

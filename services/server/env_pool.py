@@ -44,7 +44,7 @@ T = TypeVar("T")
 
 WORKER_START_TIMEOUT_S = 60.0
 WORKER_RESTART_ATTEMPTS = 3
-READ_CHUNK = 1 << 16
+STREAM_LIMIT = 1 << 16  # asyncio's default buffer limit for the stdin stream
 MAX_ANSWER_BYTES = 1 << 28
 
 
@@ -78,7 +78,8 @@ class EnvPool(Protocol):
         ...
 
     async def step(self, session_id: str, action: str, with_message: bool) -> Stepped:
-        """Step a session's env: whether it is done, the `StepResponse`, and the state."""
+        """Step a session's env: whether it is done, the `StepResponse`, and the state. A step that ends
+        the episode closes the env, which the pool then forgets."""
         ...
 
     async def restore(self, session_id: str, state: bytes) -> None:
@@ -224,6 +225,8 @@ class ProcessEnvPool:
 
     async def step(self, session_id: str, action: str, with_message: bool) -> Stepped:
         done, body, state = await self._worker_of(session_id).call("step", [session_id, action, with_message])
+        if done:  # the worker closed the env with the step
+            self.discard(session_id)
         return Stepped(bool(done), Reply(bytes(body)), state)
 
     async def restore(self, session_id: str, state: bytes) -> None:
@@ -361,6 +364,26 @@ class ProcessEnvPool:
             return
 
 
+class WorkerProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """asyncio's protocol of a child process with its stdin as a stream, but its stdout handed to the
+    `EnvWorker` as it arrives."""
+
+    def __init__(self, worker: EnvWorker, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=STREAM_LIMIT, loop=loop)
+        self.worker = worker
+
+    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
+        if fd == 1 and isinstance(data, bytes):
+            self.worker.received(data)
+        else:
+            super().pipe_data_received(fd, data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        super().pipe_connection_lost(fd, exc)
+        if fd == 1:
+            self.worker.output_closed()
+
+
 class EnvWorker:
     """One `services.server.env_worker` process, its sessions, and the calls awaiting its answers."""
 
@@ -374,17 +397,24 @@ class EnvWorker:
         self.pid: int | None = None
         self._ids = itertools.count(1)
         self._process: asyncio.subprocess.Process | None = None
-        self._reader: asyncio.Task[None] | None = None
+        self._answers = msgpack.Unpacker(max_buffer_size=MAX_ANSWER_BYTES)
+        self._ended: asyncio.Task[None] | None = None
 
     async def launch(self, command: list[str]) -> None:
         """Start the process and wait for its ready frame (it sends one once the env module is loaded)."""
-        self._process = await asyncio.create_subprocess_exec(
-            *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, start_new_session=True
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.subprocess_exec(
+            lambda: WorkerProtocol(self, loop),
+            *command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=None,
+            start_new_session=True,
         )
+        self._process = asyncio.subprocess.Process(transport, protocol, loop)
         self.pid = self._process.pid
-        ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        ready: asyncio.Future[Any] = loop.create_future()
         self.pending[0] = ready
-        self._reader = asyncio.create_task(self._read(), name=f"vistarl-env-worker-{self.pid}")
         self.alive = True
         try:
             async with asyncio.timeout(WORKER_START_TIMEOUT_S):
@@ -431,30 +461,41 @@ class EnvWorker:
                 await self._process.wait()
         except TimeoutError:
             self._kill()
-        if self._reader is not None:
+        if self._ended is not None:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
+                await self._ended
 
-    async def _read(self) -> None:
-        """Resolve calls from the worker's answers until its stdout closes, then fail what is left."""
-        assert self._process is not None and self._process.stdout is not None
-        unpacker = msgpack.Unpacker(max_buffer_size=MAX_ANSWER_BYTES)
+    def received(self, data: bytes) -> None:
+        """Resolve the calls whose answers `data` completes, as the pipe delivers it (no reader task wakes
+        up per answer); a bad frame kills the worker."""
+        if self._ended is not None:
+            return
         try:
-            while chunk := await self._process.stdout.read(READ_CHUNK):
-                unpacker.feed(chunk)
-                for call_id, ok, payload in unpacker:
-                    self._answer(call_id, ok, payload)
-        except (ConnectionError, ValueError, TypeError, msgpack.UnpackException) as exc:
+            self._answers.feed(data)
+            for call_id, ok, payload in self._answers:
+                self._answer(call_id, ok, payload)
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
             logger.error("env worker %d sent a bad frame: %s", self.slot, exc)
+            self.output_closed()
             self._kill()
-        finally:
+
+    def output_closed(self) -> None:
+        """The worker's stdout closed (or can no longer be read): fail what is left once it has exited."""
+        if self._ended is None:
             self.alive = False
-            returncode = await self._process.wait()
-            gone = EnvGoneError(f"env worker {self.slot} exited with code {returncode}")
-            for future in self.pending.values():
-                if not future.done():
-                    future.set_exception(gone)
-            self.on_exit(self)
+            self._ended = asyncio.get_running_loop().create_task(
+                self._end(), name=f"vistarl-env-worker-{self.pid}-end"
+            )
+
+    async def _end(self) -> None:
+        """Wait for the process to exit, fail every call still waiting, and tell the pool."""
+        assert self._process is not None
+        returncode = await self._process.wait()
+        gone = EnvGoneError(f"env worker {self.slot} exited with code {returncode}")
+        for future in self.pending.values():
+            if not future.done():
+                future.set_exception(gone)
+        self.on_exit(self)
 
     def _answer(self, call_id: int, ok: bool, payload: Any) -> None:
         future = self.pending.get(call_id)

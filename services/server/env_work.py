@@ -109,7 +109,10 @@ class EnvHost:
         return reply, state
 
     def step(self, session_id: str, action: str, with_message: bool) -> Stepped:
-        """One env step: done, the `StepResponse` (from the env's `StepResult`), the state."""
+        """One env step: done, the `StepResponse` (from the env's `StepResult`), the state.
+
+        A step that ends the episode also closes and forgets the env (its session frees its slot at once),
+        so the end of an episode costs no call of its own."""
         env = self.envs[session_id]
         result = checked_step(env, action)
         response = StepResponse(
@@ -120,7 +123,11 @@ class EnvHost:
             info=json_safe(result.info),
             message=message_to_wire(env.format_observation(result.observation)) if with_message else None,
         )
-        return Stepped(response.done, Reply(to_json(response), response), self._state(env))
+        stepped = Stepped(response.done, Reply(to_json(response), response), self._state(env))
+        if stepped.done:
+            del self.envs[session_id]
+            _close_quietly(env)
+        return stepped
 
     def restore(self, session_id: str, state: bytes) -> None:
         """Rebuild the env of `session_id` from what `encode_state` wrote, replacing any env it had here."""

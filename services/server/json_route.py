@@ -1,4 +1,4 @@
-"""`JSONRoute`: the env endpoints (/reset, /step, /format) on a lean path through FastAPI.
+"""The env endpoints (/reset, /step, /format, DELETE /sessions/{id}) on a lean path through FastAPI.
 
 Per request, FastAPI's own handler (dependency solving, `json.loads` then validation, response-model
 validation and re-encoding) costs more than a Sokoban step. A `JSONRoute` is built and documented from
@@ -8,18 +8,27 @@ FastAPI's `get_route_handler` hook) serves the endpoint directly: the raw body i
 Route dependencies are documented but not run (the request guard does the auth they declare). Bad
 bodies raise `ServiceError`s for the app's error handlers, in FastAPI's shapes: 400 for malformed JSON,
 422 naming each invalid field (`body.session_id: Field required`).
+
+`LeanRoutes` goes one step further for the calls of every episode: a middleware just inside the request
+guard that serves them with the same handlers before FastAPI's router sees them, and answers their
+errors with the app's own exception handlers. Matching seven routes, FastAPI's routing, its exception
+middleware and its request wrapper cost more per request than the rest of the server process's work
+(docs/benchmarks.md, "Where the server's CPU goes"). Every other request, and these on any other method
+or path, go on to the router unchanged.
 """
 
 from __future__ import annotations
 
+import inspect
 import typing
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from clients.protocol import ErrorCode
 from serving.errors import ServiceError, invalid_body
@@ -27,6 +36,10 @@ from serving.errors import ServiceError, invalid_body
 JSON_MEDIA_TYPE = "application/json"
 
 Endpoint = Callable[[Any], Awaitable[bytes]]
+Handler = Callable[[Request], Coroutine[Any, Any, Response]]
+ErrorHandler = Callable[..., Any]
+"""An app exception handler: `(request, exc)` to a response, or to an awaitable of one (Starlette's rule)."""
+SESSION_PREFIX = "/sessions/"
 
 
 class JSONRoute(APIRoute):
@@ -36,20 +49,87 @@ class JSONRoute(APIRoute):
     """
 
     def __init__(self, path: str, endpoint: Endpoint, **kwargs: Any) -> None:
-        params = [hint for name, hint in typing.get_type_hints(endpoint).items() if name != "return"]
-        if len(params) != 1 or not (isinstance(params[0], type) and issubclass(params[0], BaseModel)):
-            raise TypeError(f"{endpoint.__name__} must take one pydantic model, not {params}")
-        self.body_model: type[BaseModel] = params[0]
+        self.body_model = body_model(endpoint)
         super().__init__(path, endpoint, **kwargs)
 
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+    def get_route_handler(self) -> Handler:
         """The handler FastAPI wraps for this route: body in, endpoint, JSON answer out."""
-        endpoint, body_model = self.endpoint, self.body_model
+        return json_handler(self.endpoint)
 
-        async def handle(request: Request) -> Response:
-            return Response(await endpoint(await read_json(request, body_model)), media_type=JSON_MEDIA_TYPE)
 
-        return handle
+def body_model(endpoint: Endpoint) -> type[BaseModel]:
+    """The pydantic model of an endpoint's one parameter; a TypeError for any other signature."""
+    params = [hint for name, hint in typing.get_type_hints(endpoint).items() if name != "return"]
+    if len(params) != 1 or not (isinstance(params[0], type) and issubclass(params[0], BaseModel)):
+        raise TypeError(f"{endpoint.__name__} must take one pydantic model, not {params}")
+    model: type[BaseModel] = params[0]
+    return model
+
+
+def json_handler(endpoint: Endpoint) -> Handler:
+    """Serve `endpoint`: its body model read from the request, its JSON bytes as the answer."""
+    model = body_model(endpoint)
+
+    async def handle(request: Request) -> Response:
+        return Response(await endpoint(await read_json(request, model)), media_type=JSON_MEDIA_TYPE)
+
+    return handle
+
+
+class LeanRoutes:
+    """Pure ASGI middleware serving `POST` to each path of `posts` (by its JSON endpoint) and `DELETE
+    /sessions/{id}` (by `delete_session`) itself; their errors are answered by the app's exception
+    `handlers` (by class, as FastAPI's exception middleware picks them), and any other exception goes on
+    up to the app's server-error middleware. Add it inside the request guard, which has already checked
+    the token and the declared body size."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        posts: Mapping[str, Endpoint],
+        delete_session: Callable[[str], Coroutine[Any, Any, Response]],
+        handlers: Mapping[Any, ErrorHandler],
+    ) -> None:
+        self.app = app
+        self.posts = {path: json_handler(endpoint) for path, endpoint in posts.items()}
+        self.delete_session = delete_session
+        self.handlers = handlers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        handle = self._handler(scope) if scope["type"] == "http" and not scope.get("root_path") else None
+        if handle is None:
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        try:
+            response = await handle(request)
+        except Exception as exc:
+            on_error = self._on_error(exc)
+            if on_error is None:
+                raise
+            answer = on_error(request, exc)
+            response = await answer if inspect.isawaitable(answer) else answer
+        await response(scope, receive, send)
+
+    def _handler(self, scope: Scope) -> Handler | None:
+        """The handler of this method and path, or None for the router to route it."""
+        method, path = scope["method"], scope["path"]
+        if method == "POST":
+            return self.posts.get(path)
+        session_id = path.removeprefix(SESSION_PREFIX)
+        if method != "DELETE" or session_id == path or not session_id or "/" in session_id:
+            return None
+        return lambda _: self.delete_session(session_id)
+
+    def _on_error(self, exc: Exception) -> ErrorHandler | None:
+        """The app's handler for the nearest class of `exc` that has one, short of `Exception` itself."""
+        for cls in type(exc).__mro__:
+            if cls is Exception:
+                return None
+            if cls in self.handlers:
+                return self.handlers[cls]
+        return None
 
 
 async def read_json(request: Request, model: type[BaseModel]) -> BaseModel:
@@ -58,7 +138,7 @@ async def read_json(request: Request, model: type[BaseModel]) -> BaseModel:
     The body is read once; its size is already bounded by `serving.guard.RequestGuard`.
     """
     try:
-        body = await request.body()
+        body = await _body(request.receive)
     except ClientDisconnect:
         raise ServiceError(ErrorCode.BAD_REQUEST, "the client left before sending the whole body") from None
     if not body:
@@ -71,6 +151,19 @@ async def read_json(request: Request, model: type[BaseModel]) -> BaseModel:
         return model.model_validate_json(body)
     except ValidationError as exc:
         raise invalid_body(exc.errors(include_url=False), prefix="body") from None
+
+
+async def _body(receive: Receive) -> bytes:
+    """The whole body, straight from the ASGI messages (Starlette's `Request.body` goes through an async
+    generator per request); `ClientDisconnect` if the client leaves first."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 def _is_json(content_type: str) -> bool:

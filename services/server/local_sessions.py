@@ -10,9 +10,8 @@ comparing this version with the store's. The envs held here are what counts agai
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from types import TracebackType
 
 
 @dataclass
@@ -23,6 +22,43 @@ class _Lock:
     users: int = 0
 
 
+class SessionLock:
+    """`async with` holds one session's lock; a plain class rather than an async generator, which would
+    cost the event loop's generator bookkeeping on every call."""
+
+    __slots__ = ("_entry", "_locks", "_session_id")
+
+    def __init__(self, locks: dict[str, _Lock], session_id: str) -> None:
+        self._locks = locks
+        self._session_id = session_id
+        self._entry: _Lock | None = None
+
+    async def __aenter__(self) -> None:
+        entry = self._locks.get(self._session_id)
+        if entry is None:
+            entry = self._locks[self._session_id] = _Lock()
+        self._entry = entry
+        entry.users += 1
+        try:
+            await entry.lock.acquire()
+        except BaseException:
+            self._leave(entry)
+            raise
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._entry is not None
+        self._entry.lock.release()
+        self._leave(self._entry)
+
+    def _leave(self, entry: _Lock) -> None:
+        """One user fewer; the entry goes with the last."""
+        entry.users -= 1
+        if entry.users == 0:
+            del self._locks[self._session_id]
+
+
 class LocalSessions:
     """The per-session locks of this replica and the versions of the envs it holds."""
 
@@ -30,18 +66,10 @@ class LocalSessions:
         self._locks: dict[str, _Lock] = {}
         self._held: dict[str, int] = {}
 
-    @contextlib.asynccontextmanager
-    async def lock(self, session_id: str) -> AsyncIterator[None]:
-        """Hold the session's lock for the block; locks exist only while someone holds or awaits them."""
-        entry = self._locks.setdefault(session_id, _Lock())
-        entry.users += 1
-        try:
-            async with entry.lock:
-                yield
-        finally:
-            entry.users -= 1
-            if entry.users == 0:
-                del self._locks[session_id]
+    def lock(self, session_id: str) -> SessionLock:
+        """Hold the session's lock for the `async with` block; locks exist only while someone holds or
+        awaits them."""
+        return SessionLock(self._locks, session_id)
 
     def busy(self, session_id: str) -> bool:
         """Whether a call holds or awaits the session's lock."""

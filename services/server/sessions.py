@@ -281,9 +281,11 @@ class SessionManager:
         except Exception:
             await self._release(session_id)  # stored or not, unknown: the env here may be ahead of the store
             raise
-        if outcome is Commit.STORED and not stepped.done:
+        if stepped.done:  # finished: the pool closed its env with the step, so its slot is free at once
+            self.local.release(session_id)
+        elif outcome is Commit.STORED:
             self.local.hold(session_id, version + 1)
-        else:  # finished (its slot is free at once), or stepped for nothing: not the session's state now
+        else:  # stepped for nothing: not the session's state now
             await self._release(session_id)
         if isinstance(outcome, StoredAnswer):
             return self._replay(request, outcome)
