@@ -192,6 +192,10 @@ def test_cors_is_off_by_default(http: httpx.Client) -> None:
 def test_unknown_route_and_method(http: httpx.Client) -> None:
     assert_error(http.get("/nowhere"), 404, "not_found")
     assert_error(http.get("/reset"), 405, "bad_request")
+    # what the lean routes leave to FastAPI's router answers as the router does
+    assert_error(http.put("/step", json={}), 405, "bad_request")
+    assert_error(http.post("/sessions/some-id", json={}), 405, "bad_request")
+    assert_error(http.delete("/sessions/some-id/more"), 404, "not_found")
 
 
 def test_action_longer_than_the_limit_is_422(http: httpx.Client) -> None:
