@@ -162,10 +162,6 @@ class StaticDecoder:
         """An empty batch on this decoder's free slots."""
         return StaticRows(self)
 
-    @property
-    def free_slots(self) -> int:
-        return len(self._free)
-
     @torch.inference_mode()
     def admit(self, prefill: Prefill) -> list[int]:
         """Copy each prefilled row into a free slot (lowest first), aligned at position 0; their slots."""
@@ -177,9 +173,10 @@ class StaticDecoder:
             self._allocate(prefill.cache.layers[0].keys)
         lengths = prefill.attention_mask.sum(dim=1)
         shift = (width - lengths)[:, None] + torch.arange(width, device=self.device)[None, :]
+        columns = shift.clamp(max=width - 1)[:, None, :, None]  # each row's prompt from column 0 on
         index = torch.tensor(slots, device=self.device)
         for layer, source in enumerate(prefill.cache.layers):
-            gather = shift.clamp(max=width - 1)[:, None, :, None].expand_as(source.keys)
+            gather = columns.expand_as(source.keys)
             self.keys[layer][index, :, :width] = source.keys.gather(2, gather)
             self.values[layer][index, :, :width] = source.values.gather(2, gather)
         self.valid[index] = torch.arange(self.cache_len, device=self.device)[None, :] < lengths[:, None]

@@ -244,11 +244,11 @@ class HFEngine:
             self._queue.remove(job)
             return True
 
-    def _take(self, count: int, fits: Callable[[_Job], bool] = lambda job: True) -> list[_Job]:
-        """Up to `count` queued jobs from the front, stopping at the first that does not `fit`."""
+    def _take(self, count: int, fits: Callable[[_Job], bool] | None = None) -> list[_Job]:
+        """Up to `count` queued jobs from the front, stopping at the first that does not `fit` (if given)."""
         taken: list[_Job] = []
         with self._queue_lock:
-            while self._queue and len(taken) < count and fits(self._queue[0]):
+            while self._queue and len(taken) < count and (fits is None or fits(self._queue[0])):
                 taken.append(self._queue.popleft())
         return taken
 
@@ -331,7 +331,8 @@ class HFEngine:
                 await self._task
         for job in list(self._jobs.values()):
             self._resolve(job, FinishReason(type="abort", message="engine is closed"), self._weight_version)
-        self._queue.clear()
+        with self._queue_lock:
+            self._queue.clear()
         await asyncio.to_thread(self._executor.shutdown, True)
 
     def _ensure_loop(self) -> None:
@@ -391,13 +392,14 @@ class HFEngine:
         await loop.run_in_executor(self._executor, self._decode_batch, jobs, rows, static, finish)
 
     def _decode_batch(self, jobs: list[_Job], rows: DecodeRows, static: bool, finish: _Finish) -> None:
-        """The batch loop on the model thread: prefill arrivals, hand over finished rows, step the rest."""
+        """The batch loop on the model thread: prefill arrivals, hand over finished rows, step the rest.
+        It stops between steps once the engine closes (`close` has aborted every job by then)."""
         live: list[_Job] = []
         tokens: list[int] = []
         logprobs: list[float] = []
         joining = jobs
         try:
-            while True:
+            while not self._closed:
                 if joining:
                     live = live + joining
                     more = self._prefill(joining, rows)
@@ -421,7 +423,7 @@ class HFEngine:
         them in order up to the first that does not fit its cache."""
         if self._updates_waiting or not self._resumed.is_set():
             return []
-        joining = self._take(self.max_batch_size - running, self._fits_static if static else lambda job: True)
+        joining = self._take(self.max_batch_size - running, self._fits_static if static else None)
         for job in joining:
             job.seed = _seed(job.params)
         self.stats.rows += len(joining)
