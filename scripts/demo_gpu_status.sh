@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Where the runs of scripts/run_demo_gpu.sh stand: whether the detached driver still runs, and for each
 # run its last logged step, its held-out success points so far (before SFT, after SFT, every
-# train.eval_every RL steps) and its final line once there is one.
+# train.eval_every RL steps), its final line once there is one, and the paired comparisons of SFT and
+# RL (both held-out sets) once they are written.
 #   bash scripts/demo_gpu_status.sh [OUT]         # OUT defaults to runs/demo-gpu
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +27,7 @@ from pathlib import Path
 log, metrics = Path(sys.argv[1]), Path(sys.argv[2])
 points, stage = [], None
 for line in log.read_text(errors="replace").splitlines():  # the stage evaluations, as the run prints them
-    if m := re.search(r"held-out evaluation (.+?) \(", line):
+    if m := re.search(r"held-out evaluation (before SFT|after SFT|after RL)", line):  # its path may wrap
         stage = m.group(1)
     elif stage and (m := re.search(r"success ([0-9.]+%)", line)):
         points.append(f"{stage} {m.group(1)}")
@@ -39,5 +40,6 @@ if metrics.is_file():  # the periodic evaluations during RL
 print("held-out: " + (", ".join(points) if points else "none yet"))
 PY
     final=$(grep -F 'held-out success:' "$log" | tail -n 1 || true)
-    [ -n "$final" ] && echo "$final"
+    if [ -n "$final" ]; then echo "$final"; fi
+    if [ -f "$out/$name/paired.txt" ]; then grep -E '^(==|solved by|exact)' "$out/$name/paired.txt"; fi
 done

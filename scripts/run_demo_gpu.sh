@@ -11,14 +11,18 @@
 #   bash scripts/demo_gpu_status.sh [OUT]         # each run's last step, held-out points, final line
 #   SEEDS="0 1 2" CURRICULA=3moves bash scripts/run_demo_gpu.sh --detach runs/seeds   # 3 seeds of 3moves
 # Every (curriculum, seed) pair runs at once (train.seed; the held-out levels stay the same 200), run k
-# on GPU k modulo the GPUs there are: one run a GPU on a machine with as many, all on one GPU otherwise
-# (a run of the medium model takes about 17 GiB). Extra arguments after OUT are `--set` overrides for
-# every run (`train.max_time_s=1200` for 20 minutes of RL).
+# on the k-th GPU of GPUS (default: every GPU there is) modulo their number: one run a GPU on a machine
+# with as many, all on one GPU otherwise (a run of the medium model takes about 17 GiB). Extra arguments
+# after OUT are `--set` overrides for every run (`train.max_time_s=1200` for 20 minutes of RL).
 # Each run leaves OUT/<name>/ (eval-before, sft, eval-sft, rl, eval-rl) and OUT/<name>.log, whose last
 # line is `held-out success: before X% -> after SFT Y% -> after RL Z% (200 levels)`; <name> is the
-# curriculum, with `-seed<N>` when SEEDS names more than one. Detached, the script's own output goes to
-# OUT/driver.log and its process id to OUT/driver.pid; the runs outlive the shell (and the command)
-# that started them.
+# curriculum, with `-seed<N>` when SEEDS names more than one. The SFT and RL checkpoints are then
+# evaluated again on CONFIRM_SEEDS (default 200000-200199, levels that neither training nor the
+# held-out curve ever shows: a second held-out set, not watched while choosing the recipe) into
+# OUT/<name>/confirm-sft and confirm-rl, and both pairs are compared level by level
+# (benchmarks/paired_eval.py) into OUT/<name>/paired.txt; CONFIRM_SEEDS="" skips it.
+# Detached, the script's own output goes to OUT/driver.log and its process id to OUT/driver.pid; the
+# runs outlive the shell (and the command) that started them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,7 +42,8 @@ common=("$@")
 vistarl() { python3 -m cli.main "$@"; }
 read -r -a seeds <<< "${SEEDS:-0}"
 read -r -a curricula <<< "${CURRICULA:-3moves 3turns 1move}"
-gpus=$(python3 -c "import torch; print(max(torch.cuda.device_count(), 1))")
+read -r -a gpus <<< "${GPUS:-$(python3 -c "import torch; print(*range(max(torch.cuda.device_count(), 1)))")}"
+read -r -a confirm <<< "${CONFIRM_SEEDS-200000 200200}"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-3}   # the runs share the machine's cores
 
 [ -d runs/demo-model-gpu ] || vistarl model tiny --shape medium --out runs/demo-model-gpu
@@ -50,16 +55,30 @@ overrides() {  # a curriculum's --set overrides of configs/sokoban_demo_gpu.yaml
         *) echo "unknown curriculum $1 (3moves, 3turns, 1move)" >&2; exit 2 ;;
     esac
 }
+checkpoint() { echo "$1/checkpoints/$(cat "$1/checkpoints/latest")/actor"; }
+confirm_run() {  # the run's SFT and RL checkpoints on the second held-out set, and both paired tests
+    local dir=$1; shift
+    [ "${#confirm[@]}" = 2 ] || return 0
+    for stage in sft rl; do
+        vistarl eval --config configs/sokoban_demo_gpu.yaml --checkpoint "$(checkpoint "$dir/$stage")" \
+            --out "$dir/confirm-$stage" "$@" --set "env.eval_seeds=[${confirm[0]},${confirm[1]}]"
+    done
+    { echo "== held-out levels of the curve (env.eval_seeds)"
+      python3 -m benchmarks.paired_eval "$dir/eval-sft" "$dir/eval-rl"
+      echo "== second held-out set, seeds ${confirm[0]}-$((confirm[1] - 1))"
+      python3 -m benchmarks.paired_eval "$dir/confirm-sft" "$dir/confirm-rl"; } > "$dir/paired.txt"
+}
 run=0
 for curriculum in "${curricula[@]}"; do
     for seed in "${seeds[@]}"; do
         name=$curriculum; [ "${#seeds[@]}" -gt 1 ] && name=$curriculum-seed$seed
         sets=(--set "train.seed=$seed")
         for value in $(overrides "$curriculum") "${common[@]}"; do sets+=(--set "$value"); done
-        CUDA_VISIBLE_DEVICES=$((run % gpus)) vistarl demo learn --config configs/sokoban_demo_gpu.yaml \
-            --out "$out/$name" "${sets[@]}" > "$out/$name.log" 2>&1 &
+        export CUDA_VISIBLE_DEVICES=${gpus[run % ${#gpus[@]}]}
+        { vistarl demo learn --config configs/sokoban_demo_gpu.yaml --out "$out/$name" "${sets[@]}" \
+              && confirm_run "$out/$name" "${sets[@]}"; } > "$out/$name.log" 2>&1 &
         run=$((run + 1))
     done
 done
 wait
-tail -n 1 "$out"/*.log
+grep -H -F "held-out success:" "$out"/*.log || true

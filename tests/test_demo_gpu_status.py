@@ -13,12 +13,16 @@ def test_status_reports_each_runs_last_step_held_out_points_and_final_line(tmp_p
     (tmp_path / "3moves" / "rl").mkdir(parents=True)
     (tmp_path / "3moves.log").write_text(
         "held-out evaluation before SFT (runs/base)\n  success 2.0%, mean reward 0.020 over 200 episodes\n"
-        "held-out evaluation after SFT (runs/sft)\n  success 6.5%, mean reward 0.065 over 200 episodes\n"
+        "held-out evaluation after SFT \n(runs/a/long/path/sft)\n  success 6.5%, mean reward 0.065 over 200 episodes\n"
         "step 9  reward/mean=0.1\nstep 10  reward/mean=0.2\n"
         "held-out success: before 2.0% -> after SFT 6.5% -> after RL 9.0% (200 levels)\n"
     )
     records = [{"step": 10, "eval/success_rate": 0.12}, {"step": 11, "reward/mean": 0.3}]
     (tmp_path / "3moves" / "rl" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "3moves" / "paired.txt").write_text(
+        "== held-out levels of the curve (env.eval_seeds)\nruns/eval-sft: 13 of 200 solved; replies []\n"
+        "solved by the first only: 4; by the second only: 43\nexact McNemar p = 0.000\n"
+    )
     (tmp_path / "1move.log").write_text("held-out evaluation before SFT (runs/base)\n")
     (tmp_path / "driver.pid").write_text("999999999\n")
     script = REPO / "scripts" / "demo_gpu_status.sh"
@@ -29,5 +33,10 @@ def test_status_reports_each_runs_last_step_held_out_points_and_final_line(tmp_p
     assert moves[0] == "last step: step 10  reward/mean=0.2"
     assert moves[1] == "held-out: before SFT 2.0%, after SFT 6.5%, RL step 10 12.0%"
     assert moves[2].startswith("held-out success: before 2.0%")
+    assert moves[3:6] == [
+        "== held-out levels of the curve (env.eval_seeds)",
+        "solved by the first only: 4; by the second only: 43",
+        "exact McNemar p = 0.000",
+    ]
     one = lines[lines.index("== 1move") + 1 :]
     assert one[:2] == ["last step: none yet", "held-out: none yet"]
