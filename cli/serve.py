@@ -101,6 +101,7 @@ def serve(
         port=settings.port,
         loop="uvloop",
         http="httptools",
+        ws="none",  # no websocket routes: a start does not import the websockets protocol
         log_level=settings.log_level,
         access_log=settings.access_log,
         server_header=False,
