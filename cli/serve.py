@@ -65,11 +65,13 @@ def serve(
     ] = None,
 ) -> None:
     """Serve an environment over HTTP. Set VISTARL_API_TOKEN to require a bearer token."""
+    from services.server.gc_tuning import collect_garbage_less_often, pause_collection
+
+    pause_collection()
     import uvicorn
 
     from services.env_api import load_env_factory
     from services.server.app import create_app
-    from services.server.gc_tuning import collect_garbage_less_often
 
     flags: dict[str, Any] = {
         "host": host,
