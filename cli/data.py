@@ -7,12 +7,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
-
-if TYPE_CHECKING:
-    from rich.console import Console
+from rich.console import Console
+from rich.progress import Progress
 
 data_app = typer.Typer(help="Build data sets.", no_args_is_help=True)
 
@@ -50,8 +49,6 @@ def sokoban_command(
 ) -> None:
     """Generate solvable Sokoban levels and write them in the seed's processed parquet schema."""
     from pydantic import ValidationError
-    from rich.console import Console
-    from rich.progress import Progress
 
     from services.sokoban.dataset import DatasetError, write_dataset
     from services.sokoban.options import SokobanOptions
@@ -86,8 +83,6 @@ def vsi_command(
 ) -> None:
     """Import VSI-Bench's questions (id, dataset, scene_name, question_type, question, ground_truth, options)
     as the VSI test split; each row's scene must be one of the 288 vendored layouts."""
-    from rich.console import Console
-
     from services.vsi.dataset import DatasetError, import_vsibench
 
     console = Console()
@@ -113,9 +108,6 @@ def geo3k_command(
     ],
 ) -> None:
     """Convert the real Geometry3K (folders or parquet) into Geo3k samples, one parquet per split."""
-    from rich.console import Console
-    from rich.progress import Progress
-
     from services.geo3k.geometry3k import ConversionError, convert, count_rows, source_files
 
     console = Console()

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
 if TYPE_CHECKING:
-    from rich.table import Table
-
     from clients.http import EnvClient
 
 demo_app = typer.Typer(help="End-to-end demonstrations that run on this machine; with no command, `solver`.")
@@ -81,8 +81,6 @@ def learn_command(
     """SFT on solver demonstrations, then GRPO; prints held-out success before, after SFT and after RL."""
     import asyncio
 
-    from rich.console import Console
-
     from cli.sokoban import write_demonstrations
     from services.sokoban.options import SokobanOptions
     from trainer.config import ConfigError, load_config
@@ -121,8 +119,6 @@ def solver_command(
     seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the first level; the next add 1.")] = 0,
 ) -> None:
     """Serve Sokoban, play generated levels with a scripted BFS agent over HTTP, and save what it saw."""
-    from rich.console import Console
-
     from clients.errors import EnvClientError
     from clients.http import EnvClient
     from serving.launch import serve_env
@@ -208,8 +204,6 @@ def _save_images(urls: list[str], out_dir: Path, turn: int) -> list[str]:
 
 
 def _table(results: list[EpisodeResult]) -> Table:
-    from rich.table import Table
-
     table = Table(title="Scripted solver on Sokoban over HTTP")
     for column in TABLE_COLUMNS:
         table.add_column(column, justify="right")

@@ -9,6 +9,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
 if TYPE_CHECKING:
     from trainer.queue.base import EpisodeQueue
@@ -42,9 +44,6 @@ def _with_queue(redis_url: str, namespace: str, action: Callable[[EpisodeQueue],
 @queue_app.command()
 def stats(redis_url: RedisUrl, namespace: Namespace = "default", as_json: AsJson = False) -> None:
     """Jobs pending, in flight, dead-lettered, results waiting, and the queue lag."""
-    from rich.console import Console
-    from rich.table import Table
-
     snapshot = _with_queue(redis_url, namespace, lambda queue: queue.stats())
     if as_json:
         typer.echo(snapshot.model_dump_json())
@@ -74,9 +73,6 @@ def dlq(
     as_json: AsJson = False,
 ) -> None:
     """List dead letters (id, episode, attempts, last error), or requeue them with --requeue all|ID..."""
-    from rich.console import Console
-    from rich.table import Table
-
     if not requeue:
         if ids:
             raise typer.BadParameter("dead-letter ids are only taken with --requeue", param_hint="IDS")

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 if TYPE_CHECKING:
-    from rich.progress import Progress
-
     from trainer.rollout.trajectory import Trajectory
 
 
@@ -142,9 +143,6 @@ def _json_object(text: str | None) -> dict[str, Any]:
 
 
 def _progress() -> Progress:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -157,9 +155,6 @@ def _progress() -> Progress:
 
 def _print_summary(trajectories: Sequence[Trajectory], wall_s: float, out: Path) -> None:
     """Statuses, mean reward of scored episodes, turns, and generated tokens per second of episodes."""
-    from rich.console import Console
-    from rich.table import Table
-
     from trainer.rollout.trajectory import Status
 
     statuses = Counter(t.status for t in trajectories)

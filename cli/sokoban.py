@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 if TYPE_CHECKING:
-    from rich.console import Console
-    from rich.table import Table
-
     from services.sokoban.options import SokobanOptions
 
 sokoban_app = typer.Typer(
@@ -57,8 +57,6 @@ def solve_command(
     A level counts as solved only when replaying the solution's moves solves it; levels not reached
     before the budget runs out count as unsolved.
     """
-    from rich.console import Console
-
     from services.sokoban.boxoban import BOXOBAN_FILES, boxoban_file_name
 
     try:
@@ -74,8 +72,6 @@ def _solve_file(
     name: str, limit: int | None, budget: float, per_level: float, console: Console
 ) -> FileReport:
     """Solve the levels of one file in order until they or the budget run out."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from services.sokoban.boxoban import boxoban_levels
     from services.sokoban.game import Game
     from services.sokoban.solver import solve
@@ -104,8 +100,6 @@ def _solve_file(
 
 def _summary(reports: list[FileReport], budget: float, per_level: float) -> Table:
     """One row per file: levels, attempted, solved, solve rate, and the solved levels' time and length."""
-    from rich.table import Table
-
     table = Table(title=f"Boxoban solve rate (budget {budget:g} s per file, {per_level:g} s per level)")
     for column in ("file", "levels", "attempted", "solved", "rate", "median s", "mean moves", "elapsed s"):
         table.add_column(column, justify="left" if column == "file" else "right")
@@ -141,7 +135,6 @@ def demos_command(
     import json
 
     from pydantic import ValidationError
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from services.sokoban.options import SokobanOptions
 

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -50,8 +52,6 @@ def train(
     ] = False,
 ) -> None:
     """Train a policy as the config says; with no URLs in it, the whole stack runs on this machine."""
-    from rich.console import Console
-
     from trainer.train import run_training
 
     cfg = _load(config, set_)
@@ -69,8 +69,6 @@ def train(
 
 def sft(config: ConfigOption, set_: SetOption = None) -> None:
     """Supervised fine-tuning on `sft.data` (demonstrations or trajectories), through the RL learner."""
-    from rich.console import Console
-
     from trainer.sft import run_sft
 
     cfg = _load(config, set_)
@@ -111,9 +109,6 @@ def eval_command(
 ) -> None:
     """Evaluate greedily on the held-out tasks (env.eval_split, else env.eval_seeds); save every episode's
     images and trajectory JSON; print the summary and the env's benchmark scores."""
-    from rich.console import Console
-    from rich.table import Table
-
     from services.env_api import load_env_factory
     from trainer.eval import baseline_policy, evaluate
     from trainer.rollout.engines.scripted import ScriptedEngine

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
 vsi_app = typer.Typer(help="VSI tools: look at the rendered rooms.", no_args_is_help=True)
 
@@ -18,8 +19,6 @@ def render_command(
     map_size: Annotated[int, typer.Option("--map-size", min=128, max=2048, help="Map side in pixels.")] = 640,
 ) -> None:
     """Write tour_01.png … (the frames an episode shows at reset), start.png (the first view) and map.png."""
-    from rich.console import Console
-
     from services.vsi.camera import start_pose, tour_poses
     from services.vsi.catalog import get_scene
     from services.vsi.render import render_frames
