@@ -65,11 +65,13 @@ def serve(
     ] = None,
 ) -> None:
     """Serve an environment over HTTP. Set VISTARL_API_TOKEN to require a bearer token."""
+    from services.server.gc_tuning import collect_garbage_less_often, pause_collection
+
+    pause_collection()
     import uvicorn
 
     from services.env_api import load_env_factory
     from services.server.app import create_app
-    from services.server.gc_tuning import collect_garbage_less_often
 
     flags: dict[str, Any] = {
         "host": host,
@@ -101,6 +103,7 @@ def serve(
         port=settings.port,
         loop="uvloop",
         http="httptools",
+        ws="none",  # no websocket routes: a start does not import the websockets protocol
         log_level=settings.log_level,
         access_log=settings.access_log,
         server_header=False,

@@ -182,6 +182,10 @@ def no_splits() -> dict[str, TaskSplit]:
     return {}
 
 
+def nothing_to_preload() -> None:
+    """The `preload` of an env whose factory module already imports everything its envs need."""
+
+
 @dataclass(frozen=True)
 class EnvFactory:
     """Everything a server needs to host one environment: metadata plus a constructor.
@@ -220,6 +224,10 @@ class EnvFactory:
     import_path: str | None = None
     """The module that defines this factory as `ENV_FACTORY` (`__name__` there), from which env worker
     processes load it; `load_env_factory` fills it in when a module leaves it out."""
+    preload: Callable[[], None] = nothing_to_preload
+    """Imports what `create` and `restore` import on their first call (Sokoban's renderer and numpy), so
+    that a server whose envs run in worker processes never imports them; an env worker calls it before
+    it says it has loaded the env."""
 
     def config_schema(self) -> dict[str, Any]:
         """The JSON schema of the env options, as published in `/info`."""

@@ -3,10 +3,11 @@ imports."""
 
 from __future__ import annotations
 
-import json
 import math
+import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,9 @@ from services.env_api import EnvObservation
 from services.server.app import create_app
 from services.server.encoding import json_safe, message_to_wire, observation_to_wire
 from services.server.settings import ServerSettings
+from serving.launch import free_port, stop_process
 from tests.envs.counter import ENV_FACTORY
+from tests.servers import vistarl_cmd, wait_http
 
 
 def test_json_safe_turns_env_info_into_plain_json() -> None:
@@ -82,20 +85,39 @@ def test_the_hot_endpoints_keep_their_openapi_schema() -> None:
         assert schema_ref(post["responses"]["200"]["content"]).endswith(f"/{name}Response")
 
 
-# In a fresh interpreter, what `vistarl serve sokoban` imports before it answers.
-SERVE_IMPORTS = """
-import json, sys
-import cli.main
-from services.env_api import load_env_factory
-from services.server.app import create_app
-create_app(load_env_factory("sokoban"))
-print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("aiohttp", "pyarrow", "trainer"))))
-"""
+# What a start of `vistarl serve sokoban` leaves for later, each with who imports it instead.
+NOT_AT_START = (
+    "aiohttp",  # the HTTP clients: agents'
+    "pyarrow",  # a `--data` split, with the first one opened
+    "trainer",  # other commands'
+    "services.sokoban.env",  # the env itself (its renderer and numpy): the env worker processes
+    "numpy",
+    "jsonschema",  # a tool call's arguments, checked from the first /step with one
+    "mcp",  # the MCP SDK: the first /mcp request
+    "rich",  # other commands' tables and progress bars
+    "websockets",  # no websocket routes
+    "cli.data",  # the other command groups
+    "cli.train",
+)
 
 
-def test_a_server_start_imports_neither_the_http_clients_nor_pyarrow_nor_the_trainer() -> None:
-    """Each would add to every server start (docs/benchmarks.md, "Start-up"): the clients are for agents,
-    pyarrow for `--data` splits (imported with the first), the trainer for other commands."""
-    done = subprocess.run([sys.executable, "-c", SERVE_IMPORTS], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == []
+def test_a_server_start_leaves_what_it_does_not_serve_with_for_later(tmp_path: Path) -> None:
+    """Each would add to every server start (docs/benchmarks.md, "Start-up"). The server process is run
+    with `-X importtime` until it answers /health; its env worker processes, which do load the env, are
+    not (they do not inherit the flag)."""
+    port = free_port()
+    command = [sys.executable, "-X", "importtime", *vistarl_cmd("serve", "sokoban", "--port", str(port))[1:]]
+    log = tmp_path / "imports.log"
+    with log.open("wb") as stderr:
+        server = subprocess.Popen(
+            command, stderr=stderr, env={**os.environ, "VISTARL_API_TOKEN": ""}, start_new_session=True
+        )
+        try:
+            wait_http(f"http://127.0.0.1:{port}/health", proc=server)
+        finally:
+            stop_process(server)
+    lines = [line for line in log.read_text().splitlines() if line.startswith("import time:")]
+    imported = {line.rsplit("|", 1)[1].strip() for line in lines}
+    assert "fastapi" in imported
+    early = sorted(m for m in imported if any(m == lazy or m.startswith(f"{lazy}.") for lazy in NOT_AT_START))
+    assert early == []

@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     widen_pipe(answers.fileno())
     logging.basicConfig(level=logging.INFO, format=f"env worker {os.getpid()}: %(levelname)s %(message)s")
     factory = load_env_factory(args.env)
+    factory.preload()
     host = EnvHost(factory, args.max_image_bytes, args.max_image_pixels, args.export_state)
     collect_garbage_less_often()
     answers.write(msgpack.packb([0, True, os.getpid()]))

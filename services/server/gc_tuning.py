@@ -5,8 +5,16 @@ from __future__ import annotations
 import gc
 
 
+def pause_collection() -> None:
+    """No cyclic collection while a server starts: the modules, schemas and app that start-up builds live
+    as long as the process, so collecting them is wasted work (about 3% of a `vistarl serve sokoban`
+    start). `collect_garbage_less_often` turns collection back on."""
+    gc.disable()
+
+
 def collect_garbage_less_often() -> None:
-    """Freeze what startup built and collect the youngest generation 14x less often.
+    """Freeze what startup built and collect the youngest generation 14x less often (collection back on
+    after `pause_collection`).
 
     `gc.freeze()` moves what startup built (modules, schemas, the app, the env) out of every later
     collection, and a first threshold of 10,000 instead of 700 stops collections from running every few
@@ -17,3 +25,4 @@ def collect_garbage_less_often() -> None:
     """
     gc.freeze()
     gc.set_threshold(10_000, 10, 10)
+    gc.enable()

@@ -9,14 +9,16 @@ a 422 `validation_error` naming what is wrong; nothing steps.
 
 from __future__ import annotations
 
+import functools
 import json
-from typing import Any
-
-from jsonschema import Draft202012Validator
+from typing import TYPE_CHECKING, Any
 
 from clients.protocol import ErrorCode, StepRequest, ToolCall
 from services.env_api import EnvFactory
 from serving.errors import ServiceError
+
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
 
 
 class ToolActions:
@@ -26,11 +28,18 @@ class ToolActions:
     def __init__(self, factory: EnvFactory, max_action_chars: int | None = None) -> None:
         self.factory = factory
         self.max_action_chars = max_action_chars
-        self.validators = {
-            tool["function"]["name"]: Draft202012Validator(tool["function"].get("parameters", {}))
-            for tool in factory.tools
+        self.schemas = {
+            tool["function"]["name"]: tool["function"].get("parameters", {}) for tool in factory.tools
         }
-        self.validators.update({alias: self.validators[name] for alias, name in factory.tool_aliases.items()})
+        self.schemas.update({alias: self.schemas[name] for alias, name in factory.tool_aliases.items()})
+
+    @functools.cached_property
+    def validators(self) -> dict[str, Draft202012Validator]:
+        """A validator of each tool's parameter schema, by name and alias, built on the first tool call:
+        a server start does not import jsonschema."""
+        from jsonschema import Draft202012Validator
+
+        return {name: Draft202012Validator(schema) for name, schema in self.schemas.items()}
 
     def resolve(self, request: StepRequest) -> StepRequest:
         """`request` with the text of its tool call as the action; unchanged when it has none."""

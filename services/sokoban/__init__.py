@@ -1,17 +1,24 @@
-"""The Sokoban environment (seed: slime's multi-turn VLM Sokoban): Python API and server factory."""
+"""The Sokoban environment (seed: slime's multi-turn VLM Sokoban): Python API and server factory.
+
+The env itself (`services.sokoban.env`, with the renderer and numpy) is imported on first use: a server
+whose envs run in worker processes needs only the options, the prompt and the tools here.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from services.env_api import EnvFactory
+from services.env_api import Env, EnvFactory
 from services.sokoban.actions import random_reply
-from services.sokoban.env import SokobanEnv, build_env
 from services.sokoban.options import SokobanOptions
 from services.sokoban.prompt import ACTION_FORMAT, system_prompt
 from services.sokoban.tools import TOOLS, tool_call_text
+
+if TYPE_CHECKING:
+    from services.sokoban.env import SokobanEnv, build_env
 
 __all__ = ["ENV_FACTORY", "SokobanEnv", "SokobanOptions", "build_env"]
 
@@ -32,14 +39,35 @@ class SokobanSample(BaseModel):
     extra_info: SampleInfo
 
 
-def _create(options: BaseModel, seed: int | None, sample: BaseModel | None) -> SokobanEnv:
+def __getattr__(name: str) -> Any:
+    """`SokobanEnv` and `build_env` (the seeds' hook), from `services.sokoban.env` on first use."""
+    if name in ("SokobanEnv", "build_env"):
+        return getattr(importlib.import_module("services.sokoban.env"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _preload() -> None:
+    """Import the env itself: its renderer (numpy), its generator's solver."""
+    importlib.import_module("services.sokoban.env")
+
+
+def _create(options: BaseModel, seed: int | None, sample: BaseModel | None) -> Env:
     """The server's constructor: validated options plus the `/reset` seed (used by generated levels), or a
     dataset row whose `env_config` the options override."""
+    from services.sokoban.env import SokobanEnv, build_env
+
     if not isinstance(options, SokobanOptions):
         raise TypeError(f"expected SokobanOptions, got {type(options).__name__}")
     if sample is not None:
         return build_env(sample=sample.model_dump(), **options.model_dump(exclude_unset=True))
     return SokobanEnv(options, seed)
+
+
+def _restore(state: dict[str, Any]) -> Env:
+    """An env continuing the episode that `state` describes."""
+    from services.sokoban.env import SokobanEnv
+
+    return SokobanEnv.from_state(state)
 
 
 ENV_FACTORY = EnvFactory(
@@ -54,10 +82,11 @@ ENV_FACTORY = EnvFactory(
     action_format=ACTION_FORMAT,
     options_model=SokobanOptions,
     create=_create,
-    restore=SokobanEnv.from_state,
+    restore=_restore,
     sample_model=SokobanSample,
     random_reply=random_reply,
     tools=TOOLS,
     tool_call_text=tool_call_text,
     import_path=__name__,
+    preload=_preload,
 )

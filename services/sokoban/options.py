@@ -34,12 +34,10 @@ _CODE_FIELDS = ("initial_base_grid", "initial_boxes", "initial_player")
 class BoxobanRef(BaseModel):
     """One level of a vendored Boxoban file."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")
 
-    file: str
-    """unfiltered_test_000, medium_valid_000 or hard_000 (with or without .txt)."""
-    index: int = Field(ge=0)
-    """Level number inside the file (0-based, as in its '; N' header)."""
+    file: str = Field(description="unfiltered_test_000, medium_valid_000 or hard_000 (with or without .txt).")
+    index: int = Field(ge=0, description="Level number inside the file (0-based, as in its '; N' header).")
 
     @field_validator("file")
     @classmethod
@@ -57,40 +55,52 @@ class BoxobanRef(BaseModel):
 class SokobanOptions(BaseModel):
     """Where the level comes from, how it is shown, and the episode limits."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")
 
-    seed: int | None = None
-    """Generator seed; drawn at random when omitted."""
-    grid_size: GridSide | tuple[GridSide, GridSide] = 6
-    """Side (or [rows, cols]) of a generated level, border walls included."""
-    num_boxes: int = Field(default=1, ge=1, le=MAX_BOXES)
-    """Boxes (and targets) of a generated level; at most one per 4 interior cells."""
-    wall_fraction: float = Field(default=0.05, ge=0.0, le=0.5)
-    """Chance of an interior wall per cell of a generated level."""
-    min_solution_len: int = Field(default=1, ge=1)
-    """Fewest moves the optimal solution of a generated level may have (at most 5/4 of the interior's
-    rows plus columns, less one per box after the first: 20 on 10x10 with one box)."""
-    max_solution_len: int | None = Field(default=None, ge=1)
-    """Most moves the optimal solution of a generated level may have (default: max_steps; at least
-    5 per box after the first, plus one)."""
-    xsb: str | None = Field(default=None, max_length=4096)
-    """A level as XSB text."""
-    initial_base_grid: list[list[int]] | None = None
-    """A level's rows of codes: 0 wall, 1 floor, 2 target."""
-    initial_boxes: list[list[int]] | None = None
-    """Box positions [[row, col], ...]."""
-    initial_player: list[int] | None = None
-    """Player position [row, col]."""
-    boxoban: BoxobanRef | None = None
-    """A level of a vendored Boxoban file."""
-    render_mode: RenderMode = "vision"
-    """vision: image only; text: XSB grid only; both."""
-    cell_size: int = Field(default=64, ge=8, le=128)
-    """Pixels per grid cell (64 gives 384x384 for 6x6)."""
-    max_steps: int = Field(default=100, ge=1, le=10_000)
-    """Primitive moves per episode, blocked ones included."""
-    max_actions_per_turn: int = Field(default=3, ge=1, le=20)
-    """Moves taken from one response."""
+    seed: int | None = Field(default=None, description="Generator seed; drawn at random when omitted.")
+    grid_size: GridSide | tuple[GridSide, GridSide] = Field(
+        default=6, description="Side (or [rows, cols]) of a generated level, border walls included."
+    )
+    num_boxes: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_BOXES,
+        description="Boxes (and targets) of a generated level; at most one per 4 interior cells.",
+    )
+    wall_fraction: float = Field(
+        default=0.05, ge=0.0, le=0.5, description="Chance of an interior wall per cell of a generated level."
+    )
+    min_solution_len: int = Field(
+        default=1,
+        ge=1,
+        description="Fewest moves the optimal solution of a generated level may have (at most 5/4 of the "
+        "interior's rows plus columns, less one per box after the first: 20 on 10x10 with one box).",
+    )
+    max_solution_len: int | None = Field(
+        default=None,
+        ge=1,
+        description="Most moves the optimal solution of a generated level may have (default: max_steps; at "
+        "least 5 per box after the first, plus one).",
+    )
+    xsb: str | None = Field(default=None, max_length=4096, description="A level as XSB text.")
+    initial_base_grid: list[list[int]] | None = Field(
+        default=None, description="A level's rows of codes: 0 wall, 1 floor, 2 target."
+    )
+    initial_boxes: list[list[int]] | None = Field(
+        default=None, description="Box positions [[row, col], ...]."
+    )
+    initial_player: list[int] | None = Field(default=None, description="Player position [row, col].")
+    boxoban: BoxobanRef | None = Field(default=None, description="A level of a vendored Boxoban file.")
+    render_mode: RenderMode = Field(
+        default="vision", description="vision: image only; text: XSB grid only; both."
+    )
+    cell_size: int = Field(
+        default=64, ge=8, le=128, description="Pixels per grid cell (64 gives 384x384 for 6x6)."
+    )
+    max_steps: int = Field(
+        default=100, ge=1, le=10_000, description="Primitive moves per episode, blocked ones included."
+    )
+    max_actions_per_turn: int = Field(default=3, ge=1, le=20, description="Moves taken from one response.")
 
     _fixed_level: Level | None = PrivateAttr(None)
 
