@@ -1,9 +1,10 @@
 """`HFEngine`: in-process transformers generation with dynamic batching, for one machine and for tests.
 
 Requests queue up; one background task takes up to `max_batch_size` of them at once and decodes them
-together: a left-padded prefill with explicit mRoPE positions, then one token per step for every live
-row from a shared KV cache (`decode_cache`: grown per step, or static in CUDA graphs on a GPU), each row
-with its own sampling params. Rows leave the batch as they finish, and requests that arrive meanwhile
+together: one prompt pass over the prompts packed in one row (no padding; attention bounded per prompt,
+on varlen FlashAttention on a GPU in bf16/fp16, else SDPA per prompt) with each prompt's own mRoPE
+positions, then one token per step for every live row from a shared KV cache (`decode_cache`: grown per
+step, or static in CUDA graphs on a GPU), each row with its own sampling params. Rows leave the batch as they finish, and requests that arrive meanwhile
 join it between steps (their own prefill, its cache merged in), up to `max_batch_size` rows, unless a
 weight update is waiting for the batch to end. Before a
 batch starts, the loop waits while requests keep arriving (every `batch_wait_s`, up to
@@ -43,7 +44,14 @@ import torch
 from transformers import AutoModelForImageTextToText, PreTrainedModel
 
 from clients.errors import ImageError
-from trainer.attention import VARLEN_ATTENTION, use_attention
+from trainer.attention import (
+    SEQUENCE_SDPA_ATTENTION,
+    VARLEN_ATTENTION,
+    SequenceBounds,
+    attention_for,
+    packed_attention_kwargs,
+    use_attention,
+)
 from trainer.image_features import encode_images, with_image_features
 from trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
 from trainer.rollout.engines.decode_cache import DecodeRows, DynamicRows, Prefill, StaticDecoder
@@ -135,8 +143,10 @@ class HFEngine:
         self.eos_ids = _eos_ids(model, processor)
         self.stats = EngineStats()
         self.static = _static_decoder(model, max_batch_size, cuda_graphs, static_cache_len)
+        self.prompt_attention = SEQUENCE_SDPA_ATTENTION  # the packed prompt pass's attention
         if self.device.type == "cuda" and model.dtype in (torch.bfloat16, torch.float16):
             use_attention(model.model.visual, VARLEN_ATTENTION)  # one kernel a block, not one per image
+            self.prompt_attention = VARLEN_ATTENTION
         self._weight_version = "0"
         self._updates = 0
         self._queue: collections.deque[_Job] = collections.deque()
@@ -536,55 +546,58 @@ class HFEngine:
 
     @torch.inference_mode()
     def _prefill(self, jobs: list[_Job], rows: DecodeRows) -> tuple[list[int], list[float]]:
-        """Left-pad the prompts, compute mRoPE positions, run the prompt pass, add the rows to `rows` and
-        sample each first token.
+        """Run the prompt pass over the prompts packed in one row, add them to `rows` and sample each
+        first token from its prompt's last position.
 
-        The layout (positions, image rows) is computed on the host and the images are encoded with their
-        vision inputs precomputed (`trainer.image_features.encode_images`), so the prompt pass never waits
-        for the GPU to learn a shape: HF's own path asks it several times per row.
+        No padding and no mask: the text model's attention is bounded per prompt (`prompt_attention`),
+        and positions restart per prompt. The layout (positions, bounds, image rows) is computed on the
+        host and the images are encoded with their vision inputs precomputed
+        (`trainer.image_features.encode_images`), so the prompt pass never waits for the GPU to learn a
+        shape: HF's own path asks it several times per row.
         """
         prompts = [job.prompt for job in jobs]
-        width = max(len(p.input_ids) for p in prompts)
-        pad_id = self.processor.tokenizer.pad_token_id or 0
-        input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt.input_ids) :] = torch.tensor(prompt.input_ids)
-            attention_mask[row, width - len(prompt.input_ids) :] = 1
-        pixels = [p.pixels for p in prompts if p.pixels is not None]
-        grid_thw = torch.cat([p.image_grid_thw for p in pixels]) if pixels else None
-        image_tokens = (input_ids == self.processor.ids.image_pad) & attention_mask.bool()
-        positions, deltas = self.model.model.get_rope_index(
-            input_ids,
-            mm_token_type_ids=image_tokens.int(),
-            image_grid_thw=grid_thw,
-            attention_mask=attention_mask,
-        )
-        embeds = self.model.get_input_embeddings()(input_ids.to(self.device))
+        lengths = torch.tensor([len(p.input_ids) for p in prompts])
+        ends = lengths.cumsum(0)
+        input_ids = torch.tensor([token for p in prompts for token in p.input_ids])
+        positions, deltas = self._positions(prompts)
+        embeds = self.model.get_input_embeddings()(input_ids.to(self.device))[None]
         extra: dict[str, Any] = {}
-        if pixels and grid_thw is not None:
+        pixels = [p.pixels for p in prompts if p.pixels is not None]
+        if pixels:
             pixel_values = torch.cat([p.pixel_values for p in pixels]).to(self.device, self.model.dtype)
+            grid_thw = torch.cat([p.image_grid_thw for p in pixels])
+            image_rows = (input_ids == self.processor.ids.image_pad).nonzero().squeeze(-1)
             features = encode_images(self.model.model, pixel_values, grid_thw)
-            flat, extra = with_image_features(
-                embeds.view(1, -1, embeds.shape[-1]),
-                features,
-                image_tokens.view(-1).nonzero().squeeze(-1).to(self.device),
+            embeds, extra = with_image_features(embeds, features, image_rows.to(self.device))
+        text_model = self.model.model.language_model
+        bounds = SequenceBounds(torch.cat([ends.new_zeros(1), ends]).int().to(self.device), int(lengths.max()))
+        with attention_for(text_model, self.prompt_attention):
+            out = text_model(  # Qwen3-VL's deepstack rows go in as given, one mask over the packed row
+                inputs_embeds=embeds,
+                position_ids=positions.to(self.device),
+                use_cache=True,
+                **extra,
+                **packed_attention_kwargs(text_model.config, bounds),
             )
-            embeds = flat.view(embeds.shape)
-            mask = extra.get("visual_pos_masks")  # Qwen3-VL's deepstack rows, per prompt row
-            if isinstance(mask, torch.Tensor):
-                extra["visual_pos_masks"] = mask.view(image_tokens.shape)
-        attention_mask = attention_mask.to(self.device)
-        out = self.model.model.language_model(  # the text model: Qwen3-VL's deepstack rows go in as given
-            inputs_embeds=embeds,
-            attention_mask=attention_mask,
-            position_ids=positions.to(self.device),
-            use_cache=True,
-            **extra,
-        )
-        next_positions = (attention_mask.sum(dim=1) + deltas.view(-1).to(self.device)).to(positions.dtype)
-        rows.join(Prefill(out.past_key_values, attention_mask, next_positions))
-        return _sample(self.model.lm_head(out.last_hidden_state[:, -1]), jobs)
+        next_positions = (lengths + deltas).to(self.device)
+        rows.join(Prefill(out.past_key_values, lengths, next_positions))
+        return _sample(self.model.lm_head(out.last_hidden_state[0, (ends - 1).to(self.device)]), jobs)
+
+    def _positions(self, prompts: list[_Prompt]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The packed row's mRoPE positions `[3, 1, T]`, each prompt's from the model's `get_rope_index`
+        (restarting at 0), and each prompt's offset `[rows]` of the positions after it from its length."""
+        image_pad = self.processor.ids.image_pad
+        packed, deltas = [], []
+        for prompt in prompts:
+            ids = torch.tensor(prompt.input_ids)[None]
+            positions, delta = self.model.model.get_rope_index(
+                ids,
+                mm_token_type_ids=(ids == image_pad).int(),
+                image_grid_thw=prompt.pixels.image_grid_thw if prompt.pixels is not None else None,
+            )
+            packed.append(positions)
+            deltas.append(delta.view(-1))
+        return torch.cat(packed, dim=2), torch.cat(deltas).to(torch.long)
 
     @torch.inference_mode()
     def _step(
