@@ -2,8 +2,9 @@
 whose decode step is captured in CUDA graphs (`StaticRows`, from a `StaticDecoder`).
 
 Both take rows prefilled together (`Prefill`: the keys and values of prompts packed in one row, no
-padding) and answer one decode step at a time with the next-token logits of the rows that go on. `DynamicRows` is HF's eager decode: a DynamicCache grown by
-concatenation, its rows left-padded, a new attention mask each step. For a small model that step is all launch overhead (a few
+padding) and answer one decode step at a time with the next-token logits of the rows that go on.
+`DynamicRows` is HF's eager decode: a DynamicCache grown by concatenation, its rows left-padded, a new
+attention mask each step. For a small model that step is all launch overhead (a few
 hundred kernels from Python, docs/benchmarks.md "GRPO step"), so on a GPU the engine decodes from a
 `StaticDecoder` instead: every row holds a slot of a cache preallocated at `slots` x `cache_len`, its
 prompt copied in aligned at position 0; each step writes one key and value per row at the row's own
@@ -45,7 +46,8 @@ class Prefill:
 
 
 def _rows(packed: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
-    """`[rows, kv_heads, width, D]` from a packed `[1, kv_heads, T, D]`: row r's column c is `columns[r, c]`."""
+    """`[rows, kv_heads, width, D]` from a packed `[1, kv_heads, T, D]`: row r's column c is packed
+    column `columns[r, c]`."""
     rows, width = columns.shape
     picked = packed[0].index_select(1, columns.reshape(-1))
     return picked.view(packed.shape[1], rows, width, packed.shape[3]).transpose(0, 1)

@@ -4,10 +4,10 @@ Requests queue up; one background task takes up to `max_batch_size` of them at o
 together: one prompt pass over the prompts packed in one row (no padding; attention bounded per prompt,
 on varlen FlashAttention on a GPU in bf16/fp16, else SDPA per prompt) with each prompt's own mRoPE
 positions, then one token per step for every live row from a shared KV cache (`decode_cache`: grown per
-step, or static in CUDA graphs on a GPU), each row with its own sampling params. Rows leave the batch as they finish, and requests that arrive meanwhile
-join it between steps (their own prefill, its cache merged in), up to `max_batch_size` rows, unless a
-weight update is waiting for the batch to end. Before a
-batch starts, the loop waits while requests keep arriving (every `batch_wait_s`, up to
+step, or static in CUDA graphs on a GPU), each row with its own sampling params. Rows leave the batch as
+they finish, and requests that arrive meanwhile join it between steps (their own prompt pass, its cache
+placed beside theirs), up to `max_batch_size` rows, unless a weight update is waiting for the batch to
+end. Before a batch starts, the loop waits while requests keep arriving (every `batch_wait_s`, up to
 `max_batch_wait_s`), so the episodes of a rollout step that reach the engine together prefill together.
 
 Sampling is one batched pass per step: top-k / top-p / min-p masks for every row at once, then an
@@ -570,7 +570,8 @@ class HFEngine:
             features = encode_images(self.model.model, pixel_values, grid_thw)
             embeds, extra = with_image_features(embeds, features, image_rows.to(self.device))
         text_model = self.model.model.language_model
-        bounds = SequenceBounds(torch.cat([ends.new_zeros(1), ends]).int().to(self.device), int(lengths.max()))
+        cu_seqlens = torch.cat([ends.new_zeros(1), ends]).int()
+        bounds = SequenceBounds(cu_seqlens.to(self.device), int(lengths.max()))
         with attention_for(text_model, self.prompt_attention):
             out = text_model(  # Qwen3-VL's deepstack rows go in as given, one mask over the packed row
                 inputs_embeds=embeds,
