@@ -73,11 +73,14 @@ HEALTH_TIMEOUT_S = 30.0
 
 @dataclass(frozen=True)
 class _Prompt:
-    """A request made ready for the model: expanded ids, pixel inputs, the ids that stop it."""
+    """A request made ready for the model: expanded ids, pixel inputs, the ids that stop it, and its mRoPE
+    positions `[3, 1, L]` (from 0) with the offset of the positions after it from its length."""
 
     input_ids: list[int]
     pixels: PixelInputs | None
     stop_ids: frozenset[int]
+    positions: torch.Tensor
+    rope_delta: int
 
 
 @dataclass(eq=False)
@@ -515,7 +518,8 @@ class HFEngine:
     # --- request preparation (worker threads) ------------------------------------------------------
 
     def _prepare(self, request: GenerateRequest) -> _Prompt:
-        """Check the ids, decode the images and expand each single pad to the image's token count."""
+        """Check the ids, decode the images, expand each single pad to the image's token count and find
+        the prompt's mRoPE positions with the model's `get_rope_index` (here, off the model thread)."""
         ids = request.engine_ids
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
@@ -540,7 +544,13 @@ class HFEngine:
             )
         params = request.sampling
         stop_ids = frozenset() if params.ignore_eos else self.eos_ids | frozenset(params.stop_token_ids or ())
-        return _Prompt(input_ids=input_ids, pixels=pixels, stop_ids=stop_ids)
+        row = torch.tensor(input_ids)[None]
+        positions, delta = self.model.model.get_rope_index(
+            row,
+            mm_token_type_ids=(row == self.processor.ids.image_pad).int(),
+            image_grid_thw=pixels.image_grid_thw if pixels is not None else None,
+        )
+        return _Prompt(input_ids, pixels, stop_ids, positions, int(delta))
 
     # --- the model thread ---------------------------------------------------------------------------
 
@@ -550,8 +560,8 @@ class HFEngine:
         first token from its prompt's last position.
 
         No padding and no mask: the text model's attention is bounded per prompt (`prompt_attention`),
-        and positions restart per prompt. The layout (positions, bounds, image rows) is computed on the
-        host and the images are encoded with their vision inputs precomputed
+        and each prompt's positions (found in `_prepare`) restart at 0. The layout (positions, bounds,
+        image rows) is on the host and the images are encoded with their vision inputs precomputed
         (`trainer.image_features.encode_images`), so the prompt pass never waits for the GPU to learn a
         shape: HF's own path asks it several times per row.
         """
@@ -559,7 +569,8 @@ class HFEngine:
         lengths = torch.tensor([len(p.input_ids) for p in prompts])
         ends = lengths.cumsum(0)
         input_ids = torch.tensor([token for p in prompts for token in p.input_ids])
-        positions, deltas = self._positions(prompts)
+        positions = torch.cat([p.positions for p in prompts], dim=2)  # restarting at 0 for each prompt
+        deltas = torch.tensor([p.rope_delta for p in prompts])
         embeds = self.model.get_input_embeddings()(input_ids.to(self.device))[None]
         extra: dict[str, Any] = {}
         pixels = [p.pixels for p in prompts if p.pixels is not None]
@@ -583,22 +594,6 @@ class HFEngine:
         next_positions = (lengths + deltas).to(self.device)
         rows.join(Prefill(out.past_key_values, lengths, next_positions))
         return _sample(self.model.lm_head(out.last_hidden_state[0, (ends - 1).to(self.device)]), jobs)
-
-    def _positions(self, prompts: list[_Prompt]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The packed row's mRoPE positions `[3, 1, T]`, each prompt's from the model's `get_rope_index`
-        (restarting at 0), and each prompt's offset `[rows]` of the positions after it from its length."""
-        image_pad = self.processor.ids.image_pad
-        packed, deltas = [], []
-        for prompt in prompts:
-            ids = torch.tensor(prompt.input_ids)[None]
-            positions, delta = self.model.model.get_rope_index(
-                ids,
-                mm_token_type_ids=(ids == image_pad).int(),
-                image_grid_thw=prompt.pixels.image_grid_thw if prompt.pixels is not None else None,
-            )
-            packed.append(positions)
-            deltas.append(delta.view(-1))
-        return torch.cat(packed, dim=2), torch.cat(deltas).to(torch.long)
 
     @torch.inference_mode()
     def _step(
