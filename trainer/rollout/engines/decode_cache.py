@@ -23,6 +23,8 @@ from typing import Any, Protocol
 import torch
 from transformers import PreTrainedModel
 
+from trainer.device import host_to_device
+
 
 @dataclass
 class Prefill:
@@ -42,7 +44,7 @@ class Prefill:
         valid = (offset >= 0) & (offset < lengths)
         columns = (lengths.cumsum(0) - lengths) + torch.minimum(offset.clamp(min=0), lengths - 1)
         device = self.next_positions.device
-        return columns.to(device), valid.to(device)
+        return host_to_device(columns, device), host_to_device(valid, device)
 
 
 def _rows(packed: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
@@ -217,7 +219,7 @@ class StaticDecoder:
         for layer, source in enumerate(prefill.cache.layers):
             self.keys[layer][index, :, :width] = _rows(source.keys, columns)
             self.values[layer][index, :, :width] = _rows(source.values, columns)
-        lengths = prefill.lengths.to(self.device)
+        lengths = host_to_device(prefill.lengths, self.device)
         self.valid[index] = torch.arange(self.cache_len, device=self.device)[None, :] < lengths[:, None]
         self.write_index[index] = lengths
         self.positions[index] = prefill.next_positions.to(torch.long)

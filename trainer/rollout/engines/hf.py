@@ -52,6 +52,7 @@ from trainer.attention import (
     packed_attention_kwargs,
     use_attention,
 )
+from trainer.device import host_to_device
 from trainer.image_features import encode_images, with_image_features
 from trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
 from trainer.rollout.engines.decode_cache import DecodeRows, DynamicRows, Prefill, StaticDecoder
@@ -569,31 +570,30 @@ class HFEngine:
         lengths = torch.tensor([len(p.input_ids) for p in prompts])
         ends = lengths.cumsum(0)
         input_ids = torch.tensor([token for p in prompts for token in p.input_ids])
-        positions = torch.cat([p.positions for p in prompts], dim=2)  # restarting at 0 for each prompt
-        deltas = torch.tensor([p.rope_delta for p in prompts])
-        embeds = self.model.get_input_embeddings()(input_ids.to(self.device))[None]
+        image_rows = (input_ids == self.processor.ids.image_pad).nonzero().squeeze(-1)
+        to_device = functools.partial(host_to_device, device=self.device)  # copies that never wait
+        bounds = SequenceBounds(to_device(torch.cat([ends.new_zeros(1), ends]).int()), int(lengths.max()))
+        positions = to_device(torch.cat([p.positions for p in prompts], dim=2))  # each from 0
+        next_positions = to_device(lengths + torch.tensor([p.rope_delta for p in prompts]))
+        embeds = self.model.get_input_embeddings()(to_device(input_ids))[None]
         extra: dict[str, Any] = {}
         pixels = [p.pixels for p in prompts if p.pixels is not None]
         if pixels:
             pixel_values = torch.cat([p.pixel_values for p in pixels]).to(self.device, self.model.dtype)
             grid_thw = torch.cat([p.image_grid_thw for p in pixels])
-            image_rows = (input_ids == self.processor.ids.image_pad).nonzero().squeeze(-1)
             features = encode_images(self.model.model, pixel_values, grid_thw)
-            embeds, extra = with_image_features(embeds, features, image_rows.to(self.device))
+            embeds, extra = with_image_features(embeds, features, to_device(image_rows))
         text_model = self.model.model.language_model
-        cu_seqlens = torch.cat([ends.new_zeros(1), ends]).int()
-        bounds = SequenceBounds(cu_seqlens.to(self.device), int(lengths.max()))
         with attention_for(text_model, self.prompt_attention):
             out = text_model(  # Qwen3-VL's deepstack rows go in as given, one mask over the packed row
                 inputs_embeds=embeds,
-                position_ids=positions.to(self.device),
+                position_ids=positions,
                 use_cache=True,
                 **extra,
                 **packed_attention_kwargs(text_model.config, bounds),
             )
-        next_positions = (lengths + deltas).to(self.device)
         rows.join(Prefill(out.past_key_values, lengths, next_positions))
-        return _sample(self.model.lm_head(out.last_hidden_state[0, (ends - 1).to(self.device)]), jobs)
+        return _sample(self.model.lm_head(out.last_hidden_state[0, to_device(ends - 1)]), jobs)
 
     @torch.inference_mode()
     def _step(
