@@ -13,7 +13,15 @@ from transformers import PreTrainedModel
 from devtools.tiny_checkpoint import ARCHS
 from tests.vl_samples import mixed_samples
 from trainer import attention
-from trainer.attention import SDPA_ATTENTION, VARLEN_ATTENTION, sequence_bounds, use_attention
+from trainer.attention import (
+    SDPA_ATTENTION,
+    SEQUENCE_SDPA_ATTENTION,
+    VARLEN_ATTENTION,
+    attention_for,
+    packed_attention_kwargs,
+    sequence_bounds,
+    use_attention,
+)
 from trainer.learner.logprobs import token_logprobs
 from trainer.learner.models import ActorModel, load_lm
 from trainer.learner.packing import PackedBatch, pack_sequences
@@ -101,6 +109,25 @@ def test_varlen_path_matches_sdpa(
     expected = logprobs_with(lm, batch, SDPA_ATTENTION)
     torch.testing.assert_close(logprobs_with(lm, batch, VARLEN_ATTENTION), expected, rtol=0, atol=1e-5)
     assert not bounds_calls  # the packed batch brings its bounds: no layer asks the GPU for them
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_sequence_sdpa_runs_a_packed_row_as_sdpa(tiny_checkpoints: dict[str, Path], arch: str) -> None:
+    """SDPA once per sequence in the text model, from the packed row's bounds (the HF engine's prompt pass
+    off the GPU), gives the hidden states of HF's SDPA over the row's block mask; SDPA comes back after."""
+    lm = load_lm(tiny_checkpoints[arch])
+    batch = packed(lm, tiny_checkpoints[arch])
+    text = lm.model.language_model
+    embeds = text.get_input_embeddings()(batch.input_ids)
+    inputs = {"inputs_embeds": embeds, "position_ids": batch.position_ids}
+    with torch.no_grad():
+        expected = text(**inputs, use_cache=False).last_hidden_state
+        with attention_for(text, SEQUENCE_SDPA_ATTENTION):
+            kwargs = packed_attention_kwargs(text.config, batch.bounds)
+            hidden = text(**inputs, use_cache=False, **kwargs).last_hidden_state
+    assert set(kwargs) == {"packed_cu_seqlens", "packed_max_seqlen"}
+    torch.testing.assert_close(hidden, expected, rtol=0, atol=1e-5)
+    assert text.config._attn_implementation == SDPA_ATTENTION
 
 
 @cuda_only

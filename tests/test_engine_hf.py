@@ -6,6 +6,7 @@ import asyncio
 import copy
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from transformers import AutoModelForImageTextToText, PreTrainedModel
 
 from clients.images import encode_image
 from tests.vl_samples import noise_image
+from trainer import attention
 from trainer.learner.logprobs import sequence_logprobs
 from trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
 from trainer.rollout.engines.hf import HFEngine
@@ -243,6 +245,53 @@ async def test_the_static_kv_cache_decodes_as_the_dynamic_one(
         assert static.output_ids == dynamic.output_ids
         assert static.finish_reason == dynamic.finish_reason
         np.testing.assert_allclose(static.logprobs, dynamic.logprobs, atol=ATOL)
+
+
+@pytest.mark.parametrize("cache_len", [None, 200])
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+async def test_prompts_prefill_packed_and_decode_as_the_trainer_scores_them(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, arch: str, cache_len: int | None
+) -> None:
+    """Greedy prompts of different lengths, with and without images, go through the prompt pass as one
+    packed row (no padding, attention bounded per prompt) and decode from the dynamic or the static cache:
+    each gets the tokens it gets alone, and the logprobs of the trainer's recompute of its sequence."""
+    model, processor = request.getfixturevalue("qwen25" if arch == "qwen2_5_vl" else "qwen3")
+    pics = images(4, (56, 84), (112, 56))
+    turns = [("just text, longer than the other prompts by far", 0), ("one", 1), ("two images", 2), ("hi", 0)]
+    params = greedy(6).model_copy(update={"ignore_eos": True})
+    requests = [
+        GenerateRequest(engine_ids=user_turn(processor, text, n), images=pics[:n], sampling=params)
+        for text, n in turns
+    ]
+    alone = HFEngine(model, processor, max_batch_size=1, batch_wait_s=0.0, static_cache_len=cache_len)
+    singles = [await alone.generate(r) for r in requests]
+    await alone.close()
+    rows: list[list[int]] = []
+    packed_sdpa = attention.sequence_sdpa_attention
+
+    def recording(*args: Any, packed_cu_seqlens: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        if packed_cu_seqlens is not None:
+            rows.append([args[1].shape[0], args[1].shape[2], *packed_cu_seqlens.diff().tolist()])
+        return packed_sdpa(*args, packed_cu_seqlens=packed_cu_seqlens, **kwargs)
+
+    monkeypatch.setitem(attention._PACKED, attention.SEQUENCE_SDPA_ATTENTION, recording)
+    engine = HFEngine(model, processor, max_batch_size=8, batch_wait_s=1.0, static_cache_len=cache_len)
+    batched = await asyncio.gather(*(engine.generate(r) for r in requests))
+    await engine.close()
+    assert engine.stats.batches == 1 and engine.stats.static_batches == (cache_len is not None)
+    lengths = [r.prompt_tokens for r in batched]
+    assert len(set(lengths)) == len(lengths)
+    packed = [1, sum(lengths), *sorted(lengths)]  # one row of every prompt, in the order they queued
+    assert rows and all(row[:2] + sorted(row[2:]) == packed for row in rows)
+    for (_, n), req, single, result in zip(turns, requests, singles, batched, strict=True):
+        assert result.output_ids == single.output_ids
+        np.testing.assert_allclose(result.logprobs, single.logprobs, atol=ATOL)
+        grids = [processor.image_grid(pic) for pic in req.images]
+        prompt = processor.expand_image_pads(req.engine_ids, grids)
+        mask = [0] * len(prompt) + [1] * len(result.output_ids)
+        scored = sequence_logprobs(model, processor, prompt + result.output_ids, pics[:n], 1.0, mask=mask)
+        expected = scored[torch.tensor(mask, dtype=torch.bool)].tolist()
+        np.testing.assert_allclose(result.logprobs, expected, atol=ATOL)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])

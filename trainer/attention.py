@@ -9,19 +9,28 @@ attention interface. The name holds "flash", so vision blocks take their `cu_seq
 layers get no mask; their sequence bounds come with the packed batch (`SequenceBounds`, found on the
 host when it was packed, passed to the backbone by `packed_attention_kwargs`), or else are found per
 layer where the row's text positions restart at 0.
+
+Where the kernel cannot run (the CPU, float32), `SEQUENCE_SDPA_ATTENTION` computes the same packed row with
+SDPA once per sequence, from the same bounds: the HF engine's prompt pass runs on one or the other
+(`attention_for`), and a dense block mask over a row of many prompts would be quadratic in the row.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import itertools
+from collections.abc import Iterator
 from typing import Any, NamedTuple, cast
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.varlen import varlen_attn
 from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 
 VARLEN_ATTENTION = "flash_varlen_torch"
+SEQUENCE_SDPA_ATTENTION = "sequence_sdpa"
 SDPA_ATTENTION = "sdpa"
 
 _GQA: dict[str, Any] = (
@@ -57,8 +66,9 @@ def sequence_bounds(
 
 
 def packed_attention_kwargs(config: PretrainedConfig, bounds: SequenceBounds) -> dict[str, object]:
-    """Backbone kwargs that give every decoder layer the packed row's sequence bounds (`{}` unless varlen)."""
-    if config._attn_implementation != VARLEN_ATTENTION:
+    """Backbone kwargs that give every decoder layer the packed row's sequence bounds (`{}` unless a packed
+    implementation)."""
+    if config._attn_implementation not in _PACKED:
         return {}
     return {"packed_cu_seqlens": bounds.cu_seqlens, "packed_max_seqlen": bounds.longest}
 
@@ -115,13 +125,68 @@ def varlen_attention(
     return cast(torch.Tensor, out).view(batch, length, heads, dim), None
 
 
+def sequence_sdpa_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    is_causal: bool | None = None,
+    packed_cu_seqlens: torch.Tensor | None = None,
+    **_: object,
+) -> tuple[torch.Tensor, None]:
+    """HF attention function: what `varlen_attention` computes for a packed row with `packed_*` bounds, as
+    SDPA once per sequence, on any device and dtype. `[1, H, T, D]` q/k/v to `[1, T, H, D]`."""
+    if attention_mask is not None or dropout or sliding_window is not None or packed_cu_seqlens is None:
+        raise ValueError(f"{SEQUENCE_SDPA_ATTENTION} takes packed rows with their bounds only, and no mask")
+    causal = bool(getattr(module, "is_causal", False)) if is_causal is None else is_causal
+    grouped = key.shape[1] != query.shape[1]
+    out = torch.cat(
+        [
+            F.scaled_dot_product_attention(
+                query[:, :, start:end],
+                key[:, :, start:end],
+                value[:, :, start:end],
+                is_causal=causal,
+                scale=scaling,
+                enable_gqa=grouped,
+            )
+            for start, end in itertools.pairwise(packed_cu_seqlens.tolist())
+        ],
+        dim=2,
+    )
+    return out.transpose(1, 2), None
+
+
+_PACKED = {VARLEN_ATTENTION: varlen_attention, SEQUENCE_SDPA_ATTENTION: sequence_sdpa_attention}
+"""The implementations that read a packed row's bounds, registered with transformers when first used."""
+
+
 def use_attention(model: nn.Module, implementation: str) -> None:
-    """Run every HF (sub)model inside `model` with `implementation` (`VARLEN_ATTENTION` or `SDPA_ATTENTION`).
+    """Run every HF (sub)model inside `model` with `implementation` (`VARLEN_ATTENTION`,
+    `SEQUENCE_SDPA_ATTENTION` or `SDPA_ATTENTION`).
 
     Sets the configs directly: HF's `set_attn_implementation` would look for a flash-attn package.
     """
-    if implementation == VARLEN_ATTENTION:
-        AttentionInterface.register(VARLEN_ATTENTION, varlen_attention)
+    if implementation in _PACKED:
+        AttentionInterface.register(implementation, _PACKED[implementation])
     for module in model.modules():
         if isinstance(module, PreTrainedModel):
             module.config._attn_implementation = implementation
+
+
+@contextlib.contextmanager
+def attention_for(model: nn.Module, implementation: str) -> Iterator[None]:
+    """`use_attention(model, implementation)` for the body of the `with`, the previous ones restored after:
+    for a pass that differs from the model's other passes (the HF engine's packed prompt pass)."""
+    configs = [m.config for m in model.modules() if isinstance(m, PreTrainedModel)]
+    previous = [config._attn_implementation for config in configs]
+    use_attention(model, implementation)
+    try:
+        yield
+    finally:
+        for config, name in zip(configs, previous, strict=True):
+            config._attn_implementation = name

@@ -1,9 +1,10 @@
 """The running batch's KV cache in `HFEngine`: grown per step (`DynamicRows`) or preallocated in slots
 whose decode step is captured in CUDA graphs (`StaticRows`, from a `StaticDecoder`).
 
-Both take rows prefilled together (`Prefill`, left-padded) and answer one decode step at a time with the
-next-token logits of the rows that go on. `DynamicRows` is HF's eager decode: a DynamicCache grown by
-concatenation, a new attention mask each step. For a small model that step is all launch overhead (a few
+Both take rows prefilled together (`Prefill`: the keys and values of prompts packed in one row, no
+padding) and answer one decode step at a time with the next-token logits of the rows that go on.
+`DynamicRows` is HF's eager decode: a DynamicCache grown by concatenation, its rows left-padded, a new
+attention mask each step. For a small model that step is all launch overhead (a few
 hundred kernels from Python, docs/benchmarks.md "GRPO step"), so on a GPU the engine decodes from a
 `StaticDecoder` instead: every row holds a slot of a cache preallocated at `slots` x `cache_len`, its
 prompt copied in aligned at position 0; each step writes one key and value per row at the row's own
@@ -22,14 +23,54 @@ from typing import Any, Protocol
 import torch
 from transformers import PreTrainedModel
 
+from trainer.device import host_to_device
+
 
 @dataclass
 class Prefill:
-    """Rows prefilled together: their left-padded DynamicCache and mask, and each row's next position."""
+    """Prompts prefilled together in one packed row: the prompt pass's DynamicCache (every layer's keys
+    and values `[1, kv_heads, T, D]`), each prompt's length in packing order, and each row's next position."""
+
+    cache: Any
+    lengths: torch.Tensor  # (rows,) int64 on the host; the prompts fill the packed row in this order
+    next_positions: torch.Tensor  # (rows,) mRoPE position of each row's next token
+
+    def layout(self, width: int, *, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The packed column that each of `rows` x `width` cache columns copies, and whether it holds a
+        prompt token: each prompt right-aligned (`left` padding) or from column 0 on. Padding columns copy
+        a token of their own row; attention never reads them."""
+        lengths = self.lengths[:, None]
+        offset = torch.arange(width)[None, :] - (width - lengths if left else 0)
+        valid = (offset >= 0) & (offset < lengths)
+        columns = (lengths.cumsum(0) - lengths) + torch.minimum(offset.clamp(min=0), lengths - 1)
+        device = self.next_positions.device
+        return host_to_device(columns, device), host_to_device(valid, device)
+
+
+def _rows(packed: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """`[rows, kv_heads, width, D]` from a packed `[1, kv_heads, T, D]`: row r's column c is packed
+    column `columns[r, c]`."""
+    rows, width = columns.shape
+    picked = packed[0].index_select(1, columns.reshape(-1))
+    return picked.view(packed.shape[1], rows, width, packed.shape[3]).transpose(0, 1)
+
+
+@dataclass
+class _LeftPadded:
+    """The rows of a `DynamicRows` batch: their left-padded DynamicCache and mask, and next positions."""
 
     cache: Any
     attention_mask: torch.Tensor  # (rows, width), 0 on the left padding
-    next_positions: torch.Tensor  # (rows,) mRoPE position of each row's next token
+    next_positions: torch.Tensor  # (rows,)
+
+    @classmethod
+    def of(cls, prefill: Prefill) -> _LeftPadded:
+        """`prefill`'s packed rows, each right-aligned in a cache as wide as the longest prompt."""
+        columns, valid = prefill.layout(int(prefill.lengths.max()), left=True)
+        for layer in prefill.cache.layers:
+            layer.keys = _rows(layer.keys, columns)
+            layer.values = _rows(layer.values, columns)
+        return cls(prefill.cache, valid.long(), prefill.next_positions)
 
 
 class DecodeRows(Protocol):
@@ -51,10 +92,12 @@ class DynamicRows:
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
-        self.batch: Prefill | None = None
+        self.batch: _LeftPadded | None = None
 
+    @torch.inference_mode()
     def join(self, prefill: Prefill) -> None:
-        self.batch = prefill if self.batch is None else _merge(self.batch, prefill)
+        rows = _LeftPadded.of(prefill)
+        self.batch = rows if self.batch is None else _merge(self.batch, rows)
 
     @torch.inference_mode()
     def step(self, keep: list[int], tokens: list[int]) -> torch.Tensor:
@@ -164,21 +207,19 @@ class StaticDecoder:
 
     @torch.inference_mode()
     def admit(self, prefill: Prefill) -> list[int]:
-        """Copy each prefilled row into a free slot (lowest first), aligned at position 0; their slots."""
-        rows, width = prefill.attention_mask.shape
+        """Copy each prefilled prompt into a free slot (lowest first), from position 0 on; their slots."""
+        rows, width = len(prefill.lengths), int(prefill.lengths.max())
         if rows > len(self._free):
             raise RuntimeError(f"{rows} rows for {len(self._free)} free slots")
         slots = [heapq.heappop(self._free) for _ in range(rows)]
         if not self.keys:
             self._allocate(prefill.cache.layers[0].keys)
-        lengths = prefill.attention_mask.sum(dim=1)
-        shift = (width - lengths)[:, None] + torch.arange(width, device=self.device)[None, :]
-        columns = shift.clamp(max=width - 1)[:, None, :, None]  # each row's prompt from column 0 on
+        columns, _ = prefill.layout(width, left=False)
         index = torch.tensor(slots, device=self.device)
         for layer, source in enumerate(prefill.cache.layers):
-            gather = columns.expand_as(source.keys)
-            self.keys[layer][index, :, :width] = source.keys.gather(2, gather)
-            self.values[layer][index, :, :width] = source.values.gather(2, gather)
+            self.keys[layer][index, :, :width] = _rows(source.keys, columns)
+            self.values[layer][index, :, :width] = _rows(source.values, columns)
+        lengths = host_to_device(prefill.lengths, self.device)
         self.valid[index] = torch.arange(self.cache_len, device=self.device)[None, :] < lengths[:, None]
         self.write_index[index] = lengths
         self.positions[index] = prefill.next_positions.to(torch.long)
@@ -271,7 +312,7 @@ def _bucket(rows: int, slots: int) -> int:
 
 
 @torch.inference_mode()
-def _merge(batch: Prefill, extra: Prefill) -> Prefill:
+def _merge(batch: _LeftPadded, extra: _LeftPadded) -> _LeftPadded:
     """`batch` with `extra`'s rows appended: caches and attention masks left-padded to the longer one."""
     width = max(batch.attention_mask.shape[1], extra.attention_mask.shape[1])
     for layer, joining in zip(batch.cache.layers, extra.cache.layers, strict=True):

@@ -1,12 +1,13 @@
 """`HFEngine`: in-process transformers generation with dynamic batching, for one machine and for tests.
 
 Requests queue up; one background task takes up to `max_batch_size` of them at once and decodes them
-together: a left-padded prefill with explicit mRoPE positions, then one token per step for every live
-row from a shared KV cache (`decode_cache`: grown per step, or static in CUDA graphs on a GPU), each row
-with its own sampling params. Rows leave the batch as they finish, and requests that arrive meanwhile
-join it between steps (their own prefill, its cache merged in), up to `max_batch_size` rows, unless a
-weight update is waiting for the batch to end. Before a
-batch starts, the loop waits while requests keep arriving (every `batch_wait_s`, up to
+together: one prompt pass over the prompts packed in one row (no padding; attention bounded per prompt,
+on varlen FlashAttention on a GPU in bf16/fp16, else SDPA per prompt) with each prompt's own mRoPE
+positions, then one token per step for every live row from a shared KV cache (`decode_cache`: grown per
+step, or static in CUDA graphs on a GPU), each row with its own sampling params. Rows leave the batch as
+they finish, and requests that arrive meanwhile join it between steps (their own prompt pass, its cache
+placed beside theirs), up to `max_batch_size` rows, unless a weight update is waiting for the batch to
+end. Before a batch starts, the loop waits while requests keep arriving (every `batch_wait_s`, up to
 `max_batch_wait_s`), so the episodes of a rollout step that reach the engine together prefill together.
 
 Sampling is one batched pass per step: top-k / top-p / min-p masks for every row at once, then an
@@ -43,7 +44,15 @@ import torch
 from transformers import AutoModelForImageTextToText, PreTrainedModel
 
 from clients.errors import ImageError
-from trainer.attention import VARLEN_ATTENTION, use_attention
+from trainer.attention import (
+    SEQUENCE_SDPA_ATTENTION,
+    VARLEN_ATTENTION,
+    SequenceBounds,
+    attention_for,
+    packed_attention_kwargs,
+    use_attention,
+)
+from trainer.device import host_to_device
 from trainer.image_features import encode_images, with_image_features
 from trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
 from trainer.rollout.engines.decode_cache import DecodeRows, DynamicRows, Prefill, StaticDecoder
@@ -65,11 +74,14 @@ HEALTH_TIMEOUT_S = 30.0
 
 @dataclass(frozen=True)
 class _Prompt:
-    """A request made ready for the model: expanded ids, pixel inputs, the ids that stop it."""
+    """A request made ready for the model: expanded ids, pixel inputs, the ids that stop it, and its mRoPE
+    positions `[3, 1, L]` (from 0) with the offset of the positions after it from its length."""
 
     input_ids: list[int]
     pixels: PixelInputs | None
     stop_ids: frozenset[int]
+    positions: torch.Tensor
+    rope_delta: int
 
 
 @dataclass(eq=False)
@@ -135,8 +147,10 @@ class HFEngine:
         self.eos_ids = _eos_ids(model, processor)
         self.stats = EngineStats()
         self.static = _static_decoder(model, max_batch_size, cuda_graphs, static_cache_len)
+        self.prompt_attention = SEQUENCE_SDPA_ATTENTION  # the packed prompt pass's attention
         if self.device.type == "cuda" and model.dtype in (torch.bfloat16, torch.float16):
             use_attention(model.model.visual, VARLEN_ATTENTION)  # one kernel a block, not one per image
+            self.prompt_attention = VARLEN_ATTENTION
         self._weight_version = "0"
         self._updates = 0
         self._queue: collections.deque[_Job] = collections.deque()
@@ -505,7 +519,8 @@ class HFEngine:
     # --- request preparation (worker threads) ------------------------------------------------------
 
     def _prepare(self, request: GenerateRequest) -> _Prompt:
-        """Check the ids, decode the images and expand each single pad to the image's token count."""
+        """Check the ids, decode the images, expand each single pad to the image's token count and find
+        the prompt's mRoPE positions with the model's `get_rope_index` (here, off the model thread)."""
         ids = request.engine_ids
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
@@ -530,61 +545,55 @@ class HFEngine:
             )
         params = request.sampling
         stop_ids = frozenset() if params.ignore_eos else self.eos_ids | frozenset(params.stop_token_ids or ())
-        return _Prompt(input_ids=input_ids, pixels=pixels, stop_ids=stop_ids)
+        row = torch.tensor(input_ids)[None]
+        positions, delta = self.model.model.get_rope_index(
+            row,
+            mm_token_type_ids=(row == self.processor.ids.image_pad).int(),
+            image_grid_thw=pixels.image_grid_thw if pixels is not None else None,
+        )
+        return _Prompt(input_ids, pixels, stop_ids, positions, int(delta))
 
     # --- the model thread ---------------------------------------------------------------------------
 
     @torch.inference_mode()
     def _prefill(self, jobs: list[_Job], rows: DecodeRows) -> tuple[list[int], list[float]]:
-        """Left-pad the prompts, compute mRoPE positions, run the prompt pass, add the rows to `rows` and
-        sample each first token.
+        """Run the prompt pass over the prompts packed in one row, add them to `rows` and sample each
+        first token from its prompt's last position.
 
-        The layout (positions, image rows) is computed on the host and the images are encoded with their
-        vision inputs precomputed (`trainer.image_features.encode_images`), so the prompt pass never waits
-        for the GPU to learn a shape: HF's own path asks it several times per row.
+        No padding and no mask: the text model's attention is bounded per prompt (`prompt_attention`),
+        and each prompt's positions (found in `_prepare`) restart at 0. The layout (positions, bounds,
+        image rows) is on the host and the images are encoded with their vision inputs precomputed
+        (`trainer.image_features.encode_images`), so the prompt pass never waits for the GPU to learn a
+        shape: HF's own path asks it several times per row.
         """
         prompts = [job.prompt for job in jobs]
-        width = max(len(p.input_ids) for p in prompts)
-        pad_id = self.processor.tokenizer.pad_token_id or 0
-        input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt.input_ids) :] = torch.tensor(prompt.input_ids)
-            attention_mask[row, width - len(prompt.input_ids) :] = 1
-        pixels = [p.pixels for p in prompts if p.pixels is not None]
-        grid_thw = torch.cat([p.image_grid_thw for p in pixels]) if pixels else None
-        image_tokens = (input_ids == self.processor.ids.image_pad) & attention_mask.bool()
-        positions, deltas = self.model.model.get_rope_index(
-            input_ids,
-            mm_token_type_ids=image_tokens.int(),
-            image_grid_thw=grid_thw,
-            attention_mask=attention_mask,
-        )
-        embeds = self.model.get_input_embeddings()(input_ids.to(self.device))
+        lengths = torch.tensor([len(p.input_ids) for p in prompts])
+        ends = lengths.cumsum(0)
+        input_ids = torch.tensor([token for p in prompts for token in p.input_ids])
+        image_rows = (input_ids == self.processor.ids.image_pad).nonzero().squeeze(-1)
+        to_device = functools.partial(host_to_device, device=self.device)  # copies that never wait
+        bounds = SequenceBounds(to_device(torch.cat([ends.new_zeros(1), ends]).int()), int(lengths.max()))
+        positions = to_device(torch.cat([p.positions for p in prompts], dim=2))  # each from 0
+        next_positions = to_device(lengths + torch.tensor([p.rope_delta for p in prompts]))
+        embeds = self.model.get_input_embeddings()(to_device(input_ids))[None]
         extra: dict[str, Any] = {}
-        if pixels and grid_thw is not None:
+        pixels = [p.pixels for p in prompts if p.pixels is not None]
+        if pixels:
             pixel_values = torch.cat([p.pixel_values for p in pixels]).to(self.device, self.model.dtype)
+            grid_thw = torch.cat([p.image_grid_thw for p in pixels])
             features = encode_images(self.model.model, pixel_values, grid_thw)
-            flat, extra = with_image_features(
-                embeds.view(1, -1, embeds.shape[-1]),
-                features,
-                image_tokens.view(-1).nonzero().squeeze(-1).to(self.device),
+            embeds, extra = with_image_features(embeds, features, to_device(image_rows))
+        text_model = self.model.model.language_model
+        with attention_for(text_model, self.prompt_attention):
+            out = text_model(  # Qwen3-VL's deepstack rows go in as given, one mask over the packed row
+                inputs_embeds=embeds,
+                position_ids=positions,
+                use_cache=True,
+                **extra,
+                **packed_attention_kwargs(text_model.config, bounds),
             )
-            embeds = flat.view(embeds.shape)
-            mask = extra.get("visual_pos_masks")  # Qwen3-VL's deepstack rows, per prompt row
-            if isinstance(mask, torch.Tensor):
-                extra["visual_pos_masks"] = mask.view(image_tokens.shape)
-        attention_mask = attention_mask.to(self.device)
-        out = self.model.model.language_model(  # the text model: Qwen3-VL's deepstack rows go in as given
-            inputs_embeds=embeds,
-            attention_mask=attention_mask,
-            position_ids=positions.to(self.device),
-            use_cache=True,
-            **extra,
-        )
-        next_positions = (attention_mask.sum(dim=1) + deltas.view(-1).to(self.device)).to(positions.dtype)
-        rows.join(Prefill(out.past_key_values, attention_mask, next_positions))
-        return _sample(self.model.lm_head(out.last_hidden_state[:, -1]), jobs)
+        rows.join(Prefill(out.past_key_values, lengths, next_positions))
+        return _sample(self.model.lm_head(out.last_hidden_state[0, to_device(ends - 1)]), jobs)
 
     @torch.inference_mode()
     def _step(
