@@ -21,10 +21,13 @@ install: $(STAMP)
 # SFT, GRPO, and held-out success before, between and after (configs/sokoban_demo.yaml, README
 # "What make demo shows").
 DEMO_MODEL := runs/demo-model-tiny
+# glibc keeps freed memory for the next step instead of handing it back and faulting it in again: on this
+# CPU that took 10 of the demo's SFT steps from 27-32 to 17-19 CPU-seconds (docs/results.md, "The CPU demo as a test").
+DEMO_MALLOC := MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=1073741824
 
 demo: install
 	test -d $(DEMO_MODEL) || $(PY) -m cli.main model tiny --shape tiny --out $(DEMO_MODEL)
-	$(PY) -m cli.main demo learn --config configs/sokoban_demo.yaml
+	$(DEMO_MALLOC) $(PY) -m cli.main demo learn --config configs/sokoban_demo.yaml
 
 lint: install
 	$(PY) -m ruff check .

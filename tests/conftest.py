@@ -22,6 +22,7 @@ SLOW_FIRST = (
     "test_fsdp.py",
     "test_compose_stack.py",
     "test_sft.py",
+    "test_demo_learns.py",
     "test_checkpoint_resume.py",
     "test_documented_commands.py",
     "test_weight_sync.py",
