@@ -116,6 +116,9 @@ def run_sft(cfg: TrainConfig, *, name: str = "sft", console: Console | None = No
     torch.manual_seed(cfg.train.seed)
     if cfg.sft.lr is not None:
         cfg = cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"lr": cfg.sft.lr})})
+    # the NLL alone: a curriculum's config may weigh RL terms (KL to a reference, entropy) that SFT lacks
+    nll_only = cfg.algo.model_copy(update={"kl_loss_coef": 0.0, "entropy_coef": 0.0})
+    cfg = cfg.model_copy(update={"algo": nll_only})
     processor = VLProcessor.from_pretrained(cfg.model.path)
     data = load_sft_data(data_path, TurnEncoder(processor), cfg.sft.min_reward)
     trainer = PolicyTrainer(cfg, Models(load_actor(cfg.model.path), None, None), processor, device)
