@@ -13,7 +13,7 @@ def test_status_reports_each_runs_last_step_held_out_points_and_final_line(tmp_p
     (tmp_path / "3moves" / "rl").mkdir(parents=True)
     (tmp_path / "3moves.log").write_text(
         "held-out evaluation before SFT (runs/base)\n  success 2.0%, mean reward 0.020 over 200 episodes\n"
-        "held-out evaluation after SFT \n(runs/a/long/path/sft)\n"  # rich wraps a long path onto a line of its own
+        "held-out evaluation after SFT \n(runs/a/long/path/sft)\n"  # rich wraps a long path
         "  success 6.5%, mean reward 0.065 over 200 episodes\n"
         "step 9  reward/mean=0.1\nstep 10  reward/mean=0.2\n"
         "held-out success: before 2.0% -> after SFT 6.5% -> after RL 9.0% (200 levels)\n"
