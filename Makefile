@@ -50,7 +50,8 @@ pytest: install
 	bash scripts/ensure-redis.sh
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 -m "not slow"
 
-# The tests marked slow (minutes of installing, not of testing): `vistarl[train]` alone in a fresh venv.
+# The tests marked slow (minutes of installing or of benchmarking, not of testing): `vistarl[train]` alone in
+# a fresh venv, and the benchmark scripts (train_step, weight_sync, grpo_step) run end to end on the CPU.
 slow-test: install
 	$(PY) -m pytest -q -p no:cacheprovider -m slow
 

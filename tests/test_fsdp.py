@@ -118,6 +118,7 @@ def tiny_step(tiny_qwen25: Path) -> dict[str, Any]:
     return _figures([sys.executable, *_train_step_args(tiny_qwen25, 1, "--micro-batch-tokens", "128")])
 
 
+@pytest.mark.slow  # a benchmark script end to end
 def test_train_step_benchmark_runs_tiny(tiny_step: dict[str, Any]) -> None:
     """`benchmarks/train_step.py --tiny` takes the GPU benchmark's code path on CPU and reports figures."""
     assert tiny_step["model"] == "tiny-qwen2.5-vl" and tiny_step["micro_batches"] == 1
@@ -125,6 +126,7 @@ def test_train_step_benchmark_runs_tiny(tiny_step: dict[str, Any]) -> None:
     assert tiny_step["update_tokens_per_s"] > 0 and tiny_step["recompute_tokens_per_s"] > 0
 
 
+@pytest.mark.slow  # a benchmark script end to end
 def test_train_step_benchmark_on_two_ranks_has_the_loss_of_one_rank_on_the_same_global_batch(
     tiny_qwen25: Path, tiny_step: dict[str, Any]
 ) -> None:
@@ -139,6 +141,7 @@ def test_train_step_benchmark_on_two_ranks_has_the_loss_of_one_rank_on_the_same_
     assert tiny_step["first_loss"] != pytest.approx(one["first_loss"], rel=1e-5), "the loss is the batch's"
 
 
+@pytest.mark.slow  # a benchmark script end to end
 def test_weight_sync_benchmark_pushes_from_two_torchrun_ranks_to_each_engine() -> None:
     """`benchmarks/weight_sync.py --tiny` under torchrun: every transport's pushes reach their engine,
     which reports every pushed version (the benchmark checks it after each push)."""

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # a benchmark script end to end
 def test_grpo_step_benchmark_runs_tiny_and_reports_every_part(tmp_path: Path) -> None:
     out = tmp_path / "figures.json"
     command = [sys.executable, "-m", "benchmarks.grpo_step", "--tiny", "--steps", "1", "--warmup", "1"]
