@@ -22,6 +22,9 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
+from benchmarks import paired_eval
 from tests.servers import vistarl_cmd
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,7 +49,9 @@ without these, a third of this run's CPU time is spent in the kernel (docs/resul
 HEADLINE = re.compile(r"before (\d+)% -> after SFT (\d+)% -> after RL (\d+)% \(64 levels\)$")
 
 
-def test_sft_lifts_held_out_success_and_grpo_keeps_it(tiny_qwen25: Path, tmp_path: Path) -> None:
+def test_sft_lifts_held_out_success_and_grpo_keeps_it(
+    tiny_qwen25: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     command = vistarl_cmd("demo", "learn", "--config", str(DEMO_CONFIG), "--demos", str(DEMOS))
     for value in (f"model.path={tiny_qwen25}", *SETS):
         command += ["--set", value]
@@ -57,6 +62,20 @@ def test_sft_lifts_held_out_success_and_grpo_keeps_it(tiny_qwen25: Path, tmp_pat
     assert done.returncode == 0, done.stderr[-3000:]
     found = HEADLINE.search(done.stdout.strip().splitlines()[-1])
     assert found is not None, done.stdout[-2000:]
+    _check_run_directory(tmp_path / "demo", capsys)
     before, after_sft, after_rl = map(float, found.groups())
     assert after_sft >= before + SFT_MARGIN, found.group(0)
     assert after_rl >= after_sft - RL_TOLERANCE, found.group(0)
+
+
+def _check_run_directory(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """What the run leaves: each stage's 64 saved episodes, both GRPO steps' metrics, the RL curve; and
+    `benchmarks.paired_eval` compares SFT with RL level by level."""
+    for stage in ("eval-before", "eval-sft", "eval-rl"):
+        assert len(list((root / stage).glob("episode-*/trajectory.json"))) == 64, stage
+    assert len((root / "rl" / "metrics.jsonl").read_text().splitlines()) == 2
+    assert (root / "rl" / "reward_curve.png").stat().st_size > 0
+    paired_eval.main([str(root / "eval-sft"), str(root / "eval-rl")])
+    printed = capsys.readouterr().out
+    assert re.search(r"eval-sft: \d+ of 64 solved; replies", printed), printed
+    assert re.search(r"exact McNemar p = [01]\.\d{3}$", printed.strip()), printed

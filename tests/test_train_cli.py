@@ -31,13 +31,15 @@ def test_one_step_of_the_tiny_sokoban_config_leaves_a_complete_run_directory(
     overrides = [
         f"model.path={tiny_qwen25}",
         f"train.run_dir={run_dir}",
-        "train.steps=1",
+        "train.steps=3",
+        "train.max_time_s=0.001",  # so it stops, and saves, after its first step
         "log.tensorboard=true",
     ]
     command = vistarl_cmd("train", "--config", str(CONFIG), *(arg for o in overrides for arg in ("--set", o)))
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert str(run_dir) in done.stdout
+    assert "train.max_time_s=0.001 s has passed; stopping" in done.stdout
 
     (record,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert record["step"] == 1 and record["policy_version"] == 1.0
