@@ -18,7 +18,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from tests.test_learning import learning_config
 from tests.test_train_loop import with_changes
-from trainer.config import TrainConfig
+from trainer.config import AlgoConfig, TrainConfig
 from trainer.learner.checkpoint import (
     TrainerState,
     latest_checkpoint,
@@ -26,6 +26,7 @@ from trainer.learner.checkpoint import (
     load_schedulers,
     save_checkpoint,
 )
+from trainer.learner.entropy_control import EntropyControl
 from trainer.learner.models import load_actor
 from trainer.learner.update import warmup
 from trainer.rollout.engines.base import GenerateRequest, GenerateResult
@@ -121,6 +122,9 @@ def test_optimizer_state_round_trips_through_safetensors_and_json(tiny_qwen25: P
     scheduler = LambdaLR(optimizer, warmup(4))
     optimizer.step()
     scheduler.step()
+    algo = AlgoConfig(entropy_coef=0.002, entropy_target=0.3)
+    entropy = EntropyControl(algo)
+    entropy.observe(0.1)
     path = save_checkpoint(
         tmp_path,
         TrainerState(step=1, policy_version=1, prompt_cursor=4),
@@ -128,7 +132,7 @@ def test_optimizer_state_round_trips_through_safetensors_and_json(tiny_qwen25: P
         actor_optimizer=optimizer,
         hf_config=actor.config,
         source_dir=tiny_qwen25,
-        schedulers={"actor": scheduler},
+        schedulers={"actor": scheduler, "entropy": entropy},
     )
     assert latest_checkpoint(tmp_path) == path
     fresh = torch.optim.AdamW(actor.parameters(), lr=5.0)
@@ -137,7 +141,9 @@ def test_optimizer_state_round_trips_through_safetensors_and_json(tiny_qwen25: P
         fresh.param_groups[0]["betas"]
     ) == (0.8, 0.9)
     fresh_scheduler = LambdaLR(fresh, warmup(4))
-    load_schedulers(path, {"actor": fresh_scheduler})
+    fresh_entropy = EntropyControl(algo)
+    load_schedulers(path, {"actor": fresh_scheduler, "entropy": fresh_entropy})
+    assert fresh_entropy.coef == entropy.coef == pytest.approx(0.0025)
     fresh_scheduler.step()
     scheduler.step()
     assert fresh.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * 3 / 4)

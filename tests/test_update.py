@@ -288,6 +288,34 @@ def test_kl_term_pulls_the_policy_toward_the_reference(
     assert gap() < start / 2
 
 
+def test_an_entropy_target_adapts_the_bonus_from_the_measured_entropy(
+    tiny_qwen25: Path, processor: VLProcessor, encoder: TurnEncoder
+) -> None:
+    """Below its target the bonus weighs in and grows step by step; above it, it is off: the update is
+    then the plain GRPO one, as without a bonus."""
+    batch = one_group(encoder, [1.0, 0.0, 1.0, 0.0])
+    entropy = {"entropy_coef": 0.01, "entropy_coef_step": 0.01, "entropy_coef_max": 0.05}
+    below = make_trainer(trainer_config(tiny_qwen25, 4, algo={**entropy, "entropy_target": 100.0}), processor)
+    coefs = [below.update(step, batch)["train/entropy_coef"] for step in (1, 2, 3)]
+    assert coefs == pytest.approx([0.01, 0.02, 0.03])
+    assert below.schedulers["entropy"].state_dict()["level"] == pytest.approx(0.04)
+
+    above = make_trainer(trainer_config(tiny_qwen25, 4, algo={**entropy, "entropy_target": 1e-6}), processor)
+    fixed = make_trainer(trainer_config(tiny_qwen25, 4, algo={"entropy_coef": 0.01}), processor)
+    plain = make_trainer(trainer_config(tiny_qwen25, 4), processor)
+    steps = [[t.update(1, batch) for t in (above, fixed, plain)]]
+    assert [m["train/entropy_coef"] for m in steps[0]] == [0.01, 0.01, 0.0]
+    assert steps[0][0]["train/entropy"] > 1e-6
+    first = [weights(t.actor) for t in (above, fixed, plain)]
+    assert all(torch.equal(first[0][k], first[1][k]) for k in first[0]), "the same bonus, the same step"
+    assert any(not torch.equal(first[0][k], first[2][k]) for k in first[0]), "the bonus moved the weights"
+    second = [t.update(2, batch)["train/entropy_coef"] for t in (above, fixed)]
+    assert second == [0.0, 0.01]
+    after = [weights(t.actor) for t in (above, fixed)]
+    assert any(not torch.equal(after[0][k], after[1][k]) for k in after[0]), "above its target: no bonus"
+    assert "entropy" not in plain.schedulers and "entropy" not in fixed.schedulers
+
+
 def test_a_second_epoch_steps_again_on_ratios_that_have_moved(
     tiny_qwen25: Path, processor: VLProcessor, encoder: TurnEncoder
 ) -> None:

@@ -203,7 +203,19 @@ class AlgoConfig(_Section):
     loss_agg_mode: LossAggMode = "token-mean"
     kl_loss_coef: float = Field(default=0.0, ge=0)
     kl_loss_type: KLType = "k3"
-    entropy_coef: float = Field(default=0.0, ge=0)
+    entropy_coef: float = Field(
+        default=0.0, ge=0, description="the entropy bonus's weight (its first, with a target)"
+    )
+    entropy_target: float | None = Field(
+        default=None,
+        gt=0,
+        description="nats a token: adapt the bonus's weight to hold the entropy near it "
+        "(trainer/learner/entropy_control.py); None keeps entropy_coef fixed",
+    )
+    entropy_coef_step: float = Field(
+        default=5e-4, ge=0, description="the weight's change a step, with a target"
+    )
+    entropy_coef_max: float = Field(default=0.01, ge=0, description="the weight's ceiling, with a target")
     tis_cap: float | None = Field(default=2.0, gt=0, description="None disables TIS")
     ppo_epochs: int = Field(default=1, ge=1)
     old_logprobs: Literal["auto", "recompute", "update_pass"] = Field(
@@ -211,6 +223,16 @@ class AlgoConfig(_Section):
         description="recompute: a no-grad pass before the update; update_pass: the update's own forward, "
         "detached (on-policy updates only); auto: update_pass where the update is on-policy",
     )
+
+    @model_validator(mode="after")
+    def _entropy_within_ceiling(self) -> AlgoConfig:
+        """An adaptive bonus starts at `entropy_coef`, which its ceiling must allow."""
+        if self.entropy_target is not None and self.entropy_coef > self.entropy_coef_max:
+            raise ValueError(
+                f"algo.entropy_coef ({self.entropy_coef}) is above "
+                f"algo.entropy_coef_max ({self.entropy_coef_max})"
+            )
+        return self
 
     @property
     def use_kl(self) -> bool:

@@ -23,7 +23,7 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -33,7 +33,6 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
     set_optimizer_state_dict,
 )
-from torch.optim.lr_scheduler import LRScheduler
 from transformers import PretrainedConfig
 
 from trainer.learner.fsdp import full_state_dict
@@ -42,6 +41,7 @@ from trainer.weights.disk import save_hf_weights
 
 __all__ = [
     "CheckpointError",
+    "Schedule",
     "TrainerState",
     "checkpoint_dir",
     "latest_checkpoint",
@@ -58,6 +58,14 @@ LATEST = "latest"
 STATE_FILE = "trainer_state.json"
 SCHEDULERS_FILE = "lr_schedulers.json"
 _SEPARATOR = "::"
+
+
+class Schedule(Protocol):
+    """What a checkpoint keeps of a schedule (a learning rate's, the entropy bonus's): its state, as JSON."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
 
 class CheckpointError(RuntimeError):
@@ -100,7 +108,7 @@ def save_checkpoint(
     source_dir: Path,
     critic: nn.Module | None = None,
     critic_optimizer: torch.optim.Optimizer | None = None,
-    schedulers: Mapping[str, LRScheduler] | None = None,
+    schedulers: Mapping[str, Schedule] | None = None,
     rank: int = 0,
     barrier: Any = None,
     keep: int | None = None,
@@ -202,14 +210,15 @@ def load_optimizer(path: Path, name: str, model: nn.Module, optimizer: torch.opt
     set_optimizer_state_dict(model, optimizer, full, options=options)
 
 
-def load_schedulers(path: Path, schedulers: Mapping[str, LRScheduler]) -> None:
-    """Restore the learning-rate schedulers (their positions in warmup) saved with `path`."""
+def load_schedulers(path: Path, schedulers: Mapping[str, Schedule]) -> None:
+    """Restore the schedules saved with `path`: the learning rates' positions in warmup, the entropy
+    bonus's weight."""
     try:
         states = json.loads((path / SCHEDULERS_FILE).read_text())
         for name, scheduler in schedulers.items():
             scheduler.load_state_dict(states[name])
     except (OSError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"cannot restore the learning-rate schedulers from {path}: {exc!r}") from exc
+        raise CheckpointError(f"cannot restore the schedules from {path}: {exc!r}") from exc
 
 
 def restore_rng(path: Path, rank: int, state: TrainerState) -> None:

@@ -42,6 +42,8 @@ from trainer.config import TrainConfig
 from trainer.device import host_to_device
 from trainer.image_features import ImageFeatures
 from trainer.learner.advantages import compute_advantages
+from trainer.learner.checkpoint import Schedule
+from trainer.learner.entropy_control import EntropyControl
 from trainer.learner.fsdp import is_distributed, set_last_micro_batch, shard_model
 from trainer.learner.logprobs import TokenScores, token_logprobs, token_values
 from trainer.learner.losses import actor_loss, masked_sum, value_loss
@@ -181,11 +183,19 @@ class PolicyTrainer:
             if self.critic is not None
             else None
         )
-        self.schedulers = {"actor": LambdaLR(self.actor_optimizer, warmup(optim.warmup_steps))}
+        self.lr_schedulers = {"actor": LambdaLR(self.actor_optimizer, warmup(optim.warmup_steps))}
         if self.critic_optimizer is not None:
-            self.schedulers["critic"] = LambdaLR(self.critic_optimizer, warmup(optim.warmup_steps))
+            self.lr_schedulers["critic"] = LambdaLR(self.critic_optimizer, warmup(optim.warmup_steps))
+        self.entropy_control = EntropyControl(cfg.algo)
         self.metric_names = metric_names(cfg, self.reference is not None, self.critic is not None)
         self.old_from_update = cfg.old_logprobs_from_update
+
+    @property
+    def schedulers(self) -> dict[str, Schedule]:
+        """What a checkpoint saves and a resume restores besides the weights and optimizers: the learning
+        rates' schedules, and the entropy bonus's weight when it adapts."""
+        adaptive = self.cfg.algo.entropy_target is not None
+        return {**self.lr_schedulers, **({"entropy": self.entropy_control} if adaptive else {})}
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Forward passes in bfloat16 over the float32 weights where `model.compute_dtype` asks for it and
@@ -218,6 +228,7 @@ class PolicyTrainer:
             reference_s = self._elapsed(started)
         started = time.perf_counter()
         self._advantages(rows, every)
+        entropy_coef = self.entropy_control.coef
         grad_norms: list[float] = []
         generator = torch.Generator().manual_seed(self.cfg.train.seed * SEED_STRIDE + step)
         for _ in range(self.cfg.algo.ppo_epochs):
@@ -227,8 +238,11 @@ class PolicyTrainer:
                 grad_norms.append(
                     self._optimize(micros[index], denominator, sums, self._actor_backward, images=images)
                 )
+        metrics = self._step_metrics(rows, sums, grad_norms, started)
+        self.entropy_control.observe(metrics["train/entropy"])
         return {
-            **self._step_metrics(rows, sums, grad_norms, started),
+            **metrics,
+            "train/entropy_coef": entropy_coef,
             "time/recompute": recompute_s,
             "time/reference": reference_s,
             "train/zero_variance_groups": zero_variance_share(rows),
@@ -414,12 +428,12 @@ class PolicyTrainer:
             _without_vision_gradients(self.actor, critic_model)
         norm = clip_gradients(self.actor.parameters(), self.cfg.optim.grad_clip)
         self.actor_optimizer.step()
-        self.schedulers["actor"].step()
+        self.lr_schedulers["actor"].step()
         if critic_model is not None and self.critic_optimizer is not None:
             critic_norm = clip_gradients(critic_model.parameters(), self.cfg.optim.grad_clip)
             sums.add({"critic_grad_norm": torch.tensor(critic_norm)}, torch.ones(()))
             self.critic_optimizer.step()
-            self.schedulers["critic"].step()
+            self.lr_schedulers["critic"].step()
         return norm
 
     def _nll_backward(
@@ -442,7 +456,8 @@ class PolicyTrainer:
     ) -> None:
         """The actor's loss on one micro-batch, backpropagated (a zero loss on a rank's empty bin, whose
         forward and backward still have to join the other ranks' collectives)."""
-        batch, algo = micro.batch, self.cfg.algo
+        batch = micro.batch
+        algo = self.cfg.algo.model_copy(update={"entropy_coef": self.entropy_control.coef})
         with self._autocast():
             scores = self._logprobs(self.actor, micro, features, with_entropy=True)
         if not micro.rows:
