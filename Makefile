@@ -50,8 +50,9 @@ pytest: install
 	bash scripts/ensure-redis.sh
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 -m "not slow"
 
-# The tests marked slow (minutes of installing or of benchmarking, not of testing): `vistarl[train]` alone in
-# a fresh venv, and the benchmark scripts (train_step, weight_sync, grpo_step) run end to end on the CPU.
+# The tests marked slow (minutes of installing, benchmarking or compiling, not of testing): `vistarl[train]`
+# alone in a fresh venv, the benchmark scripts (train_step, weight_sync, grpo_step) run end to end on the
+# CPU, and the compiled model under whole-layer checkpointing (the MLP scope's twin stays in `make test`).
 slow-test: install
 	$(PY) -m pytest -q -p no:cacheprovider -m slow
 
