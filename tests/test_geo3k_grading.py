@@ -142,6 +142,23 @@ def test_a_busy_pool_times_out_the_waiters_instead_of_queueing_forever() -> None
         pool.close()
 
 
+def test_warm_fills_again_the_slots_a_pool_lost() -> None:
+    """A grading that timed out, a start that failed or `close` leaves the pool short; the next env's
+    `warm` starts processes for those slots, and a full pool starts none."""
+    pool = GraderPool(max_workers=1)
+    try:
+        pool.warm()
+        assert wait_until(lambda: pool.size == 1, timeout=60), "no grading process started"
+        pool.close()
+        assert pool.size == 0
+        pool.warm()
+        assert wait_until(lambda: pool.size == 1, timeout=60), "warm did not replace the lost process"
+        pool.warm()
+        assert pool._starting == 0 and pool.size == 1
+    finally:
+        pool.close()
+
+
 def test_many_threads_on_one_process_are_served_in_turn_none_starved() -> None:
     """16 threads share one process for 2 s: each grading is served within its bound, none times out.
     The process is started (and its imports done) first, so the bound measures waiting, not start-up."""

@@ -140,16 +140,13 @@ class GraderPool:
         self._starting = 0
         self._waiters: collections.deque[_Waiter] = collections.deque()
         self._lock = threading.Lock()
-        self._warmed = False
 
     def warm(self) -> None:
-        """Start the pool's processes in background threads, the first time only: an env calls this when
-        it is created, so its first grading (a model turn later) finds a process ready."""
+        """Start processes for the pool's free slots in background threads: an env calls this when it is
+        created, so its first grading (a model turn later) finds a process ready, and a pool that lost
+        processes (a start that failed, a grading that timed out, `close`) fills up again."""
         with self._lock:
-            if self._warmed:
-                return
-            self._warmed = True
-            slots = self.max_workers - len(self._all) - self._starting
+            slots = max(0, self.max_workers - len(self._all) - self._starting)
             self._starting += slots
         for _ in range(slots):
             threading.Thread(target=self._start_idle, name="geo3k-grader-start", daemon=True).start()
