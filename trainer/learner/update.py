@@ -28,6 +28,7 @@ Metrics come back reduced over ranks, token-weighted.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
-from trainer.config import TrainConfig
+from trainer.config import AlgoConfig, TrainConfig
 from trainer.device import host_to_device
 from trainer.image_features import ImageFeatures
 from trainer.learner.advantages import compute_advantages
@@ -228,7 +229,9 @@ class PolicyTrainer:
             reference_s = self._elapsed(started)
         started = time.perf_counter()
         self._advantages(rows, every)
-        entropy_coef = self.entropy_control.coef
+        # the entropy bonus's weight is the step's, one for all its micro-batches and epochs
+        algo = self.cfg.algo.model_copy(update={"entropy_coef": self.entropy_control.coef})
+        actor_backward = functools.partial(self._actor_backward, algo=algo)
         grad_norms: list[float] = []
         generator = torch.Generator().manual_seed(self.cfg.train.seed * SEED_STRIDE + step)
         for _ in range(self.cfg.algo.ppo_epochs):
@@ -236,13 +239,13 @@ class PolicyTrainer:
                 mini = minis[index]
                 denominator, images = self._denominator(rows, mini), any(rows[i].images for i in mini)
                 grad_norms.append(
-                    self._optimize(micros[index], denominator, sums, self._actor_backward, images=images)
+                    self._optimize(micros[index], denominator, sums, actor_backward, images=images)
                 )
         metrics = self._step_metrics(rows, sums, grad_norms, started)
         self.entropy_control.observe(metrics["train/entropy"])
         return {
             **metrics,
-            "train/entropy_coef": entropy_coef,
+            "train/entropy_coef": algo.entropy_coef,
             "time/recompute": recompute_s,
             "time/reference": reference_s,
             "train/zero_variance_groups": zero_variance_share(rows),
@@ -452,12 +455,17 @@ class PolicyTrainer:
             sums.add({"nll": nll.detach() / mask.sum()}, mask.sum())
 
     def _actor_backward(
-        self, micro: _Micro, features: ImageFeatures | None, denominator: float, sums: _Sums
+        self,
+        micro: _Micro,
+        features: ImageFeatures | None,
+        denominator: float,
+        sums: _Sums,
+        *,
+        algo: AlgoConfig,
     ) -> None:
-        """The actor's loss on one micro-batch, backpropagated (a zero loss on a rank's empty bin, whose
-        forward and backward still have to join the other ranks' collectives)."""
+        """The actor's loss under this step's `algo` on one micro-batch, backpropagated (a zero loss on a
+        rank's empty bin, whose forward and backward still have to join the other ranks' collectives)."""
         batch = micro.batch
-        algo = self.cfg.algo.model_copy(update={"entropy_coef": self.entropy_control.coef})
         with self._autocast():
             scores = self._logprobs(self.actor, micro, features, with_entropy=True)
         if not micro.rows:
