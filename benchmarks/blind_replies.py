@@ -22,7 +22,7 @@ from benchmarks.harness import benchmark_parser
 from benchmarks.paired_eval import outcomes
 from services.sokoban.env import SokobanEnv
 from services.sokoban.options import SokobanOptions
-from trainer.config import load_config
+from trainer.config import ConfigError, load_config
 
 MOVES = ("Up", "Down", "Left", "Right")
 
@@ -61,11 +61,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top", type=int, default=5, help="how many of the best blind replies to print")
     parser.add_argument("eval_dirs", type=Path, nargs="*")
     args = parser.parse_args(argv)
-    cfg = load_config(args.config, [])
+    try:
+        cfg = load_config(args.config, [])
+    except ConfigError as exc:
+        raise SystemExit(str(exc)) from None
     if cfg.env.name != "sokoban":
         raise SystemExit(f"{args.config} trains on {cfg.env.name}, not sokoban")
     options = SokobanOptions.model_validate(cfg.env.options)
     seeds = range(*(args.seeds or cfg.env.eval_seeds))
+    if not seeds:
+        raise SystemExit(f"no levels in the seed range {seeds.start}-{seeds.stop}: END must be above FIRST")
     solved, lengths = solved_by_reply(options, seeds)
     print(f"{len(seeds)} levels, seeds {seeds.start}-{seeds.stop - 1}", end="; ")
     print(f"optimal lengths {dict(sorted(lengths.items()))}")

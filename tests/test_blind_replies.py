@@ -52,3 +52,10 @@ def test_the_report_counts_a_policys_distinct_replies(
     assert lines[0].startswith("4 levels, seeds 100000-100003; optimal lengths {")
     assert lines[1].startswith("best blind replies: ") and lines[1].count("%") == 2
     assert lines[2] == f"{run}: 66.7% solved with 2 distinct replies to 3 boards"
+
+
+def test_a_missing_config_or_an_empty_seed_range_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="cannot read config file"):
+        blind_replies.main(["--config", str(tmp_path / "nope.yaml")])
+    with pytest.raises(SystemExit, match="END must be above FIRST"):
+        blind_replies.main(["--seeds", "100000", "100000"])
