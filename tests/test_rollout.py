@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from clients.http import AsyncEnvClient
 from services.sokoban.reward import reward as sokoban_reward
 from tests.runners import trajectory_for
 from tests.servers import free_port
@@ -220,6 +221,9 @@ async def test_a_dead_engine_is_aborted_within_its_retry_deadline(processor: VLP
 
 async def test_a_dead_env_server_fails_the_episode_with_its_error(processor: VLProcessor, envs: Envs) -> None:
     with env_process("sokoban") as (url, proc):
+        # The fresh server's first reset pays its one-off costs here, not inside the episode's 3 s bound.
+        async with AsyncEnvClient(url, token="", timeout=60.0) as warm:
+            await warm.close((await warm.reset(seed=5)).session_id)
 
         def kill_server_then_answer(index: int, request: GenerateRequest) -> str:
             if index == 1:
