@@ -1,8 +1,10 @@
 """The loop's modes and bookkeeping with a scripted policy (`ScriptedEngine`, whose replies depend only on
-each job's sampling seed): aborted episodes left out, async rollouts."""
+each job's sampling seed): aborted episodes left out, async rollouts, the next step begun during the
+update."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ import pytest
 from trainer.config import TrainConfig
 from trainer.eval import eval_starts
 from trainer.prompts import PromptSource
-from trainer.rollout.engines.base import GenerateRequest
+from trainer.rollout.engines.base import GenerateRequest, GenerateResult
 from trainer.rollout.engines.scripted import ScriptedEngine
 from trainer.rollout.processor import VLProcessor
 from trainer.train import run_training
@@ -89,6 +91,33 @@ async def test_async_mode_trains_on_episodes_one_version_old_and_evaluates(
     assert "eval/episodes" not in result.history[0] and result.history[1]["eval/episodes"] == 3
     assert len(list((tmp_path / "run" / "eval" / "step-000002").glob("episode-*/trajectory.json"))) == 3
     assert [r["policy_version"] for r in result.history] == [1.0, 2.0]
+    assert all(r["rollout/stale"] == 0 and r["rollout/episodes"] == 8 for r in result.history)
+
+
+@dataclass(eq=False)
+class ArrivalsEngine(ScriptedEngine):
+    """A scripted engine that notes the weight version each request found when it arrived."""
+
+    arrivals: list[str] = field(default_factory=list, init=False)
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        self.arrivals.append(self.weight_version)
+        return await super().generate(request)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+async def test_the_next_steps_episodes_start_during_the_update_and_generate_from_its_weights(
+    tiny_qwen25: Path, tmp_path: Path, overlap: bool
+) -> None:
+    processor = VLProcessor.from_pretrained(tiny_qwen25)
+    cfg = scripted_config(tiny_qwen25, tmp_path / "run", steps=2)
+    cfg = with_changes(cfg, "rollout", overlap_resets=overlap)
+    engine = ArrivalsEngine(processor, odd_seeds_count)
+    result = await run_training(cfg, engine=engine)
+    # With the overlap, step 2's requests arrive while version 0 still serves (its resets and prompts ran
+    # during step 1's update), and are held until version 1 answers them: no episode lags, none is stale.
+    assert engine.arrivals == (["0"] * 16 if overlap else ["0"] * 8 + ["1"] * 8)
+    assert [r["rollout/policy_lag"] for r in result.history] == [0.0, 0.0]
     assert all(r["rollout/stale"] == 0 and r["rollout/episodes"] == 8 for r in result.history)
 
 

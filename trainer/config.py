@@ -147,6 +147,11 @@ class RolloutConfig(_Section):
     namespace: str = Field(default="vistarl", min_length=1, pattern=r"^[\w.-]+$")
     max_staleness: int = Field(default=0, ge=0, description="policy versions a trajectory may lag behind")
     async_mode: bool = False
+    overlap_resets: bool = Field(
+        default=False,
+        description="synchronous mode: the next step's episodes reset their envs and build their prompts "
+        "during the update, while the engine holds their generation for the new weights",
+    )
 
     @field_validator("engine")
     @classmethod

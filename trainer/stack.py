@@ -131,6 +131,18 @@ class Stack:
         self._keys = {episode: k for episode, k in self._keys.items() if k != key}
         return batch
 
+    @contextlib.asynccontextmanager
+    async def holding(self, hold: bool) -> AsyncIterator[None]:
+        """With `hold`, the engine starts no generation inside the block (requests wait), then resumes."""
+        if not hold:
+            yield
+            return
+        await self.engine.pause_generation("in_place")
+        try:
+            yield
+        finally:
+            await self.engine.continue_generation()
+
     def lag(self, trajectory: Trajectory) -> int:
         """Policy versions between the trajectory's policy and the trainer's; a negative lag is an error."""
         lag = self.policy_version - trajectory.policy_version

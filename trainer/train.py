@@ -17,9 +17,10 @@ One step:
 7. log; save a checkpoint every `train.save_every` steps (and at the end: after `train.steps`, or after
    the first step that ends past `train.max_time_s`).
 
-In synchronous mode (the default) a step's episodes all come from the current policy. In
-asynchronous mode step k+1's jobs are enqueued before training on step k, so rollouts overlap
-training; trajectories more than `rollout.max_staleness` versions old are dropped.
+In synchronous mode (the default) every episode comes from the current policy: step k+1's jobs are
+enqueued after step k's push, or (`rollout.overlap_resets`) before its update with the engine holding
+generation, so that only their env resets and prompts overlap it. In asynchronous mode whole rollouts
+overlap training; trajectories over `rollout.max_staleness` versions old are dropped.
 
 Under torchrun, every rank trains its share of each mini-batch (FSDP2) and gathers its share of each
 weight push (`trainer.weights`); rank 0 alone drives the queue, the engine and the logs, and sends the
@@ -57,8 +58,8 @@ from trainer.stack import Gathered, Stack, open_stack
 
 __all__ = ["TrainResult", "run_training"]
 
-Submit = Callable[[int, int], Awaitable[None]]
-"""Enqueue step `step`'s jobs (`retry`: which try of the step this is, 0 for the first)."""
+Submit = Callable[[int, int, int], Awaitable[None]]
+"""Enqueue step `step`'s jobs (`retry`: which try of the step, 0 for the first) for policy `version`."""
 
 
 @dataclass
@@ -119,14 +120,14 @@ class _Lead:
         prompts = await PromptSource.create(cfg, stack.env)
         tag = uuid.uuid4().hex[:8]
 
-        async def submit(step: int, retry: int = 0) -> None:
+        async def submit(step: int, retry: int, version: int) -> None:
             retag = f"{tag}r{retry}" if retry else tag  # a try again gets episode ids of its own
-            jobs = step_jobs(cfg, stack.env, prompts, step, self.state.policy_version, retag)
+            jobs = step_jobs(cfg, stack.env, prompts, step, version, retag)
             await stack.submit(f"s{step}", jobs)
 
         await self._push(stack, self.state.policy_version)  # the engine serves this run's weights
         if self.state.step < cfg.train.steps:
-            await submit(self.state.step + 1)
+            await submit(self.state.step + 1, 0, self.state.policy_version)
         deadline = time.monotonic() + (cfg.train.max_time_s or math.inf)
         for step in range(self.state.step + 1, cfg.train.steps + 1):
             last = await self._step(stack, step, submit, deadline)
@@ -144,17 +145,21 @@ class _Lead:
         timings = {"time/rollout": time.perf_counter() - started}
         rollout = rollout_metrics(gathered, stack)  # lags against the policy that was serving
         last = step == cfg.train.steps or time.monotonic() >= deadline
-        if cfg.rollout.async_mode and not last:
-            await submit(step + 1, 0)
         state = TrainerState(step, self.state.policy_version + 1, step * cfg.rollout.rollout_batch_size)
         save = last or (cfg.train.save_every > 0 and step % cfg.train.save_every == 0)
-        with _timed(timings, "time/train"):
-            metrics = await self.learner.command(Train(step, gathered.trajectories, state if save else None))
-        with _timed(timings, "time/sync"):
-            await self._push(stack, state.policy_version)
+        ahead = not last and (cfg.rollout.async_mode or cfg.rollout.overlap_resets)
+        hold = ahead and not cfg.rollout.async_mode  # synchronous: generation waits for the new weights
+        train = Train(step, gathered.trajectories, state if save else None)
+        async with stack.holding(hold):
+            if ahead:
+                await submit(step + 1, 0, state.policy_version if hold else self.state.policy_version)
+            with _timed(timings, "time/train"):
+                metrics = await self.learner.command(train)
+            with _timed(timings, "time/sync"):
+                await self._push(stack, state.policy_version)
         self.state = state
-        if not cfg.rollout.async_mode and not last:
-            await submit(step + 1, 0)
+        if not ahead and not last:
+            await submit(step + 1, 0, state.policy_version)
         if cfg.train.eval_every and step % cfg.train.eval_every == 0:
             with _timed(timings, "time/eval"):
                 out_dir = self.run_dir / "eval" / f"step-{step:06d}"
@@ -199,7 +204,7 @@ class _Lead:
                 self.logger.note(f"step {step}: nothing to learn from ({outcomes(gathered)})")
                 break
             self.logger.note(f"step {step}: nothing to learn from ({outcomes(gathered)}); playing it again")
-            await submit(step, attempt)
+            await submit(step, attempt, self.state.policy_version)
         errors = sorted({t.error for t in gathered.trajectories if t.error})
         raise RuntimeError(
             f"step {step}: {tries} tries in a row had no episode to learn from "
