@@ -21,12 +21,13 @@ def tiny(
 ) -> None:
     """Write a random-init Qwen-VL checkpoint (real tokenizer and template) for CPU runs and tests."""
     from devtools.model_shapes import ARCHS, SHAPES, Arch
-    from devtools.tiny_checkpoint import write_tiny_checkpoint
 
     if arch not in ARCHS:
         raise typer.BadParameter(f"choose one of {', '.join(ARCHS)}", param_hint="--arch")
     if shape not in SHAPES:
         raise typer.BadParameter(f"choose one of {', '.join(SHAPES)}", param_hint="--shape")
+    from devtools.tiny_checkpoint import write_tiny_checkpoint  # torch and transformers: seconds to import
+
     path = write_tiny_checkpoint(out, cast(Arch, arch), seed, SHAPES[shape])
     typer.echo(f"wrote {shape} {arch} checkpoint to {path}")
 

@@ -11,9 +11,10 @@ random.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from transformers import PretrainedConfig, Qwen2_5_VLConfig, Qwen3VLConfig
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 __all__ = ["ARCHS", "REAL_SHAPES", "SHAPES", "Arch", "ModelShape", "qwen_vl_config"]
 
@@ -68,6 +69,8 @@ REAL_SHAPES: dict[str, Arch] = {"qwen2_5_vl_3b": "qwen2_5_vl", "qwen3_vl_2b": "q
 
 def qwen_vl_config(arch: Arch, shape: ModelShape) -> PretrainedConfig:
     """The config of architecture `arch` at `shape`, with tied word embeddings."""
+    from transformers import Qwen2_5_VLConfig, Qwen3VLConfig  # here: the shapes alone import in milliseconds
+
     text: dict[str, object] = {
         "vocab_size": VOCAB_SIZE,
         "hidden_size": shape.hidden_size,

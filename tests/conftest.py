@@ -3,6 +3,7 @@ the files share xdist workers (`make pytest`)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,21 +20,22 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 SLOW_FIRST = (
-    "test_fsdp.py",
-    "test_compose_stack.py",
-    "test_sft.py",
     "test_demo_learns.py",
-    "test_checkpoint_resume.py",
-    "test_documented_commands.py",
-    "test_weight_sync.py",
-    "test_learning.py",
-    "test_learning_critic.py",
-    "test_train_loop.py",
-    "test_engine_serve.py",
-    "test_fsdp_models.py",
+    "test_sft.py",
     "test_eval.py",
     "test_train_cli.py",
-    "test_alignment.py",
+    "test_engine_serve.py",
+    "test_fsdp.py",
+    "test_engine_hf.py",
+    "test_playground.py",
+    "test_update.py",
+    "test_weight_sync.py",
+    "test_tiny_checkpoint.py",
+    "test_documented_commands.py",
+    "test_train_loop.py",
+    "test_rollout_hf.py",
+    "test_fsdp_models.py",
+    "test_vision_passes.py",
 )
 """The files that take longest, dealt to xdist workers first (`--dist loadfile`), so that none of them
 starts last and keeps one worker busy after the others are done."""
@@ -53,12 +55,21 @@ def redis_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Tiny random-init Qwen2.5-VL and Qwen3-VL checkpoint directories, written once per session."""
+def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, Path]:
+    """Tiny random-init Qwen2.5-VL and Qwen3-VL checkpoint directories, written once per pytest run: the
+    first xdist worker to ask writes them into the run's shared temporary directory, the others wait for
+    it under a file lock and read them."""
     from devtools.tiny_checkpoint import ARCHS, write_tiny_checkpoint
 
-    root = tmp_path_factory.mktemp("tiny-checkpoints")
-    return {arch: write_tiny_checkpoint(root / arch, arch, seed=0) for arch in ARCHS}
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if worker_id != "master" else base) / "tiny-checkpoints"
+    with open(f"{root}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "written").exists():
+            for arch in ARCHS:
+                write_tiny_checkpoint(root / arch, arch, seed=0)
+            (root / "written").touch()
+    return {arch: root / arch for arch in ARCHS}
 
 
 @pytest.fixture(scope="session")

@@ -68,6 +68,7 @@ def actor_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     return load_file(str(checkpoint / "actor" / "model.safetensors"))
 
 
+@pytest.mark.slow  # five training steps in two runs: minutes of CPU
 async def test_resuming_after_two_steps_equals_three_straight_steps(
     tiny_qwen25: Path, tmp_path: Path
 ) -> None:

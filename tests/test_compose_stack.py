@@ -114,6 +114,7 @@ def metric(url: str, line_start: str) -> float:
     return 0.0
 
 
+@pytest.mark.slow  # seven services and two training runs: minutes of CPU
 def test_the_cpu_profile_trains_twice_through_redis_the_worker_and_the_engine(app_dir: Path) -> None:
     require(
         shutil.which("redis-server") is not None,

@@ -7,6 +7,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from services.sokoban.actions import random_reply
 from tests.servers import vistarl_cmd
 from trainer.eval import baseline_policy, summarize
@@ -48,6 +50,7 @@ def test_dummy_eval_plays_two_levels_and_saves_images_and_trajectories(
         assert "env/success" in trajectory["metrics"]
 
 
+@pytest.mark.slow  # VSI renders its room tours: a minute of CPU
 def test_the_vsi_seeds_smoke_test_prints_vsibench_scores_and_saves_each_question(tmp_path: Path) -> None:
     """The VSI seed's one-line smoke test, as it is written: no config, no checkpoint."""
     stdout = dummy_eval(tmp_path / "empty", "--env", "vsi", "--max-questions", "2")

@@ -73,12 +73,14 @@ def assert_same_update(checkpoint: Path, sharded: Run, plain: Run) -> None:
         )
 
 
+@pytest.mark.slow  # two torchrun ranks: minutes of CPU
 def test_two_ranks_update_like_one_process(tiny_qwen25: Path, plain_run: Run, tmp_path: Path) -> None:
     sharded = sharded_run(tiny_qwen25, tmp_path, ranks=2)
     assert (sharded[0]["world"], plain_run[0]["world"]) == (2, 0)
     assert_same_update(tiny_qwen25, sharded, plain_run)
 
 
+@pytest.mark.slow  # a torchrun rank: a minute of CPU
 def test_one_rank_keeping_gathered_weights_updates_like_one_process(
     tiny_qwen25: Path, plain_run: Run, tmp_path: Path
 ) -> None:

@@ -144,7 +144,8 @@ def test_mlp_checkpoint_scope_recomputes_only_the_mlp(tiny_checkpoints: dict[str
         torch.testing.assert_close(scoped[name], grad, rtol=1e-4, atol=1e-7)
 
 
-@pytest.mark.parametrize("scope", [pytest.param("layer", marks=pytest.mark.slow), "mlp"])  # layer: 1.5 min
+@pytest.mark.slow  # a compile: minutes of CPU
+@pytest.mark.parametrize("scope", ["layer", "mlp"])
 def test_compiled_model_computes_the_same_logprobs_and_gradients(tiny_qwen25: Path, scope: str) -> None:
     """`compiled=True` (every decoder layer and vision block compiled, inside its layer checkpointing
     or around its MLP checkpointing, and the logprob chunks) changes no logprob and no gradient."""

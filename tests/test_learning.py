@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pydantic import BaseModel, ConfigDict
 
 from services.env_api import EnvFactory, EnvObservation, StepResult
@@ -99,6 +100,7 @@ def learning_config(checkpoint: Path, run_dir: Path, steps: int) -> TrainConfig:
     )
 
 
+@pytest.mark.slow  # a learning curve: minutes of CPU
 async def test_grpo_raises_the_share_of_even_tokens(tiny_qwen25: Path, tmp_path: Path) -> None:
     result = await run_training(learning_config(tiny_qwen25, tmp_path / "run", steps=8))
     rewards = [record["reward/mean"] for record in result.history]

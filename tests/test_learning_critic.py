@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from services.env_api import EnvObservation, StepResult
 from tests.test_learning import ENV_FACTORY as ONE_TURN_FACTORY
 from tests.test_learning import OneTurnEnv, even_token_reward, learning_config
@@ -98,12 +100,14 @@ def assert_learned(result: TrainResult, steps: int) -> None:
     assert max(diffs) < 1e-3, f"engine and trainer disagree, so the weights did not sync: {diffs}"
 
 
+@pytest.mark.slow  # a learning curve: minutes of CPU
 async def test_ppo_with_gae_raises_the_share_of_even_tokens(tiny_qwen25: Path, tmp_path: Path) -> None:
     cfg = critic_config(learning_config(tiny_qwen25, tmp_path / "run", steps=5), "gae")
     cfg = with_changes(cfg, "env", reward_path=f"{__name__}:signed_even_token_reward")
     assert_learned(await run_training(cfg), steps=5)
 
 
+@pytest.mark.slow  # a learning curve: minutes of CPU
 async def test_turn_gae_raises_the_turn_rewards_of_a_two_turn_task(tiny_qwen25: Path, tmp_path: Path) -> None:
     cfg = critic_config(learning_config(tiny_qwen25, tmp_path / "run", steps=5), "turn_gae")
     cfg = with_changes(cfg, "env", name=__name__, reward_path=None)

@@ -67,6 +67,7 @@ def test_an_unknown_command_is_refused() -> None:
         decode(msgpack.packb(["Train2", {}], use_bin_type=True))
 
 
+@pytest.mark.slow  # two torchrun ranks: minutes of CPU
 def test_two_ranks_train_two_steps_as_rank_0_commands(tiny_qwen25: Path, tmp_path: Path) -> None:
     out_dir = tmp_path / "out"
     out_dir.mkdir()

@@ -76,10 +76,13 @@ def test_model_generates_from_pretrained(tiny_checkpoints: dict[str, Path], arch
 
 
 def test_cli_writes_checkpoint(tmp_path: Path) -> None:
-    subprocess.run(
-        vistarl_cmd("model", "tiny", "--out", str(tmp_path / "m"), "--arch", "qwen3_vl"), check=True
-    )
+    subprocess.run(vistarl_cmd("model", "tiny", "--out", str(tmp_path / "m")), check=True)  # as documented
     for name in ("config.json", "model.safetensors", "tokenizer.json", "preprocessor_config.json"):
         assert (tmp_path / "m" / name).exists()
-    bad = subprocess.run(vistarl_cmd("model", "tiny", "--out", str(tmp_path / "x"), "--arch", "llama"))
-    assert bad.returncode != 0
+    for option, value in (("--arch", "llama"), ("--shape", "huge")):
+        bad = subprocess.run(
+            vistarl_cmd("model", "tiny", "--out", str(tmp_path / "x"), option, value),
+            capture_output=True,
+            text=True,
+        )
+        assert bad.returncode != 0 and "choose one of" in bad.stderr and not (tmp_path / "x").exists()

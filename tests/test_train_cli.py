@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -145,6 +146,7 @@ def test_the_curve_draws_held_out_success_over_training_success_where_the_run_ev
     assert orange_pixels(evaluated) > 100
 
 
+@pytest.mark.slow  # a training run and its env server in subprocesses: a minute of CPU
 def test_a_run_whose_env_server_dies_stops_naming_it_and_counts_no_step_without_episodes(
     tiny_qwen25: Path, tmp_path: Path
 ) -> None:

@@ -287,6 +287,7 @@ async def test_nccl_path_sends_every_weight_exactly_in_buckets_an_sglang_receive
         assert sum(size) + following[0] > bucket_bytes, "each bucket is as full as the limit lets it be"
 
 
+@pytest.mark.slow  # two torchrun ranks: minutes of CPU
 def test_two_ranks_push_through_the_bucketed_path_and_the_engines_score_like_the_trainer(
     served_engine: str, tiny_qwen25: Path, tmp_path: Path
 ) -> None:
