@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU runs of docs/results.md, on one GPU: a `medium` random-init Qwen2.5-VL trains on 6x6 one-box
-# Sokoban, SFT on 600 solver demonstrations then GRPO (`vistarl demo learn`), three curricula side by side:
+# Sokoban, SFT on DEMOS solver demonstrations (default 600) then GRPO (`vistarl demo learn`), three
+# curricula side by side:
 #   3moves    levels of up to 3 moves, one reply of up to 3 moves (configs/sokoban_demo_gpu.yaml as it is);
 #   3turns    the same levels, up to 3 turns to solve them;
 #   1move     levels one move from solved.
@@ -44,6 +45,7 @@ read -r -a seeds <<< "${SEEDS:-0}"
 read -r -a curricula <<< "${CURRICULA:-3moves 3turns 1move}"
 read -r -a gpus <<< "${GPUS:-$(python3 -c "import torch; print(*range(max(torch.cuda.device_count(), 1)))")}"
 read -r -a confirm <<< "${CONFIRM_SEEDS-200000 200200}"
+demos=${DEMOS:-600}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-3}   # the runs share the machine's cores
 
 [ -d runs/demo-model-gpu ] || vistarl model tiny --shape medium --out runs/demo-model-gpu
@@ -75,7 +77,7 @@ for curriculum in "${curricula[@]}"; do
         sets=(--set "train.seed=$seed")
         for value in $(overrides "$curriculum") "${common[@]}"; do sets+=(--set "$value"); done
         export CUDA_VISIBLE_DEVICES=${gpus[run % ${#gpus[@]}]}
-        { vistarl demo learn --config configs/sokoban_demo_gpu.yaml --out "$out/$name" "${sets[@]}" \
+        { vistarl demo learn --config configs/sokoban_demo_gpu.yaml --out "$out/$name" --demos "$demos" "${sets[@]}" \
               && confirm_run "$out/$name" "${sets[@]}"; } > "$out/$name.log" 2>&1 &
         run=$((run + 1))
     done
