@@ -53,8 +53,9 @@ pytest: install
 # The tests marked slow, a minute or more of CPU each, so that `make test` stays within 10 minutes on 2
 # cores: `vistarl[train]` alone in a fresh venv, the benchmark scripts (train_step, weight_sync, grpo_step)
 # end to end, the compiled model, the learning curves (GRPO, PPO with GAE, turn-level GAE), resuming from a
-# checkpoint, two torchrun ranks (FSDP2 update, rank commands, bucketed weight push), and the compose
-# file's services training twice. CI runs them after `make test`.
+# checkpoint, torchrun ranks (FSDP2 update, rank commands, bucketed weight push), the compose file's
+# services training twice, `vistarl sft` to a checkpoint, a run whose env server dies, and the VSI smoke
+# eval. CI runs them after `make test`.
 slow-test: install
 	bash scripts/ensure-redis.sh
 	$(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile --durations=10 -m slow

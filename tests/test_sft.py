@@ -74,6 +74,7 @@ def test_the_sft_loss_mask_covers_the_replies_and_nothing_else(demos_file: Path,
         assert processor.tokenizer.decode(masked) == "<|im_end|>".join(replies) + "<|im_end|>"
 
 
+@pytest.mark.slow  # SFT for real, then the checkpoint as the policy: a minute of CPU
 def test_sft_lowers_the_loss_and_its_checkpoint_loads_as_the_policy(
     demos_file: Path, tiny_qwen25: Path, tmp_path: Path
 ) -> None:
