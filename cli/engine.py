@@ -32,6 +32,7 @@ def serve(
 
     from trainer.rollout.engines.hf import HFEngine
     from trainer.rollout.engines.server import EngineServerSettings, create_app
+    from trainer.rollout.engines.sglang_api import SERVER_KEEP_ALIVE_S
 
     flags: dict[str, Any] = {
         "host": host,
@@ -49,7 +50,13 @@ def serve(
     engine = HFEngine.from_pretrained(model, device=settings.device, max_batch_size=settings.max_batch_size)
     signal.signal(signal.SIGTERM, _exit_cleanly)
     app = create_app(engine, settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_keep_alive=int(SERVER_KEEP_ALIVE_S),
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -40,7 +40,7 @@ from trainer.rollout.engines.loading import load_engine, make_engine
 from trainer.rollout.engines.scripted import ScriptedEngine
 from trainer.rollout.engines.server import EngineServerSettings, create_app
 from trainer.rollout.engines.sglang import SGLangEngine
-from trainer.rollout.engines.sglang_api import SamplingParams
+from trainer.rollout.engines.sglang_api import SERVER_KEEP_ALIVE_S, SamplingParams
 from trainer.rollout.engines.spec import EngineSpec
 from trainer.rollout.processor import VLProcessor
 
@@ -434,3 +434,13 @@ def test_the_agent_loop_of_the_docs_plays_with_the_served_engine(served: str, tm
         assert run.returncode == 0, run.stderr
         assert run.stdout.count("turn: reward") == 2
         assert httpx.get(f"{env_url}/ready").json()["active_sessions"] == 0
+
+
+async def test_the_engine_client_lets_idle_connections_go_before_the_server_closes_them() -> None:
+    """A `/generate` sent on a connection the server is just closing loses its answer, and a lost answer is
+    not resent (generation is not idempotent): the episode would end ABORTED. So the client's pool drops an
+    idle connection before the server's keep-alive (SGLang's, and `vistarl engine serve`'s) runs out."""
+    engine = SGLangEngine("http://127.0.0.1:9")
+    transport: Any = engine._client._transport  # httpx's, holding its connection pool
+    assert 0 < transport._pool._keepalive_expiry < SERVER_KEEP_ALIVE_S
+    await engine.close()

@@ -29,6 +29,7 @@ from trainer.rollout.engines.base import (
     GenerateResult,
 )
 from trainer.rollout.engines.sglang_api import (
+    SERVER_KEEP_ALIVE_S,
     AbortBody,
     GenerateBody,
     GenerateResponse,
@@ -48,6 +49,10 @@ log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 
 DEFAULT_MAX_CONNECTIONS = 1024
+KEEPALIVE_EXPIRY_S = SERVER_KEEP_ALIVE_S - 1.0
+"""How long this client reuses an idle connection: less than the server keeps it, so that it never sends a
+request on a connection the server is closing. A `/generate` whose answer is lost is not resent (it is not
+idempotent), so that race would abort an episode."""
 UNKNOWN_VERSION = "unknown"
 
 
@@ -85,7 +90,11 @@ class SGLangEngine:
         self._client = httpx.AsyncClient(
             base_url=self.url,
             headers=headers,
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            limits=httpx.Limits(
+                max_connections=max_connections,
+                max_keepalive_connections=max_connections,
+                keepalive_expiry=KEEPALIVE_EXPIRY_S,
+            ),
             timeout=httpx.Timeout(control_timeout_s, connect=connect_timeout_s),
         )
         self._weight_version = UNKNOWN_VERSION
