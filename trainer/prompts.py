@@ -7,7 +7,6 @@ import random
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 
 from services.datasets import ParquetSplit
 from services.env_api import TaskSplit
@@ -70,6 +69,8 @@ class PromptSource:
 
 def _dataset_rows(path: Path, eval_seeds: range) -> ParquetSplit:
     """The rows of a parquet of samples; refuses an empty file and rows whose seed is an eval seed."""
+    import pyarrow.parquet as pq  # only a run that trains on a parquet split needs it
+
     rows = ParquetSplit(path)
     if not len(rows):
         raise ValueError(f"dataset {path} has no rows")
