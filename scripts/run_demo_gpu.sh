@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU runs of docs/results.md, on one GPU: a `medium` random-init Qwen2.5-VL trains on 6x6 one-box
-# Sokoban, SFT on DEMOS solver demonstrations (default 600) then GRPO (`vistarl demo learn`), three
-# curricula side by side:
+# Sokoban, SFT on DEMOS solver demonstrations (default 2000: 375 SFT steps; with 600 the runs levelled off
+# near 25%, docs/results.md) then GRPO (`vistarl demo learn`), three curricula side by side:
 #   3moves    levels of up to 3 moves, one reply of up to 3 moves (configs/sokoban_demo_gpu.yaml as it is);
 #   3turns    the same levels, up to 3 turns to solve them;
 #   1move     levels one move from solved.
@@ -45,7 +45,7 @@ read -r -a seeds <<< "${SEEDS:-0}"
 read -r -a curricula <<< "${CURRICULA:-3moves 3turns 1move}"
 read -r -a gpus <<< "${GPUS:-$(python3 -c "import torch; print(*range(max(torch.cuda.device_count(), 1)))")}"
 read -r -a confirm <<< "${CONFIRM_SEEDS-200000 200200}"
-demos=${DEMOS:-600}
+demos=${DEMOS:-2000}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-3}   # the runs share the machine's cores
 
 [ -d runs/demo-model-gpu ] || vistarl model tiny --shape medium --out runs/demo-model-gpu
