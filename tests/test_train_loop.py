@@ -4,10 +4,12 @@ update."""
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from trainer.config import TrainConfig
 from trainer.eval import eval_starts
@@ -69,11 +71,19 @@ async def test_aborted_episodes_are_counted_and_left_out_of_the_update(
 ) -> None:
     processor = VLProcessor.from_pretrained(tiny_qwen25)
     cfg = scripted_config(tiny_qwen25, tmp_path / "run", steps=2)
-    result = await run_training(cfg, engine=ScriptedEngine(processor, aborts_every_third))
+    console = Console(file=io.StringIO(), width=200)
+    result = await run_training(cfg, engine=ScriptedEngine(processor, aborts_every_third), console=console)
     assert [r["step"] for r in result.history] == [1, 2]
     aborted = sum(r["rollout/status/ABORTED"] for r in result.history)
     scored = sum(r["rollout/status/COMPLETED"] + r["rollout/status/TRUNCATED"] for r in result.history)
     assert aborted > 0 and scored > 0 and aborted + scored == 16
+    printed = console.file.getvalue()  # each step says why its episodes were left out
+    for record in result.history:
+        count = int(record["rollout/status/ABORTED"])
+        note = (
+            f"step {record['step']}: {count} of 8 episodes ABORTED: engine aborted: the script has no reply"
+        )
+        assert (note in printed) == (count > 0)
     assert sum(r["train/trajectories"] for r in result.history) == scored
     assert all(r["rollout/missing"] == 0 for r in result.history)
 

@@ -7,7 +7,6 @@ import random
 from pathlib import Path
 from typing import Any
 
-
 from services.datasets import ParquetSplit
 from services.env_api import TaskSplit
 from trainer.config import TrainConfig

@@ -10,7 +10,11 @@ import torch
 from trainer.rollout.trajectory import Status
 from trainer.stack import Gathered, Stack
 
-__all__ = ["outcomes", "rollout_metrics"]
+__all__ = ["left_out", "outcomes", "rollout_metrics"]
+
+ERRORS_SHOWN = 2
+ERROR_CHARS = 200
+"""A step's note shows at most this many distinct errors of each ending, each cut to this length."""
 
 RENAMED = {
     "turns": "rollout/turns",
@@ -69,3 +73,17 @@ def outcomes(gathered: Gathered) -> str:
     counts = Counter(t.status.value for t in gathered.trajectories)
     ended = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
     return f"{ended}, {gathered.missing} missing"
+
+
+def left_out(gathered: Gathered) -> list[str]:
+    """One line for each unplayed ending (FAILED, ABORTED) among a step's episodes, with its count and
+    first errors: a step that trains on the rest still says why some were left out."""
+    trajectories = gathered.trajectories
+    lines = []
+    for status in (Status.FAILED, Status.ABORTED):
+        errors = Counter(t.error or "no error reported" for t in trajectories if t.status is status)
+        if errors:
+            shown = "; ".join(error[:ERROR_CHARS] for error, _ in errors.most_common(ERRORS_SHOWN))
+            more = f" (and {len(errors) - ERRORS_SHOWN} other errors)" if len(errors) > ERRORS_SHOWN else ""
+            lines.append(f"{errors.total()} of {len(trajectories)} episodes {status.value}: {shown}{more}")
+    return lines

@@ -160,8 +160,9 @@ class RunLogger:
         )
         self.progress.start()
 
-    def log_step(self, step: int, metrics: Mapping[str, float]) -> None:
-        """Record one finished step everywhere and refresh the curve and the display."""
+    def log_step(self, step: int, metrics: Mapping[str, float], notes: Sequence[str] = ()) -> None:
+        """Record one finished step everywhere and refresh the curve and the display; `notes` are printed
+        under the step's line (why some of its episodes were left out)."""
         record = {"step": step, "time": time.time(), **{k: float(v) for k, v in metrics.items()}}
         self.history.append(record)
         with (self.run_dir / METRICS_FILE).open("a", encoding="utf-8") as sink:
@@ -175,6 +176,8 @@ class RunLogger:
         if any(k.startswith("eval/") for k in metrics) or time.monotonic() >= self._curve_due:
             self.draw_curve()
         self._show(step, metrics)
+        for note in notes:
+            self.console.print(f"step {step}: {note}", style="yellow", markup=False, highlight=False)
 
     def draw_curve(self) -> Path:
         """Redraw `reward_curve.png` from this run's history."""

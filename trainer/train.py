@@ -51,7 +51,7 @@ from trainer.prompts import PromptSource, step_jobs
 from trainer.rank_commands import Push, Stop, Train
 from trainer.rank_learner import RankLearner
 from trainer.rollout.engines.base import Engine
-from trainer.rollout_metrics import outcomes, rollout_metrics
+from trainer.rollout_metrics import left_out, outcomes, rollout_metrics
 from trainer.run_dir import agreed_run_dir
 from trainer.run_logging import RunLogger, failure_places
 from trainer.stack import Gathered, Stack, open_stack
@@ -178,11 +178,11 @@ class _Lead:
         stack.policy_version = version
 
     def _log(self, step: int, gathered: Gathered, metrics: dict[str, float]) -> None:
-        """Log step `step`'s metrics, with its policy version and generated tokens per second, and samples."""
+        """Log step `step`'s metrics, policy version, tokens per second, left-out episodes and samples."""
         generated = sum(t.metrics.get("generated_tokens", 0.0) for t in gathered.trajectories)
         metrics["policy_version"] = float(self.state.policy_version)
         metrics["perf/tokens_per_s"] = generated / metrics["time/step"]
-        self.logger.log_step(step, metrics)
+        self.logger.log_step(step, metrics, notes=left_out(gathered))
         self.logger.save_samples(step, gathered.trajectories, self.cfg.train.save_samples)
 
     async def _gather_learnable(self, stack: Stack, step: int, submit: Submit) -> Gathered:
