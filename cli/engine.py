@@ -55,7 +55,7 @@ def serve(
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        timeout_keep_alive=int(SERVER_KEEP_ALIVE_S),
+        timeout_keep_alive=SERVER_KEEP_ALIVE_S,
     )
 
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_valid
 FinishType = Literal["stop", "length", "abort"]
 PauseMode = Literal["abort", "retract", "in_place"]
 TOP_K_ALL = -1
-SERVER_KEEP_ALIVE_S = 5.0
+SERVER_KEEP_ALIVE_S = 5
 """How long a server keeps an idle connection open: SGLang's, and `vistarl engine serve`'s (uvicorn's)."""
 
 
