@@ -7,6 +7,7 @@ import io
 import re
 import struct
 import zlib
+from typing import Any
 
 import numpy as np
 import pytest
@@ -51,15 +52,65 @@ def _png_claiming_size(width: int, height: int) -> bytes:
     )
 
 
-@pytest.mark.parametrize("mode", ["RGB", "RGBA", "L"])
+def _palette_image(colors: int, size: tuple[int, int] = (24, 16)) -> Image.Image:
+    """A P image using every index of a palette of `colors` distinct colours."""
+    indices = (np.arange(size[0] * size[1]) % colors).astype(np.uint8).reshape(size[1], size[0])
+    img = Image.fromarray(indices, mode="P")
+    img.putpalette(bytes(np.random.default_rng(1).integers(0, 256, 3 * colors, dtype=np.uint8)))
+    return img
+
+
+def _png_file(url: str) -> Image.Image:
+    """The PNG behind a data URL, its chunks' checksums verified."""
+    raw = base64.b64decode(url.split(",", 1)[1])
+    Image.open(io.BytesIO(raw)).verify()  # CRCs and structure
+    return Image.open(io.BytesIO(raw))
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "L", "LA"])
 def test_round_trip_is_pixel_exact(mode: str) -> None:
     img = _image(mode)
     url = encode_image(img)
     assert url.startswith("data:image/png;base64,")
+    assert _png_file(url).mode == mode
     out = decode_image(url)
     assert out.mode == mode
     assert out.size == img.size
     assert out.tobytes() == img.tobytes()
+
+
+@pytest.mark.parametrize("colors", [1, 10, 256])
+def test_palette_images_keep_their_indices_and_palette(colors: int) -> None:
+    img = _palette_image(colors)
+    out = decode_image(encode_image(img))
+    assert out.mode == "P"
+    assert out.tobytes() == img.tobytes()
+    assert out.getpalette() == img.getpalette()
+    assert out.convert("RGB").tobytes() == img.convert("RGB").tobytes()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: _image("RGB").convert("1"),
+        lambda: _image("L").convert("I;16"),
+        lambda: _with_transparency(_palette_image(10)),
+        lambda: _with_transparency(_image("RGB")),
+        lambda: _image("RGB").convert("P", palette=Image.Palette.ADAPTIVE).convert("PA").convert("P"),
+    ],
+    ids=["1-bit", "16-bit", "palette with transparency", "RGB with transparency", "palette from PA"],
+)
+def test_images_the_fast_writer_leaves_to_pillow_round_trip(make: Any) -> None:
+    img = make()
+    out = decode_image(encode_image(img))
+    assert out.mode == img.mode
+    assert out.tobytes() == img.tobytes()
+    assert out.info.get("transparency") == img.info.get("transparency")
+
+
+def _with_transparency(img: Image.Image) -> Image.Image:
+    img.info["transparency"] = 3 if img.mode == "P" else (1, 2, 3)
+    return img
 
 
 def test_encode_converts_modes_png_cannot_hold() -> None:
@@ -74,6 +125,16 @@ def test_encode_converts_modes_png_cannot_hold() -> None:
 def test_round_trip_property(pixels: np.ndarray) -> None:
     img = Image.fromarray(pixels, mode="RGB")
     assert np.array_equal(np.asarray(decode_image(encode_image(img))), pixels)
+
+
+@settings(max_examples=25, deadline=None)
+@given(arrays(np.uint8, st.tuples(st.integers(1, 12), st.integers(1, 12))), st.integers(1, 256))
+def test_palette_round_trip_property(indices: np.ndarray, colors: int) -> None:
+    img = Image.fromarray(indices, mode="P")
+    img.putpalette(bytes(range(3 * colors)) if colors <= 85 else bytes(3 * colors))
+    out = decode_image(encode_image(img))
+    assert np.array_equal(np.asarray(out), indices)
+    assert out.getpalette() == img.getpalette()
 
 
 def test_bare_base64_is_accepted() -> None:
