@@ -256,6 +256,24 @@ def test_grading_processes_need_no_pickle_and_survive_a_bad_request() -> None:
         worker.wait(timeout=10)
 
 
+def test_a_grading_process_whose_answers_nobody_reads_exits_quietly() -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the parent gone before the worker announces itself
+    try:
+        worker = subprocess.run(
+            [sys.executable, "-m", "services.geo3k.grade_worker"],
+            stdin=subprocess.DEVNULL,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert worker.returncode == 1
+    assert worker.stderr == ""
+
+
 def test_a_forked_child_gets_its_own_pool_and_leaves_the_parents_alone() -> None:
     parent_pool = shared_pool()
     assert parent_pool.grade("1", "1", 30.0) is Verdict.CORRECT

@@ -2,7 +2,8 @@
 
 It prints `{"ready": true}` once warm (the LaTeX grammar loaded), then answers each request line
 `{"candidate": str, "reference": str, "timeout_s": float}` with `{"correct": bool}`, or `{"error": str}`
-for a line that is not such a request. It exits at the end of its input. Each grading also arms
+for a line that is not such a request. It exits at the end of its input, and quietly when its parent
+has gone before reading an answer (a process that exits during the pool's warm-up). Each grading also arms
 SIGALRM, whose default action ends the process, for one second past the request's timeout: the kernel
 stops a grading stuck in C code (a huge integer power holds the GIL, so no Python-level watchdog could
 run), even when the parent that would have killed it is gone.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import sys
 from typing import Any
@@ -22,12 +24,16 @@ ALARM_GRACE_S = 1
 
 
 def main() -> None:
-    """Warm up, announce readiness, then answer requests until stdin closes."""
+    """Warm up, announce readiness, then answer requests until stdin closes or nobody reads the answers."""
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
     answers_match("1", "1")
-    _reply({"ready": True})
-    for line in sys.stdin:
-        _reply(_answer(line))
+    try:
+        _reply({"ready": True})
+        for line in sys.stdin:
+            _reply(_answer(line))
+    except BrokenPipeError:  # the parent closed its end: nobody to answer, nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail
+        sys.exit(1)
 
 
 def _answer(line: str) -> dict[str, Any]:
