@@ -4,9 +4,10 @@ Images travel as `data:image/png;base64,...` strings (the form OpenAI `image_url
 `image_data` take). Decoding checks every limit before doing the expensive work: the base64 length
 before decoding it, and the header's pixel count before decompressing the pixels.
 
-Encoding is on every env step's path, so the common 8-bit modes are written here rather than by Pillow:
-the rows unfiltered and deflated by ISA-L at its level 1, 3-30x faster than Pillow's PNG writer at
-`compress_level=1` on the envs' frames and no larger (docs/benchmarks.md, "PNG encoding").
+Encoding is on every env step's path, so the common modes are written here rather than by Pillow: the
+rows unfiltered and deflated by ISA-L at its level 1, 2.5-8.5x faster than Pillow's PNG writer at
+`compress_level=1` on the envs' frames and no larger (docs/benchmarks.md, "Fourth round: the wire's
+own PNG writer").
 """
 
 from __future__ import annotations
@@ -68,15 +69,18 @@ def _writes(img: Image.Image) -> bool:
 
 
 def _png(img: Image.Image) -> bytes:
-    """A PNG of `img` (`_writes`): rows without a filter, one IDAT deflated by ISA-L at level 1, and a P
-    image's palette as it is (as Pillow writes it)."""
-    raw = img.tobytes()
-    stride = len(raw) // img.height
+    """A PNG of `img` (`_writes`): rows without a filter, one IDAT deflated by ISA-L at level 1. A P
+    image's palette goes as it is, and its indices in as few bits as the palette's size allows (1, 2
+    or 4 bits for up to 2, 4 or 16 colours), as Pillow writes them."""
+    palette = bytes(img.getpalette() or ())[: 3 * 256] if img.mode == "P" else b""
+    bits = next((bits for bits in (1, 2, 4) if palette and len(palette) <= 3 * 2**bits), 8)
+    raw = img.tobytes("raw", f"P;{bits}") if bits < 8 else img.tobytes()
+    stride = len(raw) // img.height  # Pillow packs each row to whole bytes, as PNG does
     rows = b"\x00" + b"\x00".join([raw[start : start + stride] for start in range(0, len(raw), stride)])
-    header = struct.pack(">IIBBBBB", img.width, img.height, 8, _PNG_COLOR_TYPES[img.mode], 0, 0, 0)
+    header = struct.pack(">IIBBBBB", img.width, img.height, bits, _PNG_COLOR_TYPES[img.mode], 0, 0, 0)
     chunks = [_chunk(b"IHDR", header)]
-    if img.mode == "P":
-        chunks.append(_chunk(b"PLTE", bytes(img.getpalette() or ())[: 3 * 256]))
+    if palette:
+        chunks.append(_chunk(b"PLTE", palette))
     chunks += [_chunk(b"IDAT", isal_zlib.compress(rows, 1)), _chunk(b"IEND", b"")]
     return _PNG_SIGNATURE + b"".join(chunks)
 

@@ -79,10 +79,13 @@ def test_round_trip_is_pixel_exact(mode: str) -> None:
     assert out.tobytes() == img.tobytes()
 
 
-@pytest.mark.parametrize("colors", [1, 10, 256])
-def test_palette_images_keep_their_indices_and_palette(colors: int) -> None:
-    img = _palette_image(colors)
-    out = decode_image(encode_image(img))
+@pytest.mark.parametrize(("colors", "bits"), [(1, 1), (2, 1), (3, 2), (10, 4), (16, 4), (17, 8), (256, 8)])
+def test_palette_images_keep_their_indices_and_palette(colors: int, bits: int) -> None:
+    img = _palette_image(colors, size=(23, 16))
+    url = encode_image(img)
+    assert _png_file(url).mode == "P"
+    assert base64.b64decode(url.split(",", 1)[1])[24] == bits  # IHDR bit depth: the fewest that hold it
+    out = decode_image(url)
     assert out.mode == "P"
     assert out.tobytes() == img.tobytes()
     assert out.getpalette() == img.getpalette()
@@ -127,9 +130,11 @@ def test_round_trip_property(pixels: np.ndarray) -> None:
     assert np.array_equal(np.asarray(decode_image(encode_image(img))), pixels)
 
 
-@settings(max_examples=25, deadline=None)
-@given(arrays(np.uint8, st.tuples(st.integers(1, 12), st.integers(1, 12))), st.integers(1, 256))
-def test_palette_round_trip_property(indices: np.ndarray, colors: int) -> None:
+@settings(max_examples=50, deadline=None)
+@given(st.data(), st.integers(1, 256))
+def test_palette_round_trip_property(data: st.DataObject, colors: int) -> None:
+    shape = st.tuples(st.integers(1, 12), st.integers(1, 12))  # odd widths: rows end in a partial byte
+    indices = data.draw(arrays(np.uint8, shape, elements=st.integers(0, colors - 1)))
     img = Image.fromarray(indices, mode="P")
     img.putpalette(bytes(range(3 * colors)) if colors <= 85 else bytes(3 * colors))
     out = decode_image(encode_image(img))
