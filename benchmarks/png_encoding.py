@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from PIL import Image
 
 from benchmarks.harness import benchmark_parser
-from clients.images import png_bytes
+from clients.images import pillow_png, png_bytes
 from services.env_api import load_env_factory
 
 
@@ -33,13 +33,6 @@ class Figures:
     images: int
     cpu_ms: float
     mean_bytes: float
-
-
-def pillow_png(img: Image.Image) -> bytes:
-    """The PNG that Pillow writes at compress_level=1."""
-    buf = io.BytesIO()
-    img.save(buf, format="PNG", compress_level=1)
-    return buf.getvalue()
 
 
 def frames(env_name: str, episodes: int) -> list[Image.Image]:
