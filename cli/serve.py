@@ -66,8 +66,10 @@ def serve(
 ) -> None:
     """Serve an environment over HTTP. Set VISTARL_API_TOKEN to require a bearer token."""
     from services.server.gc_tuning import collect_garbage_less_often, pause_collection
+    from services.server.malloc_tuning import keep_freed_memory
 
     pause_collection()
+    keep_freed_memory()
     import uvicorn
 
     from services.env_api import load_env_factory

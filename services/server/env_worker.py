@@ -35,6 +35,7 @@ from clients.protocol import ErrorCode, Observation
 from services.env_api import load_env_factory
 from services.server.env_work import EnvHost, guarded, task_from_payload
 from services.server.gc_tuning import collect_garbage_less_often
+from services.server.malloc_tuning import keep_freed_memory
 from serving.errors import ServiceError
 
 READ_CHUNK = 1 << 16
@@ -178,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-image-pixels", type=int, default=4096 * 4096)
     parser.add_argument("--export-state", action="store_true", help="Answer each env's state too.")
     args = parser.parse_args(argv)
+    keep_freed_memory()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not corrupt the frames
