@@ -80,9 +80,11 @@ def _png(img: Image.Image) -> bytes:
     or 4 bits for up to 2, 4 or 16 colours), as Pillow writes them."""
     palette = bytes(img.getpalette() or ())[: 3 * 256] if img.mode == "P" else b""
     bits = next((bits for bits in (1, 2, 4) if palette and len(palette) <= 3 * 2**bits), 8)
+    import numpy as np  # on first use: a client that never encodes an image does not load it
+
     raw = img.tobytes("raw", f"P;{bits}") if bits < 8 else img.tobytes()
-    stride = len(raw) // img.height  # Pillow packs each row to whole bytes, as PNG does
-    rows = b"\x00" + b"\x00".join([raw[start : start + stride] for start in range(0, len(raw), stride)])
+    rows = np.zeros((img.height, 1 + len(raw) // img.height), np.uint8)  # filter type 0 ahead of each row
+    rows[:, 1:] = np.frombuffer(raw, np.uint8).reshape(img.height, -1)  # rows in whole bytes, as in PNG
     header = struct.pack(">IIBBBBB", img.width, img.height, bits, _PNG_COLOR_TYPES[img.mode], 0, 0, 0)
     chunks = [_chunk(b"IHDR", header)]
     if palette:
