@@ -3,10 +3,11 @@
 By default glibc returns the free top of its heap to the kernel once it passes 128 KiB, and gives every
 block over 128 KiB its own mapping; it raises both thresholds only when such a block is freed, so where
 they end up depends on what the process happened to allocate first. A server that builds the same few
-hundred kilobytes for every request (a rendered frame, its PNG, the base64 answer) can then fault those
-pages in again on every request: an env worker serving Sokoban took 72 minor page faults a step, and
-twice the CPU of the same steps played in a process whose imports had raised the thresholds
-(`benchmarks/malloc_thresholds.py`). Fixed thresholds keep the memory for the next request.
+hundred kilobytes for every request (rendered frames, their PNGs, the base64 answer) can then fault those
+pages in again on every request: VSI's env worker takes 24 minor page faults a step with the defaults
+and 2 with these thresholds, and Sokoban's took 84 a step, and 0.55 ms of CPU against 0.31, until its
+PNG rows were laid out in one array (`benchmarks/malloc_thresholds.py`; docs/benchmarks.md, "Fifth
+round"). Fixed thresholds keep the memory for the next request, whatever the process allocated first.
 """
 
 from __future__ import annotations
