@@ -27,7 +27,7 @@ def keep_freed_memory() -> bool:
     `mallopt` (not glibc) or refuses them, and the process keeps its defaults."""
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the C library this process runs on
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # no such symbol; no such handle (Windows)
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
