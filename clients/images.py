@@ -78,10 +78,10 @@ def _png(img: Image.Image) -> bytes:
     """A PNG of `img` (`_writes`): rows without a filter, one IDAT deflated by ISA-L at level 1. A P
     image's palette goes as it is, and its indices in as few bits as the palette's size allows (1, 2
     or 4 bits for up to 2, 4 or 16 colours), as Pillow writes them."""
-    palette = bytes(img.getpalette() or ())[: 3 * 256] if img.mode == "P" else b""
-    bits = next((bits for bits in (1, 2, 4) if palette and len(palette) <= 3 * 2**bits), 8)
     import numpy as np  # on first use: a client that never encodes an image does not load it
 
+    palette = bytes(img.getpalette() or ())[: 3 * 256] if img.mode == "P" else b""
+    bits = next((bits for bits in (1, 2, 4) if palette and len(palette) <= 3 * 2**bits), 8)
     raw = img.tobytes("raw", f"P;{bits}") if bits < 8 else img.tobytes()
     rows = np.zeros((img.height, 1 + len(raw) // img.height), np.uint8)  # filter type 0 ahead of each row
     rows[:, 1:] = np.frombuffer(raw, np.uint8).reshape(img.height, -1)  # rows in whole bytes, as in PNG
