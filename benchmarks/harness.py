@@ -66,12 +66,25 @@ def served_env(env: str, max_sessions: int, *flags: str) -> Iterator[ServedEnv]:
 
 def process_cpu_s(pid: int) -> float | None:
     """User + system CPU seconds of process `pid` from /proc (None where there is no /proc)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+    fields = _stat_fields(pid)
+    if fields is None:
         return None
     ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of proc(5))
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def minor_faults(pid: int) -> int | None:
+    """Minor page faults of process `pid` so far, from /proc (None where there is no /proc)."""
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[7])  # minflt (field 10 of proc(5))
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name, from the state on (None without it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
 
 
 def process_tree_cpu_s(pid: int) -> float | None:

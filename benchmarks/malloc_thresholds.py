@@ -20,13 +20,12 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, BinaryIO
 
 import msgpack
 
 from benchmarks.episodes import EPISODES, Episodes
-from benchmarks.harness import benchmark_parser, ms_per_step, process_tree_cpu_s
+from benchmarks.harness import benchmark_parser, minor_faults, ms_per_step, process_tree_cpu_s
 
 DEFAULTS_WORKER = (
     "import services.server.env_worker as worker; worker.keep_freed_memory = lambda: False; worker.main()"
@@ -43,7 +42,7 @@ class Figures:
     thresholds: str
     steps_per_s: float
     cpu_ms_per_step: float | None
-    faults_per_step: float
+    faults_per_step: float | None
 
 
 class Driver:
@@ -129,11 +128,6 @@ class Load:
         return op == "step"
 
 
-def minor_faults(pid: int) -> int:
-    """Minor page faults of process `pid` so far (/proc/PID/stat, field 10)."""
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
-
-
 def measure(env: str, thresholds: str, command: list[str], args: Any) -> Figures:
     """Load one worker for the warm-up, then measure it for `args.seconds`."""
     driver = Driver(command)
@@ -152,9 +146,8 @@ def measure(env: str, thresholds: str, command: list[str], args: Any) -> Figures
     finally:
         driver.stop()
     cpu_s = None if cpu is None or cpu_after is None else cpu_after - cpu
-    return Figures(
-        env, thresholds, steps / elapsed, ms_per_step(cpu_s, steps), (faults_after - faults) / steps
-    )
+    faulted = None if faults is None or faults_after is None else (faults_after - faults) / steps
+    return Figures(env, thresholds, steps / elapsed, ms_per_step(cpu_s, steps), faulted)
 
 
 def main() -> None:
@@ -169,9 +162,15 @@ def main() -> None:
     for env in args.envs:
         for thresholds, program in (("glibc's defaults", ["-c", DEFAULTS_WORKER]), ("fixed", SHIPPED_WORKER)):
             figures = measure(env, thresholds, [sys.executable, *program, f"services.{env}"], args)
-            cpu = "-" if figures.cpu_ms_per_step is None else f"{figures.cpu_ms_per_step:.3f}"
-            cells = [env, thresholds, f"{figures.steps_per_s:.0f}", cpu, f"{figures.faults_per_step:.1f}"]
-            print("| " + " | ".join(cells) + " |", flush=True)
+            print(row(figures), flush=True)
+
+
+def row(figures: Figures) -> str:
+    """One worker's figures as a markdown table row."""
+    cpu = "-" if figures.cpu_ms_per_step is None else f"{figures.cpu_ms_per_step:.3f}"
+    faults = "-" if figures.faults_per_step is None else f"{figures.faults_per_step:.1f}"
+    cells = [figures.env, figures.thresholds, f"{figures.steps_per_s:.0f}", cpu, faults]
+    return "| " + " | ".join(cells) + " |"
 
 
 if __name__ == "__main__":
