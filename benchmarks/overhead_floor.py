@@ -1,0 +1,192 @@
+"""The server's overhead per step with an env that costs nothing, at a given pace, beside uvicorn's own.
+
+    .venv/bin/python -m benchmarks.overhead_floor [--paces 410 83] [--seconds 8] [--warmup 3]
+
+The Geo3k and VSI goal (server CPU per step beyond the env's own, at most 0.3 ms) is measured at their
+pace: 400 and 80 steps a second on the 2-core machine, 1.67 requests a step (episodes of three steps, a
+reset and a delete each). This benchmark takes the env's cost out, to show what the server costs at
+that pace by itself. For each pace (steps/s) it puts the lean load of `benchmarks.lean_load` (64
+users) on two servers:
+
+- `vistarl serve tests.envs.counter`, default flags: three-step episodes whose steps sleep (no CPU) for
+  as long as makes the env workers run that pace. Its overhead is the server's CPU per step less the
+  env's own, that env played alone here (`benchmarks.server_profile.env_alone`).
+- uvicorn, run as `vistarl serve` runs it (uvloop, httptools, no access log), serving `empty_app`: an
+  ASGI app that answers every request with a fixed JSON body after a timer, set for the same pace. No
+  server built on uvicorn spends less per request: this is the floor of the stack.
+- `bare_protocol`: a uvloop protocol that parses each request with httptools and writes the same answer
+  after the same timer, with none of an HTTP server's duties (no ASGI, limits, timeouts, errors or
+  flow control): what the machine itself charges for a request and its wake-up.
+
+Both servers have the cores to themselves but for the load, so both figures are lower than they would be
+beside a busy env.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any, cast
+
+import aiohttp
+import httptools
+import uvloop
+
+from benchmarks.episodes import Episodes
+from benchmarks.harness import ServedEnv, benchmark_parser, served_env
+from benchmarks.lean_load import Row, measure, vistarl_user
+from benchmarks.server_profile import env_alone
+from services.server.settings import default_env_workers
+from tests.servers import free_port, running_process
+
+USERS = 64
+STEPS = 3  # per episode, as Geo3k's and VSI's
+REQUESTS_PER_STEP = (STEPS + 2) / STEPS  # a reset and a delete per episode
+EMPTY_ANSWER = json.dumps({"session_id": "floor", "done": False, "observation": {"text": "x" * 200}})
+
+
+async def empty_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Answer any HTTP request with `EMPTY_ANSWER` after `FLOOR_DELAY_S` seconds (a timer, no CPU)."""
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        more = (await receive()).get("more_body", False)
+    await asyncio.sleep(float(os.environ.get("FLOOR_DELAY_S", "0")))
+    body = EMPTY_ANSWER.encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def counter_episodes(step_delay_s: float) -> Episodes:
+    """Three-step episodes of the counter test env, each step sleeping `step_delay_s`."""
+    options = {"target": STEPS, "step_delay_s": step_delay_s}
+    return Episodes(
+        "tests.envs.counter", lambda n: {"seed": n, "options": options}, lambda n: ["inc"] * STEPS
+    )
+
+
+class BareProtocol(asyncio.Protocol):
+    """A connection answered by `bare_protocol`: every complete request gets `EMPTY_ANSWER` after a timer."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        body = EMPTY_ANSWER.encode()
+        self.answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
+            len(body),
+            body,
+        )
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
+        self.parser = httptools.HttpRequestParser(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed_data(data)
+
+    def on_message_complete(self) -> None:
+        asyncio.get_running_loop().call_later(self.delay_s, self.transport.write, self.answer)
+
+
+def bare_protocol(port: int, delay_s: float) -> None:
+    """Serve `BareProtocol` on loopback `port` until killed (run as `python -m benchmarks.overhead_floor
+    --bare PORT DELAY`)."""
+
+    async def serve() -> None:
+        server = await asyncio.get_running_loop().create_server(
+            lambda: BareProtocol(delay_s), "127.0.0.1", port
+        )
+        await server.serve_forever()
+
+    uvloop.run(serve())
+
+
+@contextlib.contextmanager
+def served_bare_protocol(delay_s: float) -> Iterator[ServedEnv]:
+    """`bare_protocol` in a child process on a free loopback port."""
+    port = free_port()
+    command = [sys.executable, "-m", "benchmarks.overhead_floor", "--bare", str(port), str(delay_s)]
+    url = f"http://127.0.0.1:{port}"
+    with running_process(command, ready_url=f"{url}/health") as server:
+        yield ServedEnv(url, server.pid)
+
+
+@contextlib.contextmanager
+def served_empty_app(delay_s: float) -> Iterator[ServedEnv]:
+    """uvicorn serving `empty_app` on a free loopback port, as `vistarl serve` runs uvicorn."""
+    port = free_port()
+    command = [
+        sys.executable, "-m", "uvicorn", "benchmarks.overhead_floor:empty_app",
+        "--host", "127.0.0.1", "--port", str(port), "--loop", "uvloop", "--http", "httptools",
+        "--no-access-log", "--no-server-header", "--log-level", "warning",
+    ]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    with running_process(command, ready_url=f"{url}/health", env={"FLOOR_DELAY_S": str(delay_s)}) as server:
+        yield ServedEnv(url, server.pid)
+
+
+async def load(server: ServedEnv, name: str, episodes: Episodes, seconds: float, warmup: float) -> Row:
+    """The lean load of `USERS` users on `server` for `seconds` after `warmup`."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=USERS)) as session:
+        user = vistarl_user(session, server.url, episodes)
+        return await measure(name, episodes.env, server.pid, user, USERS, seconds, warmup)
+
+
+def pace_rows(pace: float, seconds: float, warmup: float) -> list[str]:
+    """The table rows of one pace: `vistarl serve` of the sleeping counter env, the empty app, the bare
+    protocol."""
+    workers = default_env_workers() or 1
+    episodes = counter_episodes(step_delay_s=workers / pace)
+    with served_env(episodes.env, 2 * USERS) as server:
+        served = asyncio.run(load(server, "vistarl serve", episodes, seconds, warmup))
+    alone = env_alone(episodes, seconds, 0.5)
+    request_delay_s = USERS / (pace * REQUESTS_PER_STEP)
+    with served_empty_app(request_delay_s) as server:
+        floor = asyncio.run(load(server, "uvicorn, `empty_app`", episodes, seconds, warmup))
+    with served_bare_protocol(request_delay_s) as server:
+        bare = asyncio.run(load(server, "`bare_protocol`", episodes, seconds, warmup))
+    return [row_line(pace, served, alone), row_line(pace, floor, 0.0), row_line(pace, bare, 0.0)]
+
+
+def row_line(pace: float, row: Row, own_ms_per_step: float | None) -> str:
+    """One markdown row: the pace, the server, its steps/s, CPU per step (first process), and overhead."""
+    cpu, first = row.cpu_ms_per_step, row.front_cpu_ms_per_step
+    overhead = None if cpu is None or own_ms_per_step is None else cpu - own_ms_per_step
+    figures = [_ms(cpu), _ms(first), _ms(own_ms_per_step), f"**{_ms(overhead)}**"]
+    per_request = None if overhead is None else overhead / REQUESTS_PER_STEP
+    return (
+        f"| {pace:.0f} | {row.server} | {row.steps_per_s:.0f} | {' | '.join(figures)} | {_ms(per_request)} |"
+    )
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def main() -> None:
+    parser = benchmark_parser(__doc__)
+    parser.add_argument("--paces", type=float, nargs="+", default=[410.0, 83.0], help="Steps per second.")
+    parser.add_argument("--seconds", type=float, default=8.0, help="Measured seconds per server.")
+    parser.add_argument("--warmup", type=float, default=3.0, help="Unmeasured seconds of load first.")
+    parser.add_argument("--bare", nargs=2, metavar=("PORT", "DELAY_S"), help="Serve `bare_protocol` only.")
+    args = parser.parse_args()
+    if args.bare:
+        bare_protocol(int(args.bare[0]), float(args.bare[1]))
+        return
+    print(
+        "| pace, steps/s | server | steps/s | CPU ms/step | first process | env alone | overhead ms/step "
+        "| overhead ms/request |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    for pace in args.paces:
+        for line in pace_rows(pace, args.seconds, args.warmup):
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
