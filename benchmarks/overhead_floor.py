@@ -46,21 +46,26 @@ from tests.servers import free_port, running_process
 USERS = 64
 STEPS = 3  # per episode, as Geo3k's and VSI's
 REQUESTS_PER_STEP = (STEPS + 2) / STEPS  # a reset and a delete per episode
-EMPTY_ANSWER = json.dumps({"session_id": "floor", "done": False, "observation": {"text": "x" * 200}})
+EMPTY_BODY = json.dumps({"session_id": "floor", "done": False, "observation": {"text": "x" * 200}}).encode()
+EMPTY_HEADERS = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(EMPTY_BODY))]
+BARE_ANSWER = (
+    b"HTTP/1.1 200 OK\r\n"
+    + b"".join(b"%s: %s\r\n" % header for header in EMPTY_HEADERS)
+    + b"\r\n"
+    + EMPTY_BODY
+)
 
 
 async def empty_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """Answer any HTTP request with `EMPTY_ANSWER` after `FLOOR_DELAY_S` seconds (a timer, no CPU)."""
+    """Answer any HTTP request with `EMPTY_BODY` after `FLOOR_DELAY_S` seconds (a timer, no CPU)."""
     if scope["type"] != "http":
         return
     more = True
     while more:
         more = (await receive()).get("more_body", False)
     await asyncio.sleep(float(os.environ.get("FLOOR_DELAY_S", "0")))
-    body = EMPTY_ANSWER.encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await send({"type": "http.response.start", "status": 200, "headers": EMPTY_HEADERS})
+    await send({"type": "http.response.body", "body": EMPTY_BODY})
 
 
 def counter_episodes(step_delay_s: float) -> Episodes:
@@ -72,15 +77,10 @@ def counter_episodes(step_delay_s: float) -> Episodes:
 
 
 class BareProtocol(asyncio.Protocol):
-    """A connection answered by `bare_protocol`: every complete request gets `EMPTY_ANSWER` after a timer."""
+    """A connection answered by `bare_protocol`: every complete request gets `BARE_ANSWER` after a timer."""
 
     def __init__(self, delay_s: float) -> None:
         self.delay_s = delay_s
-        body = EMPTY_ANSWER.encode()
-        self.answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
-            len(body),
-            body,
-        )
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
@@ -90,7 +90,7 @@ class BareProtocol(asyncio.Protocol):
         self.parser.feed_data(data)
 
     def on_message_complete(self) -> None:
-        asyncio.get_running_loop().call_later(self.delay_s, self.transport.write, self.answer)
+        asyncio.get_running_loop().call_later(self.delay_s, self.transport.write, BARE_ANSWER)
 
 
 def bare_protocol(port: int, delay_s: float) -> None:
