@@ -6,7 +6,7 @@ The Geo3k and VSI goal (server CPU per step beyond the env's own, at most 0.3 ms
 pace: 400 and 80 steps a second on the 2-core machine, 1.67 requests a step (episodes of three steps, a
 reset and a delete each). This benchmark takes the env's cost out, to show what the server costs at
 that pace by itself. For each pace (steps/s) it puts the lean load of `benchmarks.lean_load` (64
-users) on two servers:
+users) on three servers:
 
 - `vistarl serve tests.envs.counter`, default flags: three-step episodes whose steps sleep (no CPU) for
   as long as makes the env workers run that pace. Its overhead is the server's CPU per step less the
@@ -18,7 +18,7 @@ users) on two servers:
   after the same timer, with none of an HTTP server's duties (no ASGI, limits, timeouts, errors or
   flow control): what the machine itself charges for a request and its wake-up.
 
-Both servers have the cores to themselves but for the load, so both figures are lower than they would be
+The servers have the cores to themselves but for the load, so their figures are lower than they would be
 beside a busy env.
 """
 
