@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 
 from benchmarks.episodes import Episodes
-from benchmarks.harness import cpu_between, ms_per_step, process_cpu_s, process_tree_cpu_s
+from benchmarks.harness import ServedEnv, cpu_between, ms_per_step, process_cpu_s, process_tree_cpu_s
 
 UserRun = Callable[[Iterator[int], float, float], Awaitable[list[float]]]
 """A virtual user: plays the episodes numbered by the iterator until the stop instant; returns its step
@@ -77,6 +77,15 @@ async def measure(
         ms_per_step(await front_cpu, steps),
         ms_per_step(await client_cpu, steps),
     )
+
+
+async def measure_vistarl(
+    server: ServedEnv, name: str, episodes: Episodes, concurrency: int, seconds: float, warmup: float
+) -> Row:
+    """`concurrency` users of `vistarl_user` (one aiohttp session, a connection each) on `server`."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+        user = vistarl_user(session, server.url, episodes)
+        return await measure(name, episodes.env, server.pid, user, concurrency, seconds, warmup)
 
 
 def vistarl_user(session: aiohttp.ClientSession, url: str, episodes: Episodes) -> UserRun:

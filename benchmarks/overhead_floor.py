@@ -11,9 +11,9 @@ users) on three servers:
 - `vistarl serve tests.envs.counter`, default flags: three-step episodes whose steps sleep (no CPU) for
   as long as makes the env workers run that pace. Its overhead is the server's CPU per step less the
   env's own, that env played alone here (`benchmarks.server_profile.env_alone`).
-- uvicorn, run as `vistarl serve` runs it (uvloop, httptools, no access log), serving `empty_app`: an
-  ASGI app that answers every request with a fixed JSON body after a timer, set for the same pace. No
-  server built on uvicorn spends less per request: this is the floor of the stack.
+- uvicorn, run as `vistarl serve` runs it (uvloop, httptools, no websockets or access log), serving
+  `empty_app`: an ASGI app that answers every request with a fixed JSON body after a timer, set for the
+  same pace. No server built on uvicorn spends less per request: this is the floor of the stack.
 - `bare_protocol`: a uvloop protocol that parses each request with httptools and writes the same answer
   after the same timer, with none of an HTTP server's duties (no ASGI, limits, timeouts, errors or
   flow control): what the machine itself charges for a request and its wake-up.
@@ -32,15 +32,14 @@ import sys
 from collections.abc import Iterator
 from typing import Any, cast
 
-import aiohttp
 import httptools
 import uvloop
 
 from benchmarks.episodes import Episodes
 from benchmarks.harness import ServedEnv, benchmark_parser, served_env
-from benchmarks.lean_load import Row, measure, vistarl_user
+from benchmarks.lean_load import Row, measure_vistarl
 from benchmarks.server_profile import env_alone
-from services.server.settings import default_env_workers
+from services.server.settings import ServerSettings, default_env_workers
 from tests.servers import free_port, running_process
 
 USERS = 64
@@ -122,19 +121,13 @@ def served_empty_app(delay_s: float) -> Iterator[ServedEnv]:
     port = free_port()
     command = [
         sys.executable, "-m", "uvicorn", "benchmarks.overhead_floor:empty_app",
-        "--host", "127.0.0.1", "--port", str(port), "--loop", "uvloop", "--http", "httptools",
-        "--no-access-log", "--no-server-header", "--log-level", "warning",
+        "--host", "127.0.0.1", "--port", str(port), "--loop", "uvloop", "--http", "httptools", "--ws", "none",
+        "--timeout-keep-alive", str(ServerSettings().keep_alive_s), "--no-access-log", "--no-server-header",
+        "--log-level", "warning",
     ]  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     with running_process(command, ready_url=f"{url}/health", env={"FLOOR_DELAY_S": str(delay_s)}) as server:
         yield ServedEnv(url, server.pid)
-
-
-async def load(server: ServedEnv, name: str, episodes: Episodes, seconds: float, warmup: float) -> Row:
-    """The lean load of `USERS` users on `server` for `seconds` after `warmup`."""
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=USERS)) as session:
-        user = vistarl_user(session, server.url, episodes)
-        return await measure(name, episodes.env, server.pid, user, USERS, seconds, warmup)
 
 
 def pace_rows(pace: float, seconds: float, warmup: float) -> list[str]:
@@ -143,13 +136,13 @@ def pace_rows(pace: float, seconds: float, warmup: float) -> list[str]:
     workers = default_env_workers() or 1
     episodes = counter_episodes(step_delay_s=workers / pace)
     with served_env(episodes.env, 2 * USERS) as server:
-        served = asyncio.run(load(server, "vistarl serve", episodes, seconds, warmup))
+        served = asyncio.run(measure_vistarl(server, "vistarl serve", episodes, USERS, seconds, warmup))
     alone = env_alone(episodes, seconds, 0.5)
     request_delay_s = USERS / (pace * REQUESTS_PER_STEP)
     with served_empty_app(request_delay_s) as server:
-        floor = asyncio.run(load(server, "uvicorn, `empty_app`", episodes, seconds, warmup))
+        floor = asyncio.run(measure_vistarl(server, "uvicorn, `empty_app`", episodes, USERS, seconds, warmup))
     with served_bare_protocol(request_delay_s) as server:
-        bare = asyncio.run(load(server, "`bare_protocol`", episodes, seconds, warmup))
+        bare = asyncio.run(measure_vistarl(server, "`bare_protocol`", episodes, USERS, seconds, warmup))
     return [row_line(pace, served, alone), row_line(pace, floor, 0.0), row_line(pace, bare, 0.0)]
 
 

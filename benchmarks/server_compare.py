@@ -24,11 +24,9 @@ import shutil
 import sys
 from collections.abc import Iterator
 
-import aiohttp
-
 from benchmarks.episodes import EPISODES, Episodes
 from benchmarks.harness import served_env
-from benchmarks.lean_load import Row, measure, openenv_user, vistarl_user
+from benchmarks.lean_load import Row, measure, measure_vistarl, openenv_user
 from benchmarks.server_profile import breakdown, sampled
 from tests.servers import free_port, running_process
 
@@ -51,11 +49,7 @@ def openenv_sokoban(max_sessions: int) -> Iterator[tuple[str, int]]:
 async def on_vistarl(episodes: Episodes, concurrency: int, seconds: float, warmup: float) -> Row:
     """`vistarl serve ENV` at its defaults under the lean HTTP load."""
     with served_env(episodes.env, 2 * concurrency) as server:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
-            user = vistarl_user(session, server.url, episodes)
-            return await measure(
-                "vistarl serve", episodes.env, server.pid, user, concurrency, seconds, warmup
-            )
+        return await measure_vistarl(server, "vistarl serve", episodes, concurrency, seconds, warmup)
 
 
 async def on_openenv(episodes: Episodes, concurrency: int, seconds: float, warmup: float) -> Row:

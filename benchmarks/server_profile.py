@@ -35,11 +35,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
-
 from benchmarks.episodes import EPISODES, Episodes
 from benchmarks.harness import benchmark_parser, ms_per_step, process_tree_cpu_s, served_env
-from benchmarks.lean_load import Row, measure, vistarl_user
+from benchmarks.lean_load import Row, measure_vistarl
 from services.env_api import EnvFactory, load_env_factory
 from services.server.encoding import observation_to_wire
 
@@ -109,14 +107,12 @@ async def sampled(
         out = Path(tmp) / "samples.txt"
         record = [py_spy, "record", "--pid", str(server.pid), "--subprocesses", "--format", "raw"]
         record += ["--rate", "250", "--duration", str(round(seconds)), "--output", str(out), "--nonblocking"]
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
-            user = vistarl_user(session, server.url, episodes)
-            load = measure("vistarl serve", episodes.env, server.pid, user, concurrency, seconds, warmup)
-            running = asyncio.create_task(load)
-            await asyncio.sleep(warmup)
-            sampler = await asyncio.create_subprocess_exec(*record, stdout=subprocess.DEVNULL)
-            await sampler.wait()
-            row = await running
+        load = measure_vistarl(server, "vistarl serve", episodes, concurrency, seconds, warmup)
+        running = asyncio.create_task(load)
+        await asyncio.sleep(warmup)
+        sampler = await asyncio.create_subprocess_exec(*record, stdout=subprocess.DEVNULL)
+        await sampler.wait()
+        row = await running
         samples = parts(out.read_text())
     return Profile(row, flags, samples, env_alone(episodes, seconds, warmup))
 
