@@ -211,15 +211,17 @@ async def test_batched_multimodal_requests_equal_one_at_a_time(
 async def test_the_static_kv_cache_decodes_as_the_dynamic_one(
     request: pytest.FixtureRequest, arch: str
 ) -> None:
-    """Rows in the slots of a static KV cache (the step a GPU captures in CUDA graphs; eager here) get the
-    tokens and logprobs of HF's dynamic cache, while rows that finish early free their slots for queued
-    requests that join mid-batch; a request too long for a slot decodes on the dynamic cache."""
+    """Rows in the slots of a static KV cache (the fast path a GPU captures in CUDA graphs; eager here) get
+    the tokens and logprobs of HF's dynamic cache: rows of different lengths, with and without images,
+    greedy and sampled, one long enough to cross the attended length's buckets (128, 192, 256), rows that
+    finish early and free their slots for queued requests that join mid-batch; a request too long for a
+    slot decodes on the dynamic cache."""
     model, processor = request.getfixturevalue("qwen25" if arch == "qwen2_5_vl" else "qwen3")
     pics = images(2, (56, 84), (112, 56))
     requests = [
         GenerateRequest(
-            engine_ids=user_turn(processor, "a long answer, please"),
-            sampling=greedy(12).model_copy(update={"ignore_eos": True}),
+            engine_ids=user_turn(processor, "a long answer to a long question:" + " why" * 140),
+            sampling=sampled(120, 9).model_copy(update={"ignore_eos": True}),
         ),
         GenerateRequest(engine_ids=user_turn(processor, "one", 1), images=pics[:1], sampling=sampled(3, 1)),
         GenerateRequest(engine_ids=user_turn(processor, "two", 2), images=pics, sampling=sampled(8, 2)),
@@ -228,11 +230,11 @@ async def test_the_static_kv_cache_decodes_as_the_dynamic_one(
         GenerateRequest(engine_ids=user_turn(processor, "last"), sampling=sampled(4, 4, top_p=0.9)),
     ]
     too_long = GenerateRequest(
-        engine_ids=user_turn(processor, "too long for a slot"),
-        sampling=sampled(200, 5).model_copy(update={"ignore_eos": True}),
+        engine_ids=user_turn(processor, "too long for a slot:" + " word" * 250),
+        sampling=sampled(40, 5).model_copy(update={"ignore_eos": True}),
     )
     results = {}
-    for cache_len in (None, 200):
+    for cache_len in (None, 300):
         engine = HFEngine(model, processor, max_batch_size=3, batch_wait_s=0.0, static_cache_len=cache_len)
         batched = await asyncio.gather(*(engine.generate(r) for r in requests))
         static_batches = engine.stats.static_batches
@@ -241,7 +243,10 @@ async def test_the_static_kv_cache_decodes_as_the_dynamic_one(
         assert engine.stats.largest_batch == 3
         assert static_batches == (0 if cache_len is None else engine.stats.batches - 1)
         assert engine.stats.static_batches == static_batches  # the long request ran on the dynamic cache
-    for dynamic, static in zip(results[None], results[200], strict=True):
+    long_row, too_long_row = results[300][0], results[300][-1]
+    assert long_row.prompt_tokens < 192 and long_row.prompt_tokens + 120 > 256  # crossed 192 and 256
+    assert too_long_row.prompt_tokens < 300 < too_long_row.prompt_tokens + 40
+    for dynamic, static in zip(results[None], results[300], strict=True):
         assert static.output_ids == dynamic.output_ids
         assert static.finish_reason == dynamic.finish_reason
         np.testing.assert_allclose(static.logprobs, dynamic.logprobs, atol=ATOL)

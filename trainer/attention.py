@@ -13,6 +13,11 @@ layer where the row's text positions restart at 0.
 Where the kernel cannot run (the CPU, float32), `SEQUENCE_SDPA_ATTENTION` computes the same packed row with
 SDPA once per sequence, from the same bounds: the HF engine's prompt pass runs on one or the other
 (`attention_for`), and a dense block mask over a row of many prompts would be quadratic in the row.
+
+The HF engine's decode steps run `GROUPED_DECODE_ATTENTION`: one query token a row against its cache slot,
+the query heads that share a kv head passed to SDPA as that head's queries, so each cached key and value is
+read once per step. HF's own SDPA path copies every kv head once per query head (`repeat_kv`) whenever a mask
+is given, which at batch 128 moved gigabytes a layer (docs/benchmarks.md, "The HF engine's decode step").
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 
 VARLEN_ATTENTION = "flash_varlen_torch"
 SEQUENCE_SDPA_ATTENTION = "sequence_sdpa"
+GROUPED_DECODE_ATTENTION = "grouped_decode_sdpa"
 SDPA_ATTENTION = "sdpa"
 
 _GQA: dict[str, Any] = (
@@ -161,18 +167,47 @@ def sequence_sdpa_attention(
     return out.transpose(1, 2), None
 
 
+def grouped_decode_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    **_: object,
+) -> tuple[torch.Tensor, None]:
+    """HF attention function for one decode token a row: `[B, H, 1, D]` queries against `[B, Hkv, L, D]`
+    keys and values under `attention_mask` `[B, 1, 1, L]` (True where a row attends), to `[B, 1, H, D]`.
+
+    Query head h uses kv head h // (H / Hkv), as `repeat_kv` pairs them, so the `[B, Hkv, H / Hkv, D]` view
+    of the queries is SDPA's query length per kv head: the same sums, without the copies."""
+    batch, heads, length, dim = query.shape
+    if length != 1 or dropout or sliding_window is not None:
+        raise ValueError(f"{GROUPED_DECODE_ATTENTION} takes one query token a row, no dropout or window")
+    kv_heads = key.shape[1]
+    grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
+    out = F.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask, scale=scaling)
+    return out.reshape(batch, 1, heads, dim), None
+
+
 _PACKED = {VARLEN_ATTENTION: varlen_attention, SEQUENCE_SDPA_ATTENTION: sequence_sdpa_attention}
 """The implementations that read a packed row's bounds, registered with transformers when first used."""
+
+_DECODE = {GROUPED_DECODE_ATTENTION: grouped_decode_attention}
+"""The decode step's implementation, registered with transformers when first used."""
 
 
 def use_attention(model: nn.Module, implementation: str) -> None:
     """Run every HF (sub)model inside `model` with `implementation` (`VARLEN_ATTENTION`,
-    `SEQUENCE_SDPA_ATTENTION` or `SDPA_ATTENTION`).
+    `SEQUENCE_SDPA_ATTENTION`, `GROUPED_DECODE_ATTENTION` or `SDPA_ATTENTION`).
 
     Sets the configs directly: HF's `set_attn_implementation` would look for a flash-attn package.
     """
-    if implementation in _PACKED:
-        AttentionInterface.register(implementation, _PACKED[implementation])
+    function = _PACKED.get(implementation) or _DECODE.get(implementation)
+    if function is not None:
+        AttentionInterface.register(implementation, function)
     for module in model.modules():
         if isinstance(module, PreTrainedModel):
             module.config._attn_implementation = implementation

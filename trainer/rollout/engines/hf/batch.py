@@ -1,0 +1,186 @@
+"""One batch of the HF engine, run whole on its model thread: prompt passes, decode steps, finished rows.
+
+Jobs that join run one prompt pass over their prompts packed in one row (no padding; attention bounded per
+prompt, on varlen FlashAttention on a GPU in bf16/fp16, else SDPA per prompt), each with its own mRoPE
+positions, and draw their first tokens from it. Then every live row decodes one token a step from the
+batch's rows (`rows.py`). Each step is launched before the last one is read: while the device runs step
+t + 1, the host reads step t, hands finished rows to their callers and takes the rows that go on into step
+t + 2. A row that finished at step t has run one step more, whose token nobody reads. Requests that arrive
+meanwhile join between steps, after the step in flight has been read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from trainer.attention import SequenceBounds, attention_for, packed_attention_kwargs
+from trainer.device import host_to_device
+from trainer.image_features import encode_images, with_image_features
+from trainer.rollout.engines.base import GenerateRequest, GenerateResult
+from trainer.rollout.engines.hf.prompts import Prompt
+from trainer.rollout.engines.hf.rows import DecodeRows, Prefill, Ready, Step
+from trainer.rollout.engines.hf.sampling import RowSampling, SamplingRows, sample
+from trainer.rollout.engines.sglang_api import FinishReason, SamplingParams
+from trainer.rollout.processor import VLProcessor
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Job:
+    """One queued or running request and the future its caller awaits (compared by identity)."""
+
+    request: GenerateRequest
+    prompt: Prompt
+    future: asyncio.Future[GenerateResult]
+    sampling: RowSampling
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    abort_message: str | None = None
+    done: bool = False  # handed over; its rows' later tokens are not read
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.sampling
+
+
+Finish = Callable[[Job, FinishReason], None]
+"""How the batch hands a finished job over: with its reason, to the caller's event loop."""
+
+
+@dataclass
+class BatchRun:
+    """The batch loop's collaborators: the model, the prompt pass's attention, how joining jobs are taken
+    (`admit`, given the rows running), whether the engine closed, and how finished jobs are handed over."""
+
+    model: PreTrainedModel
+    processor: VLProcessor
+    prompt_attention: str
+    admit: Callable[[int], list[Job]]
+    closed: Callable[[], bool]
+    finish: Finish
+
+    def run(self, jobs: list[Job], rows: DecodeRows) -> None:
+        """Decode `jobs` and every job that joins them until none is left or the engine closes (`close`
+        aborts every job by then). A failure ends the batch with every unfinished job aborted."""
+        batch: list[Job] = []
+        live: list[Job] = []
+        launched: tuple[list[Job], Step] | None = None
+        joining = jobs
+        try:
+            while not self.closed():
+                if joining:
+                    batch += joining
+                    if launched is not None:
+                        live = self._settle(live, *launched)
+                        launched = None
+                    rows.keep(live)  # the rows that finished make room for those that join
+                    live += self._prefill(joining, rows)
+                if not live:
+                    return
+                step = (live, rows.launch(live))
+                if launched is not None:
+                    live = self._settle(live, *launched)
+                launched = step
+                joining = self.admit(len(live))
+        except Exception as exc:  # a failed forward pass ends its batch, never the engine
+            log.exception("generation failed for a batch of %d rows", len(live))
+            for job in batch:
+                if not job.done:
+                    self._hand_over(job, FinishReason(type="abort", message=f"generation failed: {exc!r}"))
+        finally:
+            rows.close()
+
+    def _settle(self, live: list[Job], jobs: list[Job], step: Step) -> list[Job]:
+        """Read `step` (launched for `jobs`), and the jobs of `live` that go on."""
+        self._advance(jobs, *step.results())
+        return [job for job in live if not job.done]
+
+    def _advance(self, jobs: list[Job], tokens: list[int], logprobs: list[float]) -> list[Job]:
+        """Append each unfinished job's new token, hand over the jobs it ends, and return those that go on."""
+        going = []
+        for job, token, logprob in zip(jobs, tokens, logprobs, strict=True):
+            if job.done:
+                continue
+            job.output_ids.append(token)
+            job.logprobs.append(logprob)
+            reason = self._finish_reason(job)
+            if reason is None and job.abort_message is not None:
+                reason = FinishReason(type="abort", message=job.abort_message)
+            if reason is None:
+                going.append(job)
+            else:
+                self._hand_over(job, reason)
+        return going
+
+    def _hand_over(self, job: Job, reason: FinishReason) -> None:
+        job.done = True
+        self.finish(job, reason)
+
+    def _finish_reason(self, job: Job) -> FinishReason | None:
+        """SGLang's order of checks: the length budget, then stop ids, then stop strings."""
+        params = job.params
+        if len(job.output_ids) >= params.max_new_tokens:
+            return FinishReason(type="length", length=params.max_new_tokens)
+        if job.output_ids[-1] in job.prompt.stop_ids:
+            return FinishReason(type="stop", matched=job.output_ids[-1])
+        if params.stop_strings:
+            text = self.processor.tokenizer.decode(job.output_ids)
+            for stop in params.stop_strings:
+                if stop in text:
+                    return FinishReason(type="stop", matched=stop)
+        return None
+
+    @torch.inference_mode()
+    def _prefill(self, jobs: list[Job], rows: DecodeRows) -> list[Job]:
+        """Run the prompt pass over the prompts packed in one row, draw each first token from its prompt's
+        last position, add the prompts to `rows`, and return the jobs that go on.
+
+        No padding and no mask: the text model's attention is bounded per prompt (`prompt_attention`),
+        and each prompt's positions (found in `prompts.py`) restart at 0. The layout (positions, bounds,
+        image rows) is on the host and the images are encoded with their vision inputs precomputed
+        (`trainer.image_features.encode_images`), so the prompt pass never waits for the GPU to learn a
+        shape: HF's own path asks it several times per row.
+        """
+        device = self.model.device
+        prompts = [job.prompt for job in jobs]
+        lengths = torch.tensor([len(p.input_ids) for p in prompts])
+        ends = lengths.cumsum(0)
+        input_ids = torch.tensor([token for p in prompts for token in p.input_ids])
+        image_rows = (input_ids == self.processor.ids.image_pad).nonzero().squeeze(-1)
+        to_device = functools.partial(host_to_device, device=device)  # copies that never wait
+        bounds = SequenceBounds(to_device(torch.cat([ends.new_zeros(1), ends]).int()), int(lengths.max()))
+        positions = to_device(torch.cat([p.positions for p in prompts], dim=2))  # each from 0
+        next_positions = to_device(lengths + torch.tensor([p.rope_delta for p in prompts]))
+        embeds = self.model.get_input_embeddings()(to_device(input_ids))[None]
+        extra: dict[str, Any] = {}
+        pixels = [p.pixels for p in prompts if p.pixels is not None]
+        if pixels:
+            pixel_values = torch.cat([p.pixel_values for p in pixels]).to(device, self.model.dtype)
+            grid_thw = torch.cat([p.image_grid_thw for p in pixels])
+            features = encode_images(self.model.model, pixel_values, grid_thw)
+            embeds, extra = with_image_features(embeds, features, to_device(image_rows))
+        text_model = self.model.model.language_model
+        with attention_for(text_model, self.prompt_attention):
+            out = text_model(  # Qwen3-VL's deepstack rows go in as given, one mask over the packed row
+                inputs_embeds=embeds,
+                position_ids=positions,
+                use_cache=True,
+                **extra,
+                **packed_attention_kwargs(text_model.config, bounds),
+            )
+        settings = [job.sampling for job in jobs]
+        logits = self.model.lm_head(out.last_hidden_state[0, to_device(ends - 1)])
+        mode = max(setting.mode for setting in settings)
+        first = torch.zeros(len(jobs), dtype=torch.long, device=device)
+        tokens, logprobs = sample(logits, SamplingRows.of(settings, device), first, mode)
+        rows.join(Prefill(out.past_key_values, lengths, next_positions), jobs, settings, tokens)
+        return self._advance(jobs, *Ready(tokens, logprobs).results())

@@ -1,0 +1,471 @@
+"""The running batch's rows in `HFEngine`: their KV cache, their last tokens and their sampling settings,
+grown per step (`DynamicRows`) or held in the slots of a preallocated cache whose decode steps are captured
+in CUDA graphs (`StaticRows`, from a `StaticDecoder`).
+
+Both take rows prefilled together (`Prefill`: the keys and values of prompts packed in one row, no
+padding) with each row's first token, and `launch` one decode step at a time for the rows that go on: the
+step feeds each row the token it drew last, draws the next (`sampling.sample`) and keeps it on the device
+for the step after. Nothing waits for the host between steps: a launched `Step` is read later, so the
+engine decides which rows finished while the next step already runs (docs/benchmarks.md, "The HF engine's
+decode step").
+
+`DynamicRows` is HF's eager decode: a DynamicCache grown by concatenation, its rows left-padded, a new
+attention mask each step. For a small model that step is all launch overhead, and HF's attention reads the
+whole cache with every kv head copied per query head, so on a GPU the engine decodes from a
+`StaticDecoder` instead: every row holds a slot of a cache preallocated at `slots` x `cache_len`, its prompt
+copied in at position 0; each step writes one key and value per row at the row's own length, and attention
+(`trainer.attention.GROUPED_DECODE_ATTENTION`) reads each kv head once, over the first `length` positions of
+the slots, under a mask of each row's own. Each (rows, length, sampling mode) bucket's step, the sampler and
+the bookkeeping of lengths and positions included, is captured once and replayed. On the CPU the same step
+runs eagerly, which is how the tests hold it to the dynamic path.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from transformers import PreTrainedModel
+
+from trainer.attention import GROUPED_DECODE_ATTENTION, attention_for
+from trainer.device import host_to_device
+from trainer.rollout.engines.hf.sampling import Mode, RowSampling, SamplingRows, sample
+
+
+@dataclass
+class Prefill:
+    """Prompts prefilled together in one packed row: the prompt pass's DynamicCache (every layer's keys
+    and values `[1, kv_heads, T, D]`), each prompt's length in packing order, and each row's next position."""
+
+    cache: Any
+    lengths: torch.Tensor  # (rows,) int64 on the host; the prompts fill the packed row in this order
+    next_positions: torch.Tensor  # (rows,) mRoPE position of each row's next token
+
+    def layout(self, width: int, *, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The packed column that each of `rows` x `width` cache columns copies, and whether it holds a
+        prompt token: each prompt right-aligned (`left` padding) or from column 0 on. Padding columns copy
+        a token of their own row; attention never reads them."""
+        lengths = self.lengths[:, None]
+        offset = torch.arange(width)[None, :] - (width - lengths if left else 0)
+        valid = (offset >= 0) & (offset < lengths)
+        columns = (lengths.cumsum(0) - lengths) + torch.minimum(offset.clamp(min=0), lengths - 1)
+        device = self.next_positions.device
+        return host_to_device(columns, device), host_to_device(valid, device)
+
+
+def _rows(packed: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """`[rows, kv_heads, width, D]` from a packed `[1, kv_heads, T, D]`: row r's column c is packed
+    column `columns[r, c]`."""
+    rows, width = columns.shape
+    picked = packed[0].index_select(1, columns.reshape(-1))
+    return picked.view(packed.shape[1], rows, width, packed.shape[3]).transpose(0, 1)
+
+
+class Step(Protocol):
+    """A launched decode step: `results` waits for it and gives each launched row's token and logprob."""
+
+    def results(self) -> tuple[list[int], list[float]]: ...
+
+
+class DecodeRows(Protocol):
+    """The running batch's rows, each known by the key it joined with."""
+
+    def join(
+        self, prefill: Prefill, keys: Sequence[Hashable], sampling: Sequence[RowSampling], first: torch.Tensor
+    ) -> None:
+        """Add the rows of `prefill` under `keys`, with their settings and the first tokens they drew
+        (`first`, int64 on the device)."""
+
+    def keep(self, keys: Sequence[Hashable]) -> None:
+        """Keep rows `keys`, in that order; the others have left (their room goes to rows that join)."""
+
+    def launch(self, keys: Sequence[Hashable]) -> Step:
+        """Start the next step of rows `keys` (`keep(keys)` first)."""
+
+    def close(self) -> None:
+        """Release what the rows hold (the batch ended)."""
+
+
+@dataclass
+class Ready:
+    """A step's picks, still on the device until read: one host sync for both."""
+
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+
+    def results(self) -> tuple[list[int], list[float]]:
+        tokens, logprobs = torch.stack([self.tokens.double(), self.logprobs.double()]).tolist()
+        return [int(t) for t in tokens], logprobs
+
+
+@dataclass
+class _LeftPadded:
+    """The rows of a `DynamicRows` batch: their left-padded DynamicCache and mask, and next positions."""
+
+    cache: Any
+    attention_mask: torch.Tensor  # (rows, width), 0 on the left padding
+    next_positions: torch.Tensor  # (rows,)
+
+    @classmethod
+    def of(cls, prefill: Prefill) -> _LeftPadded:
+        """`prefill`'s packed rows, each right-aligned in a cache as wide as the longest prompt."""
+        columns, valid = prefill.layout(int(prefill.lengths.max()), left=True)
+        for layer in prefill.cache.layers:
+            layer.keys = _rows(layer.keys, columns)
+            layer.values = _rows(layer.values, columns)
+        return cls(prefill.cache, valid.long(), prefill.next_positions)
+
+
+class DynamicRows:
+    """HF's eager decode over a DynamicCache; new rows are left-padded into it."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model
+        self.batch: _LeftPadded | None = None
+        self.keys: list[Hashable] = []
+        self.settings: list[RowSampling] = []
+        self.sampling: SamplingRows | None = None
+        self.index = torch.zeros(0, dtype=torch.long)
+        self.last = torch.zeros(0, dtype=torch.long)
+
+    @torch.inference_mode()
+    def join(
+        self, prefill: Prefill, keys: Sequence[Hashable], sampling: Sequence[RowSampling], first: torch.Tensor
+    ) -> None:
+        rows = _LeftPadded.of(prefill)
+        self.batch = rows if self.batch is None else _merge(self.batch, rows)
+        self.keys += keys
+        self.settings += sampling
+        self.sampling = SamplingRows.of(self.settings, first.device)
+        self.index = torch.cat([self.index.to(first.device), torch.ones_like(first)])
+        self.last = torch.cat([self.last.to(first.device), first])
+
+    @torch.inference_mode()
+    def keep(self, keys: Sequence[Hashable]) -> None:
+        if list(keys) != self.keys:
+            self._select([self.keys.index(key) for key in keys])
+
+    @torch.inference_mode()
+    def launch(self, keys: Sequence[Hashable]) -> Step:
+        self.keep(keys)
+        batch = self.batch
+        assert batch is not None and self.sampling is not None, "launch before join"
+        rows = len(keys)
+        device = batch.attention_mask.device
+        ones = torch.ones((rows, 1), dtype=batch.attention_mask.dtype, device=device)
+        batch.attention_mask = torch.cat([batch.attention_mask, ones], dim=1)
+        out = self.model(
+            input_ids=self.last.view(rows, 1),
+            attention_mask=batch.attention_mask,
+            position_ids=batch.next_positions.view(1, rows, 1).expand(3, rows, 1),
+            past_key_values=batch.cache,
+            use_cache=True,
+        )
+        batch.next_positions = batch.next_positions + 1
+        mode = max(setting.mode for setting in self.settings)
+        tokens, logprobs = sample(out.logits[:, -1], self.sampling, self.index, mode)
+        self.last, self.index = tokens, self.index + 1
+        return Ready(tokens, logprobs)
+
+    def _select(self, rows: list[int]) -> None:
+        """Keep only `rows` (indices into the current rows), in that order."""
+        batch = self.batch
+        assert batch is not None and self.sampling is not None
+        index = torch.tensor(rows, dtype=torch.long, device=batch.attention_mask.device)
+        batch.cache.batch_select_indices(index)
+        batch.attention_mask = batch.attention_mask[index]
+        batch.next_positions = batch.next_positions[index]
+        self.keys = [self.keys[i] for i in rows]
+        self.settings = [self.settings[i] for i in rows]
+        self.sampling = SamplingRows.of(self.settings, index.device)
+        self.index, self.last = self.index[index], self.last[index]
+
+    def close(self) -> None:
+        self.batch = None
+
+
+class StaticRows:
+    """The running batch's rows in the slots of a `StaticDecoder`."""
+
+    def __init__(self, decoder: StaticDecoder) -> None:
+        self.decoder = decoder
+        self.slots: dict[Hashable, int] = {}
+
+    def join(
+        self, prefill: Prefill, keys: Sequence[Hashable], sampling: Sequence[RowSampling], first: torch.Tensor
+    ) -> None:
+        self.slots.update(zip(keys, self.decoder.admit(prefill, sampling, first), strict=True))
+
+    def keep(self, keys: Sequence[Hashable]) -> None:
+        going = set(keys)
+        left = [key for key in self.slots if key not in going]
+        self.decoder.release([self.slots.pop(key) for key in left])
+
+    def launch(self, keys: Sequence[Hashable]) -> Step:
+        self.keep(keys)
+        return self.decoder.launch([self.slots[key] for key in keys])
+
+    def close(self) -> None:
+        self.decoder.release(list(self.slots.values()))
+        self.slots = {}
+
+
+class _SlotView:
+    """The first `rows` slots of a `StaticDecoder`'s cache as the HF attention layers use a cache: each
+    `update` writes one key and value per row at the row's length and returns the slots' first `length`
+    positions."""
+
+    def __init__(self, decoder: StaticDecoder, rows: int, length: int) -> None:
+        self.decoder = decoder
+        self.rows = rows
+        self.length = length
+        self.row_index = torch.arange(rows, device=decoder.device)
+
+    def update(
+        self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        keys = self.decoder.keys[layer_idx][: self.rows]
+        values = self.decoder.values[layer_idx][: self.rows]
+        write = self.decoder.lengths[: self.rows]
+        keys[self.row_index, :, write] = key[:, :, 0]
+        values[self.row_index, :, write] = value[:, :, 0]
+        return keys[:, :, : self.length], values[:, :, : self.length]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Never read for positions (the engine passes them); a number for code that asks."""
+        return 0
+
+
+@dataclass
+class _Picks:
+    """Where a step's tokens and logprobs land on the host (pinned on a GPU), and when they are there."""
+
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+    ready: torch.cuda.Event | None
+
+    @classmethod
+    def allocate(cls, slots: int, device: torch.device) -> _Picks:
+        pinned = device.type == "cuda"
+        tokens = torch.zeros(slots, dtype=torch.long, pin_memory=pinned)
+        logprobs = torch.zeros(slots, dtype=torch.float32, pin_memory=pinned)
+        return cls(tokens, logprobs, torch.cuda.Event() if pinned else None)
+
+
+@dataclass
+class _SlotStep:
+    """A launched step of a `StaticDecoder`: its picks for slots `slots`, copied to `picks` on arrival."""
+
+    picks: _Picks
+    slots: list[int]
+
+    def results(self) -> tuple[list[int], list[float]]:
+        if self.picks.ready is not None:
+            self.picks.ready.synchronize()
+        tokens, logprobs = self.picks.tokens.tolist(), self.picks.logprobs.tolist()
+        return [tokens[slot] for slot in self.slots], [logprobs[slot] for slot in self.slots]
+
+
+class StaticDecoder:
+    """Decode steps for up to `slots` rows from a KV cache preallocated at `cache_len` positions a row.
+
+    The buffers are allocated at the first `admit`, from the prefill's layer shapes. A row fits when its
+    prompt and its whole token budget fit `cache_len`; the engine decodes the rows that don't with
+    `DynamicRows`. With `cuda_graphs`, each bucket's step is captured once (a CUDA graph reads the
+    model's parameters in place, so weight updates that copy into them need no new capture).
+
+    Per slot, on the device: its length (the next write index), its next position, the index of the token
+    it draws next, its last token, its sampling settings, and the last step's pick. On the host: each
+    slot's length and sampling mode, which choose a step's bucket without asking the device.
+    """
+
+    def __init__(self, model: PreTrainedModel, *, slots: int, cache_len: int, cuda_graphs: bool) -> None:
+        self.model = model
+        self.slots = slots
+        self.cache_len = cache_len
+        self.cuda_graphs = cuda_graphs
+        self.device = next(model.parameters()).device
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+
+        def zeros(*shape: int, dtype: torch.dtype = torch.long) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=self.device)
+
+        self.lengths = zeros(slots)
+        self.positions = zeros(slots)
+        self.index = zeros(slots)
+        self.input_ids = zeros(slots, 1)
+        self.sampling = SamplingRows.empty(slots, self.device)
+        self.tokens = zeros(slots)
+        self.logprobs = zeros(slots, dtype=torch.float32)
+        self._picks = [_Picks.allocate(slots, self.device) for _ in range(2)]  # read one, fill the other
+        self._turn = 0
+        self._host_lengths = [0] * slots
+        self._modes = [Mode.GREEDY] * slots
+        self._free = list(range(slots))
+        self._steps: dict[tuple[int, int, Mode], Callable[[], None]] = {}
+        self._pool: Any = None
+
+    def fits(self, prompt_len: int, max_new_tokens: int) -> bool:
+        """Whether a row of this prompt and budget fits a slot."""
+        return prompt_len + max_new_tokens <= self.cache_len
+
+    def rows(self) -> StaticRows:
+        """An empty batch on this decoder's free slots."""
+        return StaticRows(self)
+
+    @torch.inference_mode()
+    def admit(self, prefill: Prefill, sampling: Sequence[RowSampling], first: torch.Tensor) -> list[int]:
+        """Copy each prefilled prompt into a free slot (lowest first), from position 0 on, with its
+        settings and first token; their slots."""
+        rows, width = len(prefill.lengths), int(prefill.lengths.max())
+        if rows > len(self._free):
+            raise RuntimeError(f"{rows} rows for {len(self._free)} free slots")
+        slots = [heapq.heappop(self._free) for _ in range(rows)]
+        if not self.keys:
+            self._allocate(prefill.cache.layers[0].keys)
+        columns, _ = prefill.layout(width, left=False)
+        index = host_to_device(torch.tensor(slots), self.device)
+        for layer, source in enumerate(prefill.cache.layers):
+            self.keys[layer][index, :, :width] = _rows(source.keys, columns)
+            self.values[layer][index, :, :width] = _rows(source.values, columns)
+        self.lengths[index] = host_to_device(prefill.lengths, self.device)
+        self.positions[index] = prefill.next_positions.to(torch.long)
+        self.index[index] = 1  # the first token, index 0, was drawn from the prompt pass
+        self.input_ids[index, 0] = first
+        self.sampling.write(index, SamplingRows.of(sampling, self.device))
+        for slot, length, setting in zip(slots, prefill.lengths.tolist(), sampling, strict=True):
+            self._host_lengths[slot] = length
+            self._modes[slot] = setting.mode
+        return slots
+
+    def release(self, slots: list[int]) -> None:
+        """Give `slots` back; their contents are overwritten by the next `admit`."""
+        for slot in slots:
+            heapq.heappush(self._free, slot)
+
+    @torch.inference_mode()
+    def launch(self, slots: list[int]) -> Step:
+        """Start the step of the rows in `slots`: the smallest bucket that holds them, its graph replayed
+        (or run, without graphs), and its picks copied towards the host."""
+        rows = _bucket(max(slots) + 1, self.slots)
+        length = _length_bucket(max(self._host_lengths[slot] for slot in slots) + 1, self.cache_len)
+        mode = max(self._modes[slot] for slot in slots)
+        key = (rows, length, mode)
+        if key not in self._steps:
+            self._steps[key] = self._capture(rows, length, mode)
+        self._steps[key]()
+        for slot in slots:
+            self._host_lengths[slot] = min(self._host_lengths[slot] + 1, self.cache_len - 1)
+        picks = self._picks[self._turn]
+        self._turn ^= 1
+        picks.tokens[:rows].copy_(self.tokens[:rows], non_blocking=True)
+        picks.logprobs[:rows].copy_(self.logprobs[:rows], non_blocking=True)
+        if picks.ready is not None:
+            picks.ready.record()
+        return _SlotStep(picks, slots)
+
+    def _allocate(self, keys: torch.Tensor) -> None:
+        """Key and value buffers `[slots, kv_heads, cache_len, head_dim]` per layer, like the prefill's."""
+        shape = (self.slots, keys.shape[1], self.cache_len, keys.shape[3])
+        layers = self.model.config.get_text_config().num_hidden_layers
+        self.keys = [torch.zeros(shape, dtype=keys.dtype, device=self.device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=keys.dtype, device=self.device) for _ in range(layers)]
+
+    def _forward(self, view: _SlotView, mode: Mode) -> None:
+        """One decode step of the first `view.rows` slots: each row's last token through the text model
+        over its slot, the next token drawn, and the slot's length, position and draw index moved on."""
+        rows = view.rows
+        lengths = self.lengths[:rows]
+        mask = torch.arange(view.length, device=self.device)[None, :] <= lengths[:, None]
+        text_model = self.model.model.language_model
+        with attention_for(text_model, GROUPED_DECODE_ATTENTION):
+            out = text_model(
+                input_ids=self.input_ids[:rows],
+                attention_mask=mask[:, None, None, :],
+                position_ids=self.positions[:rows].view(1, rows, 1).expand(3, rows, 1),
+                past_key_values=view,
+                use_cache=True,
+            )
+        logits = self.model.lm_head(out.last_hidden_state[:, -1])
+        tokens, logprobs = sample(logits, self.sampling.head(rows), self.index[:rows], mode)
+        self.tokens[:rows] = tokens
+        self.logprobs[:rows] = logprobs
+        self.input_ids[:rows, 0] = tokens
+        lengths.add_(1).clamp_(max=self.cache_len - 1)  # a row that ran past its budget writes in place
+        self.positions[:rows].add_(1)
+        self.index[:rows].add_(1)
+
+    def _capture(self, rows: int, length: int, mode: Mode) -> Callable[[], None]:
+        """The step of the first `rows` slots over `length` positions: captured in a CUDA graph, or run
+        eagerly on the CPU.
+
+        Capturing runs the step twice first (on a side stream, as capture requires) and then puts back
+        what those runs moved on (lengths, positions, draw indices, last tokens), so it may happen while
+        rows are live: the keys and values they wrote sit at positions the real steps write again first."""
+        step = functools.partial(self._forward, _SlotView(self, rows, length), mode)
+        if not self.cuda_graphs:
+            return step
+        moved = (self.lengths, self.positions, self.index, self.input_ids)
+        state = [t[:rows].clone() for t in moved]
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            step()
+        for live, saved in zip(
+            (self.lengths, self.positions, self.index, self.input_ids), state, strict=True
+        ):
+            live[:rows] = saved
+        return graph.replay
+
+
+def _bucket(rows: int, slots: int) -> int:
+    """The smallest power of two at or above `rows`, at most `slots`: the step sizes that get graphs."""
+    bucket = 1
+    while bucket < rows:
+        bucket *= 2
+    return min(bucket, slots)
+
+
+def _length_bucket(length: int, cache_len: int) -> int:
+    """The cache positions a step attends over: the first of 128, 192, 256, 384, 512, 768, ... (powers of two
+    and the halfway points, so at most a third is masked) at or above `length`, at most `cache_len`."""
+    bucket = 128
+    while bucket < length:
+        bucket = bucket * 3 // 2 if bucket & (bucket - 1) == 0 else bucket * 4 // 3
+    return min(bucket, cache_len)
+
+
+@torch.inference_mode()
+def _merge(batch: _LeftPadded, extra: _LeftPadded) -> _LeftPadded:
+    """`batch` with `extra`'s rows appended: caches and attention masks left-padded to the longer one."""
+    width = max(batch.attention_mask.shape[1], extra.attention_mask.shape[1])
+    for layer, joining in zip(batch.cache.layers, extra.cache.layers, strict=True):
+        layer.keys = torch.cat([_left_pad(layer.keys, width, 2), _left_pad(joining.keys, width, 2)])
+        layer.values = torch.cat([_left_pad(layer.values, width, 2), _left_pad(joining.values, width, 2)])
+    batch.attention_mask = torch.cat(
+        [_left_pad(batch.attention_mask, width, 1), _left_pad(extra.attention_mask, width, 1)]
+    )
+    batch.next_positions = torch.cat([batch.next_positions, extra.next_positions])
+    return batch
+
+
+def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """`tensor` with zeros prepended along `dim` up to `width`."""
+    missing = width - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
