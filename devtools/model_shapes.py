@@ -11,12 +11,12 @@ random.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-__all__ = ["ARCHS", "REAL_SHAPES", "SHAPES", "Arch", "ModelShape", "qwen_vl_config"]
+__all__ = ["ARCHS", "REAL_SHAPES", "SHAPES", "Arch", "ModelShape", "arch_for", "qwen_vl_config"]
 
 Arch = Literal["qwen2_5_vl", "qwen3_vl"]
 ARCHS: tuple[Arch, ...] = ("qwen2_5_vl", "qwen3_vl")
@@ -65,6 +65,19 @@ SHAPES: dict[str, ModelShape] = {
 
 REAL_SHAPES: dict[str, Arch] = {"qwen2_5_vl_3b": "qwen2_5_vl", "qwen3_vl_2b": "qwen3_vl"}
 """The shapes of released models, with their architecture: what the GPU benchmarks measure."""
+
+
+def arch_for(shape: str, arch: str | None = None) -> Arch:
+    """The architecture a checkpoint of `shape` is written in: a released shape's own (an `arch` that
+    differs is refused), else `arch`, else Qwen2.5-VL."""
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
+    if arch is not None and arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHS)}")
+    implied = REAL_SHAPES.get(shape)
+    if implied is not None and arch not in (None, implied):
+        raise ValueError(f"shape {shape} is a {implied} model's; leave the arch out or give {implied}")
+    return implied or cast(Arch, arch or "qwen2_5_vl")
 
 
 def qwen_vl_config(arch: Arch, shape: ModelShape) -> PretrainedConfig:

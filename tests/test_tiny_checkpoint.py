@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
 
+from devtools.model_shapes import SHAPES, arch_for, qwen_vl_config
 from devtools.tiny_checkpoint import ARCHS
 from tests.servers import vistarl_cmd
 
@@ -86,3 +87,22 @@ def test_cli_writes_checkpoint(tmp_path: Path) -> None:
             text=True,
         )
         assert bad.returncode != 0 and "choose one of" in bad.stderr and not (tmp_path / "x").exists()
+    mismatched = subprocess.run(
+        vistarl_cmd(
+            "model", "tiny", "--out", str(tmp_path / "y"), "--shape", "qwen3_vl_2b", "--arch", "qwen2_5_vl"
+        ),
+        capture_output=True,
+        text=True,
+    )
+    assert mismatched.returncode != 0 and "qwen3_vl" in mismatched.stderr and not (tmp_path / "y").exists()
+
+
+def test_a_released_shape_is_written_in_its_own_architecture() -> None:
+    """`--shape qwen3_vl_2b` means Qwen3-VL (deepstack, interleaved mRoPE), whatever the default arch."""
+    assert arch_for("qwen3_vl_2b") == "qwen3_vl" == arch_for("qwen3_vl_2b", "qwen3_vl")
+    assert arch_for("qwen2_5_vl_3b") == "qwen2_5_vl"
+    assert arch_for("tiny") == "qwen2_5_vl" and arch_for("tiny", "qwen3_vl") == "qwen3_vl"
+    with pytest.raises(ValueError, match="qwen3_vl"):
+        arch_for("qwen3_vl_2b", "qwen2_5_vl")
+    config = qwen_vl_config(arch_for("qwen3_vl_2b"), SHAPES["qwen3_vl_2b"])
+    assert config.model_type == "qwen3_vl" and config.text_config.num_key_value_heads == 8
