@@ -29,18 +29,24 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], log_path: Path | None = None) -> None:
-    """Poll `url/health` until it answers; fail early, quoting the log, if the process dies first."""
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+def wait_healthy(
+    url: str,
+    proc: subprocess.Popen[bytes],
+    log_path: Path | None = None,
+    timeout: float = SERVER_START_TIMEOUT_S,
+) -> None:
+    """Poll `url/health` until it answers, `timeout` seconds at most; fail early, quoting the log, if the
+    process dies first."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = log_path.read_text(errors="replace")[-2000:] if log_path else ""
-            raise RuntimeError(f"the env server exited with code {proc.returncode}:\n{tail}")
+            raise RuntimeError(f"the server exited with code {proc.returncode}:\n{tail}")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"{url}/health", timeout=1.0).is_success:
                 return
         time.sleep(0.1)
-    raise TimeoutError(f"the env server at {url} was not healthy within {SERVER_START_TIMEOUT_S:.0f} s")
+    raise TimeoutError(f"the server at {url} was not healthy within {timeout:.0f} s")
 
 
 def stop_process(proc: subprocess.Popen[bytes], grace: float = SERVER_STOP_GRACE_S) -> None:
