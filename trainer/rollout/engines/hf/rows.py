@@ -421,8 +421,8 @@ class StaticDecoder:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            step()
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            step()  # thread_local: a learner on another thread of this process may use the GPU meanwhile
         for live, saved in zip(
             (self.lengths, self.positions, self.index, self.input_ids), state, strict=True
         ):
