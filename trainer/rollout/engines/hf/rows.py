@@ -33,6 +33,7 @@ from transformers import PreTrainedModel
 
 from trainer.attention import GROUPED_DECODE_ATTENTION, attention_for
 from trainer.device import host_to_device
+from trainer.rollout.engines.hf.fused import fused_norms
 from trainer.rollout.engines.hf.sampling import Mode, RowSampling, SamplingRows, sample
 
 
@@ -383,7 +384,7 @@ class StaticDecoder:
         lengths = self.lengths[:rows]
         mask = torch.arange(view.length, device=self.device)[None, :] <= lengths[:, None]
         text_model = self.model.model.language_model
-        with attention_for(text_model, GROUPED_DECODE_ATTENTION):
+        with attention_for(text_model, GROUPED_DECODE_ATTENTION), fused_norms(text_model):
             out = text_model(
                 input_ids=self.input_ids[:rows],
                 attention_mask=mask[:, None, None, :],
@@ -428,6 +429,18 @@ class StaticDecoder:
         ):
             live[:rows] = saved
         return graph.replay
+
+
+@dataclass
+class _Replay:
+    """A captured step: its graph, and the step it replays, held with the slot view whose row index the
+    graph reads (freed, its memory would be reused under the graph)."""
+
+    graph: torch.cuda.CUDAGraph
+    step: Callable[[], None]
+
+    def __call__(self) -> None:
+        self.graph.replay()
 
 
 def _bucket(rows: int, slots: int) -> int:
