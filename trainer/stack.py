@@ -211,14 +211,13 @@ def build_engine(
     if url is not None:
         return make_engine(f"{cfg.rollout.engine_kind}:{url}", processor)
     target = device or torch.device("cpu")
-    graphs = target.type == "cuda" and cfg.rollout.cuda_graphs
     return make_engine(
         f"hf:{model_path}",
         device=str(target),
         dtype=DTYPES[cfg.model.dtype],
         max_batch_size=cfg.rollout.concurrency,
         cuda_graphs=cfg.rollout.cuda_graphs,
-        static_cache_len=cfg.rollout.rollout_max_context_len if graphs else None,
+        static_cache_len=cfg.rollout.rollout_max_context_len if target.type == "cuda" else None,
     )
 
 

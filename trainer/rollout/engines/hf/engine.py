@@ -81,13 +81,15 @@ class HFEngine:
         batch_wait_s: float = 0.005,
         max_batch_wait_s: float = DEFAULT_MAX_BATCH_WAIT_S,
         model_path: str | None = None,
-        cuda_graphs: bool = True,
+        cuda_graphs: bool = False,
         static_cache_len: int | None = None,
     ) -> None:
-        """`cuda_graphs`: on a GPU, decode from a static KV cache of `static_cache_len` positions a row
-        (default: the context, at most `DEFAULT_STATIC_CACHE_LEN`) with each step in a CUDA graph.
-        Without graphs (the CPU, or `cuda_graphs=False`), a `static_cache_len` decodes from the same
-        static cache eagerly; none: HF's eager decode over a growing cache."""
+        """On a GPU the engine decodes from a static KV cache of `static_cache_len` positions a row
+        (default: the context, at most 4,096); `cuda_graphs` captures each step in a CUDA graph. Graphs
+        are off by default: on the 3B shape a captured step failed (an index out of bounds on the
+        device) once a prompt pass had run after its capture (docs/benchmarks.md, "The HF engine's decode
+        step"). On the CPU a `static_cache_len` decodes from the same static cache; none: HF's eager
+        decode over a growing cache."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model.eval()
@@ -133,7 +135,7 @@ class HFEngine:
         device: str = "cpu",
         dtype: torch.dtype | None = None,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
-        cuda_graphs: bool = True,
+        cuda_graphs: bool = False,
         static_cache_len: int | None = None,
     ) -> HFEngine:
         """Load model and processor from a checkpoint directory; fp32 on CPU, bf16 on GPU by default.

@@ -34,12 +34,13 @@ def eos_ids(model: PreTrainedModel, processor: VLProcessor) -> frozenset[int]:
 def static_decoder(
     model: PreTrainedModel, slots: int, cuda_graphs: bool, cache_len: int | None
 ) -> StaticDecoder | None:
-    """The engine's static-cache decoder: with CUDA graphs on a GPU unless `cuda_graphs` is off; without
-    them (the CPU, or graphs off) when a cache length is given; else None, for HF's eager decode."""
-    if next(model.parameters()).device.type == "cuda" and cuda_graphs:
+    """The engine's static-cache decoder: always on a GPU (`cache_len` positions a row, by default the
+    context, at most `DEFAULT_STATIC_CACHE_LEN`), its steps in CUDA graphs when `cuda_graphs`; on the CPU
+    when a cache length is given; else None, for HF's eager decode."""
+    if next(model.parameters()).device.type == "cuda":
         context = int(model.config.get_text_config().max_position_embeddings)
         length = cache_len or min(context, DEFAULT_STATIC_CACHE_LEN)
-        return StaticDecoder(model, slots=slots, cache_len=length, cuda_graphs=True)
+        return StaticDecoder(model, slots=slots, cache_len=length, cuda_graphs=cuda_graphs)
     if cache_len is not None:
         return StaticDecoder(model, slots=slots, cache_len=cache_len, cuda_graphs=False)
     return None
