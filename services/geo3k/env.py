@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from clients.images import decode_image
 from services.choices import choice_letter
-from services.env_api import EnvObservation, StepResult, check_steppable, user_message
+from services.env_api import Env, EnvObservation, StepResult, check_steppable
 from services.geo3k import prompt
 from services.geo3k.answers import last_boxed
 from services.geo3k.generator import generate
@@ -71,7 +71,7 @@ class EpisodeState(BaseModel):
     final_source: FinalSource | None = None
 
 
-class Geo3kEnv:
+class Geo3kEnv(Env[Geo3kOptions]):
     """One geometry problem, played as an episode of tool calls that `reset()` restarts."""
 
     def __init__(
@@ -172,18 +172,10 @@ class Geo3kEnv:
             "boxed_final_answer": episode.final_source is FinalSource.BOXED,
         }
 
-    def format_observation(self, obs: EnvObservation) -> dict[str, Any]:
-        """An OpenAI-style user message: one `image_url` part per image (PIL here), then the text."""
-        return user_message(obs)
-
-    def close(self) -> None:
-        """Nothing to release (the grading pool is shared by the process); present for the Env contract."""
-
     def state(self) -> dict[str, Any]:
         """Everything `from_state` needs: options, the task (its seed, or the whole sample), the episode."""
         return {
-            "options": self.options.model_dump(mode="json", exclude_unset=True),
-            "seed": self.seed,
+            **super().state(),
             "sample": None if self.sample is None else self.sample.model_dump(mode="json"),
             "episode": self.episode.model_dump(mode="json"),
         }
