@@ -117,6 +117,20 @@ class EnvConfig(_Section):
         return range(*self.eval_seeds)
 
 
+def check_budgets(max_new_tokens: int, rollout_max_response_len: int, rollout_max_context_len: int) -> None:
+    """A ValueError naming the budgets unless the per-turn one fits in the episode's, which fits in the
+    context: the rule of the run's config and of every job's settings."""
+    if max_new_tokens > rollout_max_response_len:
+        raise ValueError(
+            f"max_new_tokens ({max_new_tokens}) exceeds rollout_max_response_len ({rollout_max_response_len})"
+        )
+    if rollout_max_response_len >= rollout_max_context_len:
+        raise ValueError(
+            f"rollout_max_response_len ({rollout_max_response_len}) must be below "
+            f"rollout_max_context_len ({rollout_max_context_len})"
+        )
+
+
 class RolloutConfig(_Section):
     """How episodes are generated: group sizes, budgets, sampling, engine and queue."""
 
@@ -165,16 +179,7 @@ class RolloutConfig(_Section):
     @model_validator(mode="after")
     def _budgets(self) -> RolloutConfig:
         """The per-turn budget fits in the episode budget, which fits in the context."""
-        if self.max_new_tokens > self.rollout_max_response_len:
-            raise ValueError(
-                f"max_new_tokens ({self.max_new_tokens}) exceeds "
-                f"rollout_max_response_len ({self.rollout_max_response_len})"
-            )
-        if self.rollout_max_response_len >= self.rollout_max_context_len:
-            raise ValueError(
-                f"rollout_max_response_len ({self.rollout_max_response_len}) must be below "
-                f"rollout_max_context_len ({self.rollout_max_context_len})"
-            )
+        check_budgets(self.max_new_tokens, self.rollout_max_response_len, self.rollout_max_context_len)
         return self
 
     @property

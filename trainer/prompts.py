@@ -12,8 +12,7 @@ from services.env_api import TaskSplit
 from trainer.config import TrainConfig
 from trainer.learner.update import SEED_STRIDE
 from trainer.rollout.env_handle import split_size
-from trainer.rollout.job import EpisodeJob, group_jobs
-from trainer.stack import episode_sampling
+from trainer.rollout.job import EpisodeJob, EpisodeSettings, group_jobs
 
 __all__ = ["PromptSource", "step_jobs"]
 
@@ -91,7 +90,7 @@ def step_jobs(
         env,
         prompts.take(cursor, rollout.rollout_batch_size),
         rollout.n_samples_per_prompt,
-        sampling=episode_sampling(rollout),
+        settings=EpisodeSettings.of(rollout),
         policy_version=version,
         seed=cfg.train.seed * SEED_STRIDE + step,
         prefix=f"{tag}-s{step:06d}",
