@@ -32,13 +32,14 @@ from trainer.config import TrainConfig
 from trainer.learner.checkpoint import TrainerState, save_checkpoint
 from trainer.learner.fsdp import init_distributed, is_distributed, rank_device
 from trainer.learner.models import Models, load_actor
-from trainer.learner.update import SEED_STRIDE, PolicyTrainer
+from trainer.learner.update import PolicyTrainer
 from trainer.ranks import current_rank
 from trainer.rollout.processor import VLProcessor
 from trainer.rollout.tokenization import TokenTrackError, TokenTracks, TurnEncoder
 from trainer.rollout.trajectory import Status, Trajectory
 from trainer.run_dir import agreed_run_dir
 from trainer.run_logging import RunLogger
+from trainer.seeds import permutation
 
 __all__ = ["SFTResult", "load_sft_data", "run_sft"]
 
@@ -98,8 +99,7 @@ def batches(count: int, cfg: TrainConfig) -> Iterator[tuple[int, list[int]]]:
     `sft.batch_size` pieces (the last one may be smaller)."""
     size = cfg.sft.batch_size
     for epoch in range(cfg.sft.epochs):
-        generator = torch.Generator().manual_seed(cfg.train.seed * SEED_STRIDE + epoch)
-        order = torch.randperm(count, generator=generator).tolist()
+        order = permutation(count, cfg.train.seed, epoch)
         for start in range(0, count, size):
             yield epoch, order[start : start + size]
 

@@ -58,11 +58,9 @@ from trainer.learner.packing import (
 from trainer.learner.vision_passes import VisionPasses
 from trainer.rollout.processor import VLProcessor
 from trainer.rollout.trajectory import Trajectory
+from trainer.seeds import generator, permutation
 
-__all__ = ["SEED_STRIDE", "PolicyTrainer", "warmup"]
-
-SEED_STRIDE = 1_000_003
-"""Spacing of per-step seeds derived from `train.seed`, so no two (seed, step) pairs collide."""
+__all__ = ["PolicyTrainer", "warmup"]
 
 
 @dataclass
@@ -233,9 +231,9 @@ class PolicyTrainer:
         algo = self.cfg.algo.model_copy(update={"entropy_coef": self.entropy_control.coef})
         actor_backward = functools.partial(self._actor_backward, algo=algo)
         grad_norms: list[float] = []
-        generator = torch.Generator().manual_seed(self.cfg.train.seed * SEED_STRIDE + step)
+        epochs = generator(self.cfg.train.seed, step)
         for _ in range(self.cfg.algo.ppo_epochs):
-            for index in torch.randperm(len(minis), generator=generator).tolist():
+            for index in torch.randperm(len(minis), generator=epochs).tolist():
                 mini = minis[index]
                 denominator, images = self._denominator(rows, mini), any(rows[i].images for i in mini)
                 grad_norms.append(
@@ -291,8 +289,7 @@ class PolicyTrainer:
     def _mini_batches(self, step: int, count: int) -> list[list[int]]:
         """Trajectory indices, shuffled per step, in `samples_per_step / mini_batch_size` parts."""
         parts = self.cfg.rollout.samples_per_step // self.cfg.mini_batch_size
-        generator = torch.Generator().manual_seed(self.cfg.train.seed * SEED_STRIDE + step)
-        order = torch.randperm(count, generator=generator).tolist()
+        order = permutation(count, self.cfg.train.seed, step)
         return [chunk for chunk in (order[i::parts] for i in range(parts)) if chunk]
 
     def _pack(self, rows: list[Trajectory], mini: list[int]) -> list[_Micro]:
