@@ -1,6 +1,7 @@
 """The folders import one way: the trainer reaches envs only through `clients/` and the sessions contract
 (`services/sessions_api.py`), never the env server's internals (`services/server/`); `services/` never
-imports the trainer; `clients/` (what an external agent installs) imports no torch; `serving/` (the HTTP
+imports the trainer; `clients/` (what an external agent installs) imports no torch; `benchmarks/` and
+`devtools/` import nothing from the tests (tests may import them); `serving/` (the HTTP
 plumbing both servers share) imports neither side; and the learner and the rollout side meet only in
 what both may import (`trainer.weights`, the processor, `Trajectory`), never in each other's code.
 Relative imports count as the absolute names they resolve to."""
@@ -20,6 +21,8 @@ FORBIDDEN: list[tuple[str, str, frozenset[str]]] = [
     ("trainer", "services.server", frozenset()),
     ("services", "trainer", frozenset()),
     ("clients", "torch", frozenset()),
+    ("benchmarks", "tests", frozenset()),
+    ("devtools", "tests", frozenset()),
     ("serving", "services", frozenset()),
     ("serving", "trainer", frozenset()),
     ("trainer/rollout", "trainer.learner", frozenset()),

@@ -13,8 +13,8 @@ from pydantic import ValidationError
 
 from clients.http import AsyncEnvClient
 from services.sokoban.reward import reward as sokoban_reward
+from serving.launch import free_port
 from tests.runners import trajectory_for
-from tests.servers import free_port
 from tests.test_env_handle import env_process, image_urls
 from trainer.config import RolloutConfig
 from trainer.rollout.engines.base import Engine, GenerateRequest

@@ -15,13 +15,13 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from clients.images import decode_image, encode_image
+from devtools.servers import vistarl_cmd, wait_http
 from services.env_api import EnvObservation
 from services.server.app import create_app
 from services.server.encoding import json_safe, message_to_wire, observation_to_wire
 from services.server.settings import ServerSettings
 from serving.launch import free_port, stop_process
 from tests.envs.counter import ENV_FACTORY
-from tests.servers import vistarl_cmd, wait_http
 
 
 def test_json_safe_turns_env_info_into_plain_json() -> None:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from devtools.servers import env_server
 from services.env_api import load_env_factory
-from tests.servers import env_server
 from trainer.config import RolloutConfig
 from trainer.queue.consumer import ResultConsumer
 from trainer.queue.memory import MemoryQueue

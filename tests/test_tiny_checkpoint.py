@@ -10,8 +10,8 @@ import torch
 from PIL import Image
 from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
 
+from devtools.servers import vistarl_cmd
 from devtools.tiny_checkpoint import ARCHS
-from tests.servers import vistarl_cmd
 
 QWEN_SPECIAL_IDS = {
     "<|endoftext|>": 151643,
