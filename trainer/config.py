@@ -1,4 +1,5 @@
-"""The training run's configuration: one typed model, loaded from YAML plus dotted `--set` overrides.
+"""The training run's configuration: one typed model, loaded from YAML plus dotted `--set` overrides
+(parsed and checked against the model by `trainer/overrides.py`).
 
 Every section forbids unknown keys, so a typo in a config file or an override is an error that names
 the key instead of a silently ignored setting. `load_config` turns pydantic's errors into one
@@ -7,14 +8,14 @@ the key instead of a silently ignored setting. `load_config` turns pydantic's er
 
 from __future__ import annotations
 
-import difflib
 import re
-import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trainer.overrides import OverrideError, apply_overrides, section_at, suggest_key
 
 AdvantageEstimator = Literal["grpo", "dr_grpo", "gae", "mc", "turn_gae"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
@@ -431,31 +432,19 @@ class TrainConfig(_Section):
 
 
 def load_config(path: str | Path | None, overrides: list[str]) -> TrainConfig:
-    """Read `path` (None: all defaults), apply `section.key=value` overrides, and validate."""
+    """Read `path` (None: all defaults), apply `section.key=value` overrides (`trainer/overrides.py`),
+    and validate."""
     raw = _read_yaml(Path(path)) if path is not None else {}
-    for item in overrides:
-        keys, value = parse_override(item)
-        _set_dotted(raw, keys, value, item)
+    try:
+        apply_overrides(raw, overrides, TrainConfig)
+    except OverrideError as exc:
+        raise ConfigError(str(exc)) from None
     try:
         return TrainConfig.model_validate(raw)
     except ValidationError as exc:
         source = str(path) if path is not None else "defaults"
         lines = [_describe_error(error) for error in exc.errors()]
         raise ConfigError(f"invalid config ({source}):\n  " + "\n  ".join(lines)) from None
-
-
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """Split `a.b.c=value` into its checked key path and the value parsed as a YAML scalar or list."""
-    dotted, sep, text = item.partition("=")
-    keys = dotted.strip().split(".")
-    if not sep or not all(keys):
-        raise ConfigError(f"override {item!r} must look like section.key=value")
-    _check_key_path(keys, item)
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override {item!r}: the value is not valid YAML ({exc})") from None
-    return keys, value
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -473,70 +462,15 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _check_key_path(keys: list[str], item: str) -> None:
-    """Walk `keys` through the config schema; unknown keys and keys below a plain value are errors."""
-    model: type[BaseModel] = TrainConfig
-    for depth, key in enumerate(keys):
-        dotted = ".".join(keys[: depth + 1])
-        field = model.model_fields.get(key)
-        if field is None:
-            raise ConfigError(f"override {item!r}: unknown key {dotted!r}{_suggest(key, model)}")
-        annotation = field.annotation
-        if typing.get_origin(annotation) is dict:
-            return
-        if not _is_section(annotation):
-            if depth < len(keys) - 1:
-                raise ConfigError(f"override {item!r}: {dotted!r} is a value, not a section")
-            return
-        model = annotation
-
-
-def _set_dotted(raw: dict[str, Any], keys: list[str], value: Any, item: str) -> None:
-    """Set `raw[k0][k1]...[kn] = value`, creating the sections that the file left out."""
-    node = raw
-    for depth, key in enumerate(keys[:-1]):
-        child = node.setdefault(key, {})
-        if not isinstance(child, dict):
-            dotted = ".".join(keys[: depth + 1])
-            raise ConfigError(f"override {item!r}: {dotted!r} in the config file is not a mapping")
-        node = child
-    node[keys[-1]] = value
-
-
 def _describe_error(error: Any) -> str:
     """One line per pydantic error: the dotted field path, then what is wrong with it."""
     loc = tuple(str(part) for part in error["loc"])
     where = ".".join(loc)
     if error["type"] == "extra_forbidden":
-        return f"{where}: unknown key{_suggest(loc[-1], _model_at(loc[:-1]))}"
+        return f"{where}: unknown key{suggest_key(loc[-1], section_at(TrainConfig, loc[:-1]))}"
     message = str(error["msg"]).removeprefix("Value error, ")
     if not where:
         return message
     if error["type"] == "value_error":
         return f"{where}: {message}"
     return f"{where}: {message} (got {error['input']!r})"
-
-
-def _model_at(loc: tuple[str, ...]) -> type[BaseModel] | None:
-    """The section model at a dotted location, or None below a plain value or free-form mapping."""
-    model: type[BaseModel] = TrainConfig
-    for key in loc:
-        field = model.model_fields.get(key)
-        annotation = field.annotation if field is not None else None
-        if not _is_section(annotation):
-            return None
-        model = annotation
-    return model
-
-
-def _is_section(annotation: Any) -> typing.TypeGuard[type[BaseModel]]:
-    """Whether a field's annotation is a nested section model."""
-    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
-
-
-def _suggest(key: str, model: type[BaseModel] | None) -> str:
-    """A ` (did you mean ...?)` hint naming the closest valid key, or nothing."""
-    if model is None:
-        return ""
-    close = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.5)
-    return f" (did you mean {close[0]!r}?)" if close else ""
