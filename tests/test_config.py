@@ -13,6 +13,7 @@ import yaml
 from services.env_api import load_env_factory
 from trainer.config import ConfigError, TrainConfig, load_config
 from trainer.overrides import parse_override
+from trainer.run_dir import run_name
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
@@ -230,3 +231,30 @@ def test_env_reward_path_and_eval_seed_range() -> None:
     )
     assert cfg.env.reward_path == "services.sokoban.reward:episode_reward"
     assert list(cfg.env.eval_seed_range) == [3, 4, 5]
+
+
+def test_env_options_the_env_refuses_fail_when_the_config_loads() -> None:
+    tiny = CONFIGS / "sokoban_tiny.yaml"
+    with pytest.raises(
+        ConfigError, match=r"env\.options\.grid_sise: unknown key \(did you mean 'grid_size'\?\)"
+    ):
+        load_config(tiny, ["env.options.grid_sise=6"])
+    with pytest.raises(ConfigError, match=r"env\.options\.max_steps: .*greater than or equal to 1 \(got 0\)"):
+        load_config(tiny, ["env.options.max_steps=0"])
+    with pytest.raises(ConfigError, match=r"env\.name: unknown environment 'maze'"):
+        load_config(tiny, ["env.name=maze"])
+    served_elsewhere = load_config(tiny, ["env.name=maze", "env.url=http://10.0.0.3:8000"])
+    assert served_elsewhere.env.name == "maze", "an env served at env.url is checked by its server"
+
+
+@pytest.mark.parametrize(
+    ("config", "env", "name"),
+    [
+        ("configs/sokoban_tiny.yaml", "sokoban", "sokoban_tiny"),
+        ("configs/sokoban_tiny.yaml", "tests.envs.maze", "maze-sokoban_tiny"),
+        ("my.yaml", "geo3k", "geo3k-my"),
+        (None, "vsi", "vsi"),
+    ],
+)
+def test_a_run_is_named_after_its_env_as_well_as_its_config(config: str | None, env: str, name: str) -> None:
+    assert run_name(Path(config) if config else None, env) == name

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from services.env_api import load_env_factory
 from trainer.overrides import OverrideError, apply_overrides, section_at, suggest_key
 
 AdvantageEstimator = Literal["grpo", "dr_grpo", "gae", "mc", "turn_gae"]
@@ -439,12 +440,40 @@ def load_config(path: str | Path | None, overrides: list[str]) -> TrainConfig:
         apply_overrides(raw, overrides, TrainConfig)
     except OverrideError as exc:
         raise ConfigError(str(exc)) from None
+    source = str(path) if path is not None else "defaults"
     try:
-        return TrainConfig.model_validate(raw)
+        cfg = TrainConfig.model_validate(raw)
     except ValidationError as exc:
-        source = str(path) if path is not None else "defaults"
         lines = [_describe_error(error) for error in exc.errors()]
         raise ConfigError(f"invalid config ({source}):\n  " + "\n  ".join(lines)) from None
+    lines = _env_options_errors(cfg.env)
+    if lines:
+        raise ConfigError(f"invalid config ({source}):\n  " + "\n  ".join(lines))
+    return cfg
+
+
+def _env_options_errors(env: EnvConfig) -> list[str]:
+    """`env.options` checked against the env's own options model, one line per problem, so that options
+    the env refuses fail here rather than at the first reset. Nothing when the env cannot be loaded on
+    this machine but runs at `env.url`: its server checks them at every reset."""
+    try:
+        factory = load_env_factory(env.name)
+    except ValueError as exc:
+        return [] if env.url is not None else [f"env.name: {exc}"]
+    try:
+        factory.options_model.model_validate(env.options)
+    except ValidationError as exc:
+        return [_describe_option_error(error, factory.options_model) for error in exc.errors()]
+    return []
+
+
+def _describe_option_error(error: Any, options_model: type[BaseModel]) -> str:
+    """One line for a pydantic error of the env's options model, under `env.options`."""
+    loc = tuple(str(part) for part in error["loc"])
+    if error["type"] == "extra_forbidden":
+        hint = suggest_key(loc[-1], section_at(options_model, loc[:-1]))
+        return f"env.options.{'.'.join(loc)}: unknown key{hint}"
+    return _describe_error({**error, "loc": ("env", "options", *loc)})
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
