@@ -263,7 +263,7 @@ def checked_create(
     return create
 
 
-ENV_MODULES: dict[str, str] = {
+ENV_MODULES: dict[str, str] = {  # a registered env's name, and the module whose ENV_FACTORY serves it
     "sokoban": "services.sokoban",
     "vsi": "services.vsi",
     "geo3k": "services.geo3k",
