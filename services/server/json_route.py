@@ -2,23 +2,23 @@
 
 Per request, FastAPI's own handler (dependency solving, `json.loads` then validation, response-model
 validation and re-encoding) costs more than a Sokoban step. A `JSONRoute` is built and documented from its
-endpoint's signature, `response_model` and `responses` like any FastAPI route, but its handler (from FastAPI's
-`get_route_handler` hook) serves the endpoint directly: the raw body is validated by `model_validate_json`,
-and the endpoint answers with the JSON body itself, encoded where the env ran. Route dependencies are not run,
-so a lean route may declare only those that can never refuse a request (a security scheme with
-`auto_error=False`: the bearer token that the request guard enforces before routing, declared for the OpenAPI
-schema); any other dependency is a TypeError when the route is built, naming it (`check_lean`). Bad bodies
-raise `ServiceError`s for the app's error handlers, in FastAPI's shapes: 400 for malformed JSON, 422 naming
-each invalid field (`body.session_id: Field required`).
+endpoint's signature, `response_model` and `responses` like any FastAPI route, but its handler (from
+FastAPI's `get_route_handler` hook) serves the endpoint directly: the raw body is validated by
+`model_validate_json`, and the endpoint answers with the JSON body itself, encoded where the env ran.
+Route dependencies are not run, so a lean route may declare only those that can never refuse a request (a
+security scheme with `auto_error=False`: the bearer token that the request guard enforces before routing,
+declared for the OpenAPI schema); any other dependency is a TypeError when the route is built, naming it
+(`check_lean`). Bad bodies raise `ServiceError`s for the app's error handlers, in FastAPI's shapes: 400
+for malformed JSON, 422 naming each invalid field (`body.session_id: Field required`).
 
-`LeanRoutes` goes one step further for the calls of every episode: a middleware just inside the request guard
-that serves them with the same handlers before FastAPI's router sees them, and answers their errors with the
-app's own exception handlers. It takes the app's routes themselves (its `JSONRoute`s and `DELETE
+`LeanRoutes` goes one step further for the calls of every episode: a middleware just inside the request
+guard that serves them with the same handlers before FastAPI's router sees them, and answers their errors
+with the app's own exception handlers. It takes the app's routes themselves (its `JSONRoute`s and `DELETE
 /sessions/{session_id}`), each passed through `check_lean` when the app starts, so the lean path serves
 nothing that the router would guard differently. Matching seven routes, FastAPI's routing, its exception
-middleware and its request wrapper cost more per request than the rest of the server process's work
-(docs/benchmarks.md, "Where the server's CPU goes"). Every other request, and these on any other method or
-path, go on to the router unchanged.
+middleware and its request wrapper cost more per request than the rest of the server process's work (in
+docs/benchmarks.md's history, `git show 51199ab:docs/benchmarks.md`, "Second round"). Every other request,
+and these on any other method or path, go on to the router unchanged.
 """
 
 from __future__ import annotations
