@@ -28,7 +28,7 @@ from services.geo3k.generator import generate
 from services.geo3k.grader import GraderPool, Verdict, shared_pool
 from services.geo3k.options import Geo3kOptions
 from services.geo3k.sample import LETTERS, Geo3kSample
-from services.geo3k.tool_call import ToolCall, parse_tool_call
+from services.geo3k.tool_call import TOOL_NAMES, ToolCall, parse_tool_call
 
 
 class Outcome(str, enum.Enum):
@@ -193,7 +193,7 @@ class Geo3kEnv(Env[Geo3kOptions]):
         """The step-table row of a turn's call: its outcome, feedback text and tool score (None: not run)."""
         if call is None:
             return Outcome.NO_TOOL_CALL, prompt.NO_TOOL_CALL, None
-        if not call.supported:
+        if call.name not in TOOL_NAMES:
             return Outcome.UNSUPPORTED_TOOL, prompt.unsupported_tool(call.name), None
         if not call.answer.strip():
             return Outcome.MISSING_ANSWER, prompt.missing_answer(), None

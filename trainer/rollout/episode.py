@@ -40,12 +40,11 @@ ENGINE_ABORT_TIMEOUT_S = 5.0
 
 
 class _Ended(Exception):
-    """Ends an episode early with a status and the reason for it."""
+    """Ends an episode early with a status; the message is the reason for it."""
 
     def __init__(self, status: Status, error: str) -> None:
         super().__init__(error)
         self.status = status
-        self.error = error
 
 
 @dataclass(eq=False)
@@ -242,7 +241,7 @@ async def _play(episode: _Episode, job: EpisodeJob, deadline_s: float | None) ->
         async with deadline:
             return await episode.play(job), None
     except _Ended as ended:
-        return ended.status, ended.error
+        return ended.status, str(ended)
     except EnvError as exc:
         return Status.FAILED, str(exc)
     except TokenTrackError as exc:
