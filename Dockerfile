@@ -1,7 +1,11 @@
 # One image for every vistarl role; EXTRAS picks what gets installed, TORCH_INDEX which torch build.
-#   docker build -t vistarl .                                   # everything, CPU torch
+#   docker build -t vistarl --build-arg TORCH_INDEX=<a CPU torch wheel index> .      # everything, CPU torch
 #   docker build -t vistarl-env --build-arg EXTRAS=server .     # env servers only (every env, MCP): no torch
-#   docker build -t vistarl:gpu --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 .
+#   docker build -t vistarl:gpu --build-arg TORCH_INDEX=<a CUDA 12.8 torch wheel index> .
+# Package sources are the builder's to give, never written here: TORCH_INDEX (PyTorch's wheel index for
+# the torch build wanted, or a mirror of it) and PIP_INDEX_URL (a Python package index) have no default;
+# without them pip uses its own default index, and torch comes as that index's default build. apt uses
+# the sources of the base image.
 # BASE_IMAGE is the official Python image; `make compose-test` swaps in one built from Debian packages
 # where no image registry is reachable (docs/deploy.md, "The real compose test").
 # Layers go from the slowest-changing to the fastest: system packages, torch, the dependencies read
@@ -26,15 +30,17 @@ WORKDIR /app
 # key of every step after its declaration.
 ARG EXTRAS=server,train
 ARG TORCH_VERSION=2.13.0
-ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
-# torch from PyTorch's own index first, so the `train` extra does not pull the default CUDA wheels.
+ARG TORCH_INDEX
+# torch first, from TORCH_INDEX when given (pip takes an empty index URL as none), so the `train` extra
+# does not pull another torch build.
 RUN case ",${EXTRAS}," in \
-        *,train,*|*,all,*) pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}" ;; \
+        *,train,*|*,all,*) PIP_INDEX_URL="${TORCH_INDEX:-}" pip install "torch==${TORCH_VERSION}" ;; \
     esac
 
-# Where pip finds everything else (an argument is in the environment of the RUN steps after it);
-# `make compose-test` points it and TORCH_INDEX at a local index of the machine's own wheels.
-ARG PIP_INDEX_URL=https://pypi.org/simple
+# Where pip finds everything else (an argument is in the environment of the RUN steps after it; pip
+# reads it there); `make compose-test` points it and TORCH_INDEX at a local index of the machine's own
+# wheels.
+ARG PIP_INDEX_URL
 # The dependencies alone: an empty package with pyproject.toml's requirements (and a blank README),
 # so this layer is rebuilt only when pyproject.toml changes. The build backend stays installed, so the
 # sources below install without fetching it again.

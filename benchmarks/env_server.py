@@ -50,8 +50,8 @@ from benchmarks.harness import (
 from benchmarks.server_compare import compare
 from clients.http import AsyncEnvClient, RetryPolicy
 from clients.images import encode_image
+from devtools.servers import redis_server
 from services.sokoban import SokobanEnv, SokobanOptions
-from tests.servers import redis_server
 
 ACTIONS = SOKOBAN_MOVES
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devtools.model_shapes import REAL_SHAPES
-from tests.servers import free_port, running_process, vistarl_cmd
+from devtools.servers import running_process, vistarl_cmd
+from serving.launch import free_port
 
 
 def benchmark_parser(doc: str | None) -> argparse.ArgumentParser:

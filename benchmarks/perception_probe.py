@@ -1,14 +1,14 @@
 """Does SFT teach a model to read the board? Held-out answer accuracy on one-move Sokoban, while it trains.
 
-Levels one move from solved have one right answer among four, `<answer>Dir</answer>`. The probe writes
-solver demonstrations (`vistarl sokoban demos`), fine-tunes `--model` on them with `PolicyTrainer.imitate`
-(the path `vistarl sft` takes), and every `--eval-every` steps scores the four possible replies of each
-held-out level by their logprob under the model. It prints the accuracy of the best-scored reply, the
-mean NLL of the right one over the four (ln 4 = 1.386 for a model that cannot tell them apart), and how
-often each direction was picked: a model that does not read the board picks one direction everywhere.
-With `--vision-readout` it trains the vision tower alone, with a linear layer on its image features in
-place of the text model, and prints the held-out accuracy of that read-out: whether the tower can see
-the answer at all.
+Levels one move from solved have one right answer among four, `<answer>Dir</answer>`. The probe writes solver
+demonstrations (`vistarl sokoban demos`), fine-tunes `--model` on them with `imitate`
+(`trainer/learner/imitation.py`, the path `vistarl sft` takes), and every `--eval-every` steps scores the four
+possible replies of each held-out level by their logprob under the model. It prints the accuracy of the
+best-scored reply, the mean NLL of the right one over the four (ln 4 = 1.386 for a model that cannot tell them
+apart), and how often each direction was picked: a model that does not read the board picks one direction
+everywhere. With `--vision-readout` it trains the vision tower alone, with a linear layer on its image
+features in place of the text model, and prints the held-out accuracy of that read-out: whether the tower can
+see the answer at all.
 
     python -m benchmarks.perception_probe --model runs/demo-model-tiny --options '{"render_mode": "both"}'
     python -m benchmarks.perception_probe --model runs/demo-model-tiny --vision-readout
@@ -32,6 +32,7 @@ from services.sokoban.actions import parse_actions
 from services.sokoban.options import SokobanOptions
 from trainer.config import load_config
 from trainer.learner.fsdp import rank_device
+from trainer.learner.imitation import imitate
 from trainer.learner.logprobs import sequence_logprobs
 from trainer.learner.models import Models, load_actor
 from trainer.learner.update import PolicyTrainer
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     for epoch in range(args.epochs):
         order = torch.randperm(len(data), generator=torch.Generator().manual_seed(epoch)).tolist()
         for start in range(0, len(data), args.batch_size):
-            metrics = trainer.imitate([data[i] for i in order[start : start + args.batch_size]])
+            metrics = imitate(trainer, [data[i] for i in order[start : start + args.batch_size]])
             step += 1
             if step % args.eval_every == 0:
                 elapsed = time.perf_counter() - started

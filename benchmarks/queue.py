@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import redis
 
 from benchmarks.harness import benchmark_parser
-from tests.servers import free_port, redis_server, running_process, vistarl_cmd
+from devtools.servers import redis_server, running_process, vistarl_cmd
+from serving.launch import free_port
 from trainer.queue.base import EpisodeQueue
 from trainer.queue.consumer import ResultConsumer
 from trainer.queue.redis import RedisQueue

@@ -51,7 +51,7 @@ from benchmarks.gpu_profile import compile_report, profile_step, sync_report
 from benchmarks.harness import add_shape_argument, benchmark_parser
 from devtools.model_shapes import REAL_SHAPES, SHAPES, Arch, qwen_vl_config
 from devtools.tiny_checkpoint import write_tiny_checkpoint
-from tests.servers import free_port
+from serving.launch import free_port
 from trainer.attention import SDPA_ATTENTION, use_attention
 from trainer.learner.fsdp import init_distributed, rank_device, set_last_micro_batch, shard_model
 from trainer.learner.logprobs import token_logprobs

@@ -48,8 +48,9 @@ from transformers import PretrainedConfig
 from benchmarks.harness import add_shape_argument, benchmark_parser
 from benchmarks.train_step import benchmark_config, build_actor, process_group
 from devtools.model_shapes import REAL_SHAPES
+from devtools.servers import running_process, vistarl_cmd
 from devtools.tiny_checkpoint import write_tiny_checkpoint
-from tests.servers import free_port, running_process, vistarl_cmd
+from serving.launch import free_port
 from trainer.learner.fsdp import full_state_dict, rank_device, shard_model
 from trainer.rollout.engines.hf import HFEngine
 from trainer.rollout.engines.sglang import SGLangEngine

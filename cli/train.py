@@ -52,13 +52,15 @@ def train(
     ] = False,
 ) -> None:
     """Train a policy as the config says; with no URLs in it, the whole stack runs on this machine."""
+    from trainer.run_dir import run_name
     from trainer.train import run_training
 
     cfg = _load(config, set_)
     _quiet_logs()
     console = Console()
+    name = run_name(config, cfg.env.name)
     try:
-        result = asyncio.run(run_training(cfg, name=config.stem, resume=resume, console=console))
+        result = asyncio.run(run_training(cfg, name=name, resume=resume, console=console))
     except (FileExistsError, RuntimeError, TimeoutError, OSError, ValueError) as exc:
         console.print(f"[red]training failed:[/red] {exc}")
         raise typer.Exit(1) from None
@@ -69,13 +71,14 @@ def train(
 
 def sft(config: ConfigOption, set_: SetOption = None) -> None:
     """Supervised fine-tuning on `sft.data` (demonstrations or trajectories), through the RL learner."""
+    from trainer.run_dir import run_name
     from trainer.sft import run_sft
 
     cfg = _load(config, set_)
     _quiet_logs()
     console = Console()
     try:
-        result = run_sft(cfg, name=f"{config.stem}-sft", console=console)
+        result = run_sft(cfg, name=f"{run_name(config, cfg.env.name)}-sft", console=console)
     except (FileExistsError, RuntimeError, OSError, ValueError) as exc:
         console.print(f"[red]SFT failed:[/red] {exc}")
         raise typer.Exit(1) from None
@@ -113,12 +116,13 @@ def eval_command(
     from trainer.eval import baseline_policy, evaluate
     from trainer.rollout.engines.scripted import ScriptedEngine
     from trainer.rollout.processor import VLProcessor
+    from trainer.run_dir import run_name
     from trainer.stack import open_stack
 
     cfg = _load(config, [*([f"env.name={env}"] if env else []), *(set_ or [])])
     _quiet_logs()
     model_path = checkpoint or Path(cfg.model.path)
-    name = config.stem if config is not None else cfg.env.name
+    name = run_name(config, cfg.env.name)
     run_dir = out or Path("runs") / f"eval-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     console = Console()
     random_reply = load_env_factory(cfg.env.name).random_reply if dummy else None

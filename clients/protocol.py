@@ -8,13 +8,16 @@ SGLang's `image_data`.
 
 from __future__ import annotations
 
+import math
 from enum import Enum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 PROTOCOL_VERSION = "1"
 TASK_ID_FORM = "SPLIT/INDEX: a split listed under datasets.splits and a row index from 0, e.g. test/17"
+T = TypeVar("T")
+
 SEED_LIMIT = 2**63
 """Seeds lie in [-SEED_LIMIT, SEED_LIMIT): a signed 64-bit integer, as every client language and the
 trajectory records (msgpack) hold one."""
@@ -33,6 +36,69 @@ Seed = Annotated[int, Field(ge=-SEED_LIMIT, le=SEED_LIMIT - 1), BeforeValidator(
 """A task's seed: a signed 64-bit integer (the bounds are published in the schema)."""
 
 
+WIRE_INT_MIN, WIRE_INT_MAX = -(2**63), 2**64 - 1
+"""The integers a free-form JSON value may hold: what msgpack carries between the server's processes (its
+env workers, the shared session store) and into trajectories."""
+MAX_JSON_DEPTH = 100
+"""How deep a free-form JSON value may nest."""
+
+
+def travel_problem(value: Any, path: str = "", depth: int = 0) -> str | None:
+    """What keeps a JSON value from travelling through every hop (`path: what`), or None: an integer
+    outside [WIRE_INT_MIN, WIRE_INT_MAX], a number that is not finite, text that is not valid Unicode (a
+    lone surrogate), nesting deeper than MAX_JSON_DEPTH."""
+    where = path or "the value"
+    if depth > MAX_JSON_DEPTH:
+        return f"{where}: nested deeper than {MAX_JSON_DEPTH} levels"
+    if isinstance(value, dict):
+        inner = [(f"{path}.{key}" if path else str(key), item) for key, item in value.items()]
+        keys = (_scalar_problem(key, f"a key of {where}") for key in value)
+        return next((problem for problem in keys if problem), None) or _first_problem(inner, depth)
+    if isinstance(value, list | tuple):
+        return _first_problem([(f"{path}[{index}]", item) for index, item in enumerate(value)], depth)
+    return _scalar_problem(value, where)
+
+
+def _first_problem(items: list[tuple[str, Any]], depth: int) -> str | None:
+    """The first problem among the (path, value) members of a container at `depth`."""
+    return next((p for p in (travel_problem(item, path, depth + 1) for path, item in items) if p), None)
+
+
+def _scalar_problem(value: Any, where: str) -> str | None:
+    """What is wrong with a number or a text, or None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and not WIRE_INT_MIN <= value <= WIRE_INT_MAX:
+        return f"{where}: an integer of {len(str(abs(value)))} digits is outside -2**63 to 2**64 - 1"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where}: {value} is not a finite number"
+    if isinstance(value, str) and not (value.isascii() or _unicode(value)):
+        return f"{where}: text with a lone surrogate"
+    return None
+
+
+def _unicode(text: str) -> bool:
+    """Whether `text` encodes as UTF-8 (no lone surrogates)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _travels(value: T) -> T:
+    """Refuse a free-form value that `travel_problem` finds fault with, naming where in it."""
+    problem = travel_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+JSONObject = Annotated[dict[str, Any], AfterValidator(_travels)]
+"""A free-form JSON object that every hop carries as it is (`travel_problem`): anything else is a 422
+naming the field, and where in it."""
+
+
 class _Strict(BaseModel):
     """Base for request bodies: unknown fields are an error, not silently dropped."""
 
@@ -47,7 +113,7 @@ class Observation(BaseModel):
 
     text: str = ""
     images: list[str] = Field(default_factory=list)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: JSONObject = Field(default_factory=dict)
 
 
 class ImageURL(BaseModel):
@@ -84,8 +150,8 @@ class ResetRequest(_Strict):
 
     seed: Seed | None = None
     task_id: str | None = Field(default=None, min_length=1, max_length=256)
-    sample: dict[str, Any] | None = None
-    options: dict[str, Any] = Field(default_factory=dict)
+    sample: JSONObject | None = None
+    options: JSONObject = Field(default_factory=dict)
     session_id: str | None = Field(default=None, min_length=1, max_length=128)
     format: bool = False
 
@@ -109,7 +175,7 @@ class ToolCall(_Strict):
     `tool_calls[i].function`: `arguments` is a JSON object, or the JSON text of one."""
 
     name: str = Field(min_length=1, max_length=256)
-    arguments: dict[str, Any] | str = Field(default_factory=dict)
+    arguments: Annotated[dict[str, Any] | str, AfterValidator(_travels)] = Field(default_factory=dict)
 
 
 def _action_optional(schema: dict[str, Any]) -> None:

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Make sure a Docker daemon answers and `docker compose` (v2) runs, for `make compose-test`.
-# As root on Debian it installs what is missing: docker.io (the daemon) from this release, and the
-# Compose v2 plugin unpacked from the next release's docker-compose package, which this release lacks.
+# As root on Debian it installs what is missing: Debian's Docker daemon package from this release, and
+# the Compose v2 plugin unpacked from the next release's docker-compose package, which this release
+# lacks, fetched from the archive that the machine's apt sources name (scripts/debian-mirror.sh).
 # It starts dockerd in the background when none answers; the daemon stays up for later runs.
 # Exit 0 when both work; else 1, with the reason on stderr.
 set -euo pipefail
 next_suite=${DEBIAN_NEXT_SUITE:-trixie}  # the Debian release whose docker-compose is v2
+daemon_package=docker.io  # the name of Debian's package of dockerd (a package, not a host)
 plugin_dir=/usr/libexec/docker/cli-plugins
 log=${DOCKERD_LOG:-/var/log/dockerd-vistarl.log}
 
@@ -15,10 +17,11 @@ can_install() {
 
 install_compose_plugin() {
     # An apt configuration of its own: the system's sources stay as they are.
-    local tmp
+    local tmp mirror
+    mirror=$(bash "$(dirname "$0")/debian-mirror.sh")
     tmp=$(mktemp -d)
     mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial"
-    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $next_suite main" \
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $next_suite main" \
         > "$tmp/sources.list"
     local opts=(-o "Dir::Etc::sourcelist=$tmp/sources.list" -o "Dir::Etc::sourceparts=-"
         -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o "APT::Sandbox::User=root")
@@ -31,10 +34,10 @@ install_compose_plugin() {
 }
 
 if ! command -v dockerd >/dev/null 2>&1; then
-    can_install || { echo "error: no dockerd, and not root with apt-get to install docker.io" >&2; exit 1; }
-    echo "dockerd is missing: installing docker.io with apt-get" >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null \
-        || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null; }
+    can_install || { echo "error: no dockerd, and not root with apt-get to install $daemon_package" >&2; exit 1; }
+    echo "dockerd is missing: installing $daemon_package with apt-get" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$daemon_package" >/dev/null \
+        || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$daemon_package" >/dev/null; }
 fi
 if ! docker compose version >/dev/null 2>&1; then
     can_install || { echo "error: no docker compose v2 plugin, and not root with apt-get to install one" >&2; exit 1; }

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Build stand-ins for the base images that the Dockerfile and docker-compose.yml name (python:3.11-slim,
 # redis:7.4-alpine) from Debian packages, for machines that reach Debian's archive but no image registry.
-# A minimal Debian root made by debootstrap becomes vistarl-standin/debian:bookworm; on it
+# A minimal Debian root made by debootstrap, from the archive the machine's apt sources name
+# (scripts/debian-mirror.sh; the root's apt keeps that source), becomes vistarl-standin/debian:bookworm; on it
 # docker/standin/*.Dockerfile build vistarl-standin/python:3.11-slim and vistarl-standin/redis:7.4.
 # The debootstrap tarball is cached in STANDIN_CACHE, the images in Docker's store, so a second run
-# takes seconds (the stand-in Dockerfiles are built again each time, from Docker's cache). Prints the variables that point the build and the compose file at the stand-ins.
+# takes seconds (the stand-in Dockerfiles are built again each time, from Docker's cache). Prints the
+# variables that point the build and the compose file at the stand-ins.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cache=${STANDIN_CACHE:-/var/cache/vistarl-standin}
@@ -25,8 +27,9 @@ if ! has_image "$debian"; then
         mkdir -p "$cache"
         root="$cache/rootfs.partial"
         rm -rf "$root"
-        echo "debootstrap: a minimal Debian $suite into $root" >&2
-        nice -n 10 debootstrap --variant=minbase "$suite" "$root" http://deb.debian.org/debian >"$cache/debootstrap.log" 2>&1 \
+        mirror=$(bash scripts/debian-mirror.sh)
+        echo "debootstrap: a minimal Debian $suite from $mirror into $root" >&2
+        nice -n 10 debootstrap --variant=minbase "$suite" "$root" "$mirror" >"$cache/debootstrap.log" 2>&1 \
             || { tail -20 "$cache/debootstrap.log" >&2; exit 1; }
         rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
         tar -C "$root" -cf "$tarball.partial" .

@@ -1,8 +1,7 @@
 """The in-process environment contract that every environment package implements.
 
-An environment package (e.g. `services.sokoban`) exposes:
-- `build_env(sample=None, args=None, **config) -> Env`, the seeds' hook;
-- `ENV_FACTORY: EnvFactory`, which the server framework and the rollout loop use.
+An environment package (e.g. `services.sokoban`) exposes `ENV_FACTORY: EnvFactory`, which the server
+framework and the rollout loop use, and builds envs that subclass `Env` (docs/envs.md).
 
 Observations in process are `{"text": str, "images": [PIL.Image]}`; the server encodes images to
 data URLs at the boundary. `Env.step` returns a `StepResult`: the observation, the turn's `reward`, and
@@ -26,9 +25,10 @@ import math
 import numbers
 import random
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypedDict, TypeVar
+from typing import Any, Generic, Protocol, TypedDict, TypeVar
 
 from PIL import Image
 from pydantic import BaseModel
@@ -76,29 +76,46 @@ class StepResult:
         return self.terminated or self.truncated
 
 
-class Env(Protocol):
-    """One episode's worth of environment state."""
+def user_message(obs: EnvObservation) -> dict[str, Any]:
+    """An OpenAI-style user message: one `image_url` part per image (PIL or data URL), then the text."""
+    images = [{"type": "image_url", "image_url": {"url": image}} for image in obs["images"]]
+    return {"role": "user", "content": [*images, {"type": "text", "text": obs["text"]}]}
 
+
+class Env(ABC, Generic[OptionsT]):
+    """One episode's worth of environment state: the base every env subclasses.
+
+    An env writes `reset`, `step` and the episode's part of `state`; the base gives the defaults the
+    envs share: the observation as a user message, nothing to close, and the options and seed that
+    begin every state.
+    """
+
+    options: OptionsT
+    """The env's validated options, an instance of its factory's `options_model`."""
+    seed: int | None = None
+    """The seed its task was generated from; None for a task given as a sample or fixed by the options."""
+
+    @abstractmethod
     def reset(self) -> tuple[EnvObservation, dict[str, Any]]:
         """Start the episode; return the first observation and info."""
-        ...
 
+    @abstractmethod
     def step(self, response_text: str) -> StepResult:
         """Apply the model's full response: the next observation, the turn reward, and whether (and how)
         the episode ended."""
-        ...
 
     def format_observation(self, obs: EnvObservation) -> dict[str, Any]:
         """Turn an observation into an OpenAI-style user message (images as PIL or data URLs)."""
-        ...
+        return user_message(obs)
 
     def close(self) -> None:
-        """Release resources; safe to call twice."""
-        ...
+        """Release resources; safe to call twice. Nothing to release by default."""
+        return None
 
     def state(self) -> dict[str, Any]:
-        """The whole episode state as JSON-safe data; `EnvFactory.restore` rebuilds the env from it."""
-        ...
+        """The whole episode state as JSON-safe data; `EnvFactory.restore` rebuilds the env from it. This
+        base part is the options as set and the seed: an env adds its episode's progress to it."""
+        return {"options": self.options.model_dump(mode="json", exclude_unset=True), "seed": self.seed}
 
 
 def checked_step(env: Env, response_text: str) -> StepResult:
@@ -123,12 +140,6 @@ class TaskSplit(Protocol):
     def __getitem__(self, index: int) -> dict[str, Any]:
         """Row `index` (0-based) as a JSON-safe sample of the env's `sample_model`."""
         ...
-
-
-def user_message(obs: EnvObservation) -> dict[str, Any]:
-    """An OpenAI-style user message: one `image_url` part per image (PIL or data URL), then the text."""
-    images = [{"type": "image_url", "image_url": {"url": image}} for image in obs["images"]]
-    return {"role": "user", "content": [*images, {"type": "text", "text": obs["text"]}]}
 
 
 TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
@@ -252,7 +263,7 @@ def checked_create(
     return create
 
 
-ENV_MODULES: dict[str, str] = {
+ENV_MODULES: dict[str, str] = {  # a registered env's name, and the module whose ENV_FACTORY serves it
     "sokoban": "services.sokoban",
     "vsi": "services.vsi",
     "geo3k": "services.geo3k",

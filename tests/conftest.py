@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from clients import EnvClient
+from devtools.servers import redis_server
 from tests.client_kinds import BlockingAsyncClient, Client
-from tests.servers import redis_server, wait_until
+from tests.servers import wait_until
 
 if "PYTEST_XDIST_WORKER" in os.environ:
     # Workers share the cores: torch in each (and in the processes it starts) runs one thread, where a pool

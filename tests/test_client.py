@@ -60,8 +60,8 @@ from clients.protocol import (
     StepResponse,
 )
 from clients.retry import Delivery, attempt_until_final, delivery, retry_after_seconds, retry_delay
+from serving.launch import free_port
 from tests.client_kinds import Client
-from tests.servers import free_port
 
 FAST = RetryPolicy(max_attempts=5, base_delay=0.05, max_delay=0.2, deadline_s=10.0)
 

@@ -24,7 +24,8 @@ from clients import (
     decode_image,
 )
 from clients.protocol import ImagePart, TextPart
-from tests.servers import free_port, running_process, vistarl_cmd
+from devtools.servers import running_process, vistarl_cmd
+from serving.launch import free_port
 
 TOKEN = "e2e-secret"
 MAX_SESSIONS = 4

@@ -15,9 +15,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from clients import EnvConnectionError, RetryPolicy, SessionNotFoundError
+from serving.launch import free_port, stop_process
 from tests.client_kinds import Client
 from tests.envs.serving import counter_process, counter_server
-from tests.servers import free_port, stop_process
 
 # A backoff far longer than the test: a retry on another replica must not wait for it.
 SLOW_BACKOFF = RetryPolicy(max_attempts=4, base_delay=20.0, max_delay=20.0, deadline_s=30.0)

@@ -24,10 +24,10 @@ import httpx
 import pytest
 import yaml
 
+from devtools.servers import running_process
 from services.server.settings import ServerSettings
 from tests.compose_file import Loopback, Service, interpolate, load_services
 from tests.machine import require
-from tests.servers import running_process
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "compose-token"

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import re
+import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from services.env_api import load_env_factory
-from trainer.config import ConfigError, TrainConfig, load_config, parse_override
+from trainer.config import ConfigError, TrainConfig, load_config
+from trainer.overrides import parse_override
+from trainer.run_dir import run_name
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "configs"
+DOCUMENTED = sorted([ROOT / "README.md", ROOT / "DEVELOPERS.md", *(ROOT / "docs").rglob("*.md")])
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -86,10 +94,58 @@ def test_dotted_overrides_win_over_the_file(tmp_path: Path) -> None:
 
 
 def test_parse_override_reads_yaml_scalars_and_lists() -> None:
-    assert parse_override("rollout.max_turns=5") == (["rollout", "max_turns"], 5)
-    assert parse_override("env.eval_seeds=[1, 9]") == (["env", "eval_seeds"], [1, 9])
-    assert parse_override("rollout.queue=") == (["rollout", "queue"], None)
-    assert parse_override("model.path=a=b") == (["model", "path"], "a=b")
+    assert parse_override("rollout.max_turns=5", TrainConfig) == (["rollout", "max_turns"], 5)
+    assert parse_override("env.eval_seeds=[1, 9]", TrainConfig) == (["env", "eval_seeds"], [1, 9])
+    assert parse_override("rollout.queue=", TrainConfig) == (["rollout", "queue"], None)
+    assert parse_override("model.path=a=b", TrainConfig) == (["model", "path"], "a=b")
+    assert parse_override("env.options.calc_score=format", TrainConfig)[1] == "format"
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    """(where, command) for every line of the docs that gives `--set`, backslash continuations joined."""
+    found = []
+    for path in DOCUMENTED:
+        text = path.read_text(encoding="utf-8").replace("\\\n", " ")
+        for number, line in enumerate(text.splitlines(), 1):
+            if "--set " in line and "section.key=value" not in line:
+                found.append((f"{path.relative_to(ROOT)}:{number}", line))
+    return found
+
+
+def overrides_of(command: str) -> tuple[Path | None, list[str]]:
+    """The `--config` file and the `--set` items of a command (or of a sentence quoting `--set` in
+    backticks), shell variables such as `$s` read as 0."""
+    lexer = shlex.shlex(re.sub(r"\$\w+", "0", command.replace("`", " ")), posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    words = list(lexer)
+    config = next((ROOT / words[i + 1] for i, w in enumerate(words[:-1]) if w == "--config"), None)
+    return config, [words[i + 1] for i, word in enumerate(words[:-1]) if word == "--set"]
+
+
+def value_at(cfg: TrainConfig, keys: list[str]) -> Any:
+    """The validated value at a dotted path, as plain data."""
+    node: Any = cfg
+    for key in keys:
+        node = node[key] if isinstance(node, dict) else getattr(node, key)
+    return list(node) if isinstance(node, tuple) else str(node) if isinstance(node, Path) else node
+
+
+@pytest.mark.parametrize(
+    ("where", "command"), documented_commands(), ids=[w for w, _ in documented_commands()]
+)
+def test_every_documented_override_loads_and_lands_where_it_says(where: str, command: str) -> None:
+    config, items = overrides_of(command)
+    assert items, f"{where}: no --set item read from {command!r}"
+    cfg = load_config(config, items)
+    for item in items:
+        keys, value = parse_override(item, TrainConfig)
+        landed = value_at(cfg, keys)
+        assert (
+            landed == value
+            or landed == yaml.safe_load(str(value))
+            or str(landed) == str(value)
+            or (isinstance(landed, float) and landed == float(value))
+        ), f"{where}: {item} gave {landed!r}"
 
 
 def test_bad_type_names_the_field(tmp_path: Path) -> None:
@@ -175,3 +231,30 @@ def test_env_reward_path_and_eval_seed_range() -> None:
     )
     assert cfg.env.reward_path == "services.sokoban.reward:episode_reward"
     assert list(cfg.env.eval_seed_range) == [3, 4, 5]
+
+
+def test_env_options_the_env_refuses_fail_when_the_config_loads() -> None:
+    tiny = CONFIGS / "sokoban_tiny.yaml"
+    with pytest.raises(
+        ConfigError, match=r"env\.options\.grid_sise: unknown key \(did you mean 'grid_size'\?\)"
+    ):
+        load_config(tiny, ["env.options.grid_sise=6"])
+    with pytest.raises(ConfigError, match=r"env\.options\.max_steps: .*greater than or equal to 1 \(got 0\)"):
+        load_config(tiny, ["env.options.max_steps=0"])
+    with pytest.raises(ConfigError, match=r"env\.name: unknown environment 'maze'"):
+        load_config(tiny, ["env.name=maze"])
+    served_elsewhere = load_config(tiny, ["env.name=maze", "env.url=http://10.0.0.3:8000"])
+    assert served_elsewhere.env.name == "maze", "an env served at env.url is checked by its server"
+
+
+@pytest.mark.parametrize(
+    ("config", "env", "name"),
+    [
+        ("configs/sokoban_tiny.yaml", "sokoban", "sokoban_tiny"),
+        ("configs/sokoban_tiny.yaml", "tests.envs.maze", "maze-sokoban_tiny"),
+        ("my.yaml", "geo3k", "geo3k-my"),
+        (None, "vsi", "vsi"),
+    ],
+)
+def test_a_run_is_named_after_its_env_as_well_as_its_config(config: str | None, env: str, name: str) -> None:
+    assert run_name(Path(config) if config else None, env) == name

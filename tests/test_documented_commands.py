@@ -19,7 +19,7 @@ import pytest
 import typer
 
 from cli.main import app
-from tests.servers import vistarl_cmd
+from devtools.servers import vistarl_cmd
 from trainer.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]

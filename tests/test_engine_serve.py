@@ -26,12 +26,13 @@ from transformers import AutoModelForImageTextToText, PreTrainedModel
 
 from clients.images import encode_image
 from clients.protocol import ToolCall
+from devtools.servers import running_process, vistarl_cmd
 from devtools.tiny_checkpoint import build_model
 from services.env_api import load_env_factory
 from services.server.tool_calls import ToolActions
 from services.sokoban.actions import parse_actions
+from serving.launch import free_port
 from tests.envs.serving import served as env_served
-from tests.servers import free_port, running_process, vistarl_cmd
 from tests.vl_samples import noise_image
 from trainer.rollout.engines.base import EngineRequestError, EngineUnavailableError, GenerateRequest
 from trainer.rollout.engines.chat import ChatCompletionRequest, completion, generate_request

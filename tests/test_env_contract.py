@@ -103,6 +103,43 @@ def test_an_env_refuses_options_of_another_model_and_a_step_before_reset(name: s
     env.close()
 
 
+class EchoEnv(Env[ForeignOptions]):
+    """An env that writes only what the base leaves to it: reset, step and its part of the state."""
+
+    def __init__(self, seed: int | None) -> None:
+        self.options, self.seed, self.turns = ForeignOptions(), seed, 0
+
+    def reset(self) -> tuple[EnvObservation, dict[str, Any]]:
+        return {"text": "say something", "images": []}, {}
+
+    def step(self, response_text: str) -> StepResult:
+        self.turns += 1
+        return StepResult({"text": response_text, "images": []}, 0.0, terminated=True)
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "turns": self.turns}
+
+
+def test_an_env_takes_the_bases_defaults_and_must_write_reset_and_step() -> None:
+    env = EchoEnv(seed=4)
+    observation, _ = env.reset()
+    assert env.format_observation(observation) == {
+        "role": "user",
+        "content": [{"type": "text", "text": "say something"}],
+    }
+    checked_step(env, "hello")
+    env.close()
+    env.close()
+    assert env.state() == {"options": {}, "seed": 4, "turns": 1}
+
+    class NoStep(Env[ForeignOptions]):
+        def reset(self) -> tuple[EnvObservation, dict[str, Any]]:
+            return {"text": "", "images": []}, {}
+
+    with pytest.raises(TypeError, match="step"):
+        NoStep()  # type: ignore[abstract]
+
+
 class TupleEnv:
     """An env that still returns the old `(obs, done, info)` tuple, its reward hidden in the info."""
 

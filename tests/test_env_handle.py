@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from clients.protocol import ResetResponse, StepResponse
-from tests.servers import free_port, running_process, stop_process, vistarl_cmd
+from devtools.servers import running_process, vistarl_cmd
+from serving.launch import free_port, stop_process
 from trainer.rollout.env_handle import EnvError, EnvHandle, Envs, is_url
 from trainer.rollout.job import EpisodeJob
 from trainer.rollout.rewards import env_reward, load_reward_fn

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from devtools.servers import vistarl_cmd
 from services.sokoban.actions import random_reply
-from tests.servers import vistarl_cmd
 from trainer.eval import baseline_policy, summarize
 from trainer.rollout.engines.base import GenerateRequest
 from trainer.rollout.engines.sglang_api import SamplingParams

@@ -18,8 +18,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from serving.launch import free_port
 from tests.fsdp_worker import train_step
-from tests.servers import free_port
 from tests.test_update import assert_same_step
 from trainer.learner.fsdp import full_state_dict
 from trainer.learner.models import load_actor, load_critic

@@ -12,9 +12,10 @@ import pytest
 from clients.errors import BadRequestError
 from clients.http import EnvClient
 from clients.images import decode_image
+from devtools.servers import running_process, vistarl_cmd
 from services.geo3k.generator import generate
 from services.geo3k.generator.diagram import IMAGE_SIZE
-from tests.servers import free_port, running_process, vistarl_cmd
+from serving.launch import free_port
 
 
 @pytest.fixture(scope="module", params=[0, 1], ids=["threads", "env-workers"])

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from services.env_api import EnvFactory, EnvObservation, StepResult
+from services.env_api import Env, EnvFactory, EnvObservation, StepResult
 from trainer.config import TrainConfig
 from trainer.train import run_training
 
@@ -31,10 +31,11 @@ class _NoOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class OneTurnEnv:
+class OneTurnEnv(Env[_NoOptions]):
     """Asks for a reply once, accepts whatever comes, and ends."""
 
     def __init__(self, seed: int | None) -> None:
+        self.options = _NoOptions()
         self.seed = seed
 
     def reset(self) -> tuple[EnvObservation, dict[str, Any]]:
@@ -42,15 +43,6 @@ class OneTurnEnv:
 
     def step(self, response_text: str) -> StepResult:
         return StepResult(EnvObservation(text="Thanks.", images=[]), 0.0, terminated=True)
-
-    def format_observation(self, obs: EnvObservation) -> dict[str, Any]:
-        return {"role": "user", "content": [{"type": "text", "text": obs["text"]}]}
-
-    def close(self) -> None:
-        return None
-
-    def state(self) -> dict[str, Any]:
-        return {"seed": self.seed}
 
 
 ENV_FACTORY = EnvFactory(

@@ -67,7 +67,7 @@ class TwoTurnEnv(OneTurnEnv):
         return StepResult(EnvObservation(text="Another one.", images=[]), self.rewards[-1], done, info=info)
 
     def state(self) -> dict[str, Any]:
-        return {"seed": self.seed, "rewards": self.rewards}
+        return {**super().state(), "rewards": self.rewards}
 
 
 ENV_FACTORY = dataclasses.replace(

@@ -15,7 +15,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from tests.servers import free_port
+from serving.launch import free_port
 from trainer.learner.checkpoint import TrainerState
 from trainer.rank_commands import Push, Stop, Train, decode, encode
 from trainer.rollout.trajectory import Status, Trajectory

@@ -9,19 +9,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from clients.http import AsyncEnvClient
 from services.sokoban.reward import reward as sokoban_reward
+from serving.launch import free_port
 from tests.runners import trajectory_for
-from tests.servers import free_port
 from tests.test_env_handle import env_process, image_urls
 from trainer.config import RolloutConfig
 from trainer.rollout.engines.base import Engine, GenerateRequest
 from trainer.rollout.engines.scripted import ScriptedEngine
 from trainer.rollout.engines.sglang import SGLangEngine
 from trainer.rollout.env_handle import Envs
-from trainer.rollout.episode import episode_settings, run_episode
-from trainer.rollout.job import EpisodeJob, group_jobs
+from trainer.rollout.episode import run_episode
+from trainer.rollout.job import EpisodeJob, EpisodeSettings, group_jobs
 from trainer.rollout.processor import VLProcessor
 from trainer.rollout.runner import run_jobs
 from trainer.rollout.trajectory import Status, Trajectory
@@ -282,13 +283,14 @@ async def test_cancellation_propagates_and_closes_the_session(
     assert await handle.sessions.close(session_id) is False, "the session was already deleted"
 
 
-async def test_bad_job_settings_fail_with_a_clear_error(processor: VLProcessor, envs: Envs) -> None:
-    engine = ScriptedEngine(processor, [TWO_MOVES])
-    trajectory = await play(processor, engine, envs, sampling={"max_tokens": 5})
-    assert trajectory.status is Status.FAILED and "max_tokens" in (trajectory.error or "")
-    assert trajectory.train_ids == [] and engine.requests == []
-    over = await play(processor, engine, envs, sampling={"max_new_tokens": 5000})
-    assert over.status is Status.FAILED and "max_new_tokens" in (over.error or "")
+def test_bad_job_settings_are_refused_naming_the_field() -> None:
+    settings = EpisodeSettings.of(config()).model_dump()
+    with pytest.raises(ValidationError, match="max_tokens"):
+        job(settings={**settings, "sampling": {**settings["sampling"], "max_tokens": 5}})
+    with pytest.raises(ValidationError, match="max_new_tokens"):
+        job(settings={**settings, "sampling": {**settings["sampling"], "max_new_tokens": 5000}})
+    with pytest.raises(ValidationError, match="temperature"):
+        EpisodeSettings.of(config()).sampled_with(temperature=-1.0)
 
 
 async def test_a_failing_reward_function_fails_the_episode(processor: VLProcessor, envs: Envs) -> None:
@@ -303,14 +305,29 @@ async def test_a_failing_reward_function_fails_the_episode(processor: VLProcesso
     assert trajectory.status is Status.FAILED and "reward function failed" in (trajectory.error or "")
 
 
-def test_job_sampling_overrides_the_config() -> None:
-    episode, params = episode_settings(
-        RolloutConfig(rollout_temperature=0.8, top_k=20),
-        {"max_turns": 3, "rollout_max_context_len": 4096, "temperature": 0.5, "sampling_seed": 9},
+def test_episode_settings_are_the_rollout_sections_own() -> None:
+    rollout = config(max_turns=3, rollout_temperature=0.8, rollout_top_p=0.9, top_k=20, stop=["</answer>"])
+    settings = EpisodeSettings.of(rollout)
+    assert (settings.max_turns, settings.rollout_max_response_len, settings.rollout_max_context_len) == (
+        3,
+        256,
+        rollout.rollout_max_context_len,
     )
-    assert (episode.max_turns, episode.rollout_max_context_len) == (3, 4096)
-    assert (params.temperature, params.top_k, params.sampling_seed) == (0.5, 20, 9)
-    assert params.max_new_tokens == episode.max_new_tokens
+    params = settings.sampling
+    assert (params.max_new_tokens, params.temperature, params.top_p, params.top_k) == (64, 0.8, 0.9, 20)
+    assert params.stop == ["</answer>"] and params.sampling_seed is None
+
+
+async def test_a_jobs_settings_and_seed_rule_over_the_runners_config(
+    processor: VLProcessor, envs: Envs
+) -> None:
+    engine = ScriptedEngine(processor, wander)
+    settings = EpisodeSettings.of(config(max_turns=2, rollout_temperature=0.5))
+    trajectory = await play(
+        processor, engine, envs, config=config(max_turns=6), seed=5, settings=settings, sampling_seed=9
+    )
+    assert trajectory.status is Status.TRUNCATED and "turn budget of 2 turns" in (trajectory.error or "")
+    assert [(r.sampling.temperature, r.sampling.sampling_seed) for r in engine.requests] == [(0.5, 9)] * 2
 
 
 async def test_images_reach_the_engine_and_the_trajectory_in_order(
@@ -366,16 +383,16 @@ async def test_local_module_and_remote_server_give_the_same_trajectory(
 
 
 def test_groups_share_a_start_and_differ_in_sampling_seed() -> None:
-    jobs = group_jobs(
-        "sokoban", [{"seed": 1}, {"seed": 2, "options": {"grid_size": 7}}], 3, sampling={"top_p": 0.9}
-    )
+    settings = EpisodeSettings.of(config(rollout_top_p=0.9))
+    starts = [{"seed": 1}, {"seed": 2, "options": {"grid_size": 7}}]
+    jobs = group_jobs("sokoban", starts, 3, settings=settings)
     assert [j.group_id for j in jobs] == ["ep-g0"] * 3 + ["ep-g1"] * 3
     assert len({j.episode_id for j in jobs}) == 6
     assert [j.seed for j in jobs] == [1, 1, 1, 2, 2, 2] and jobs[3].options == {"grid_size": 7}
-    seeds = [j.sampling["sampling_seed"] for j in jobs]
-    assert len(set(seeds)) == 6 and all(j.sampling["top_p"] == 0.9 for j in jobs)
-    again = group_jobs("sokoban", [{"seed": 1}, {"seed": 2}], 3, sampling={"top_p": 0.9})
-    assert [j.sampling["sampling_seed"] for j in again] == seeds
+    seeds = [j.sampling_seed for j in jobs]
+    assert len(set(seeds)) == 6 and all(j.settings == settings for j in jobs)
+    again = group_jobs("sokoban", [{"seed": 1}, {"seed": 2}], 3)
+    assert [j.sampling_seed for j in again] == seeds and again[0].settings is None
     with pytest.raises(ValueError, match=r"takes options, sample, seed, task_id; got \[.sed.\]"):
         group_jobs("sokoban", [{"sed": 1}], 2)
 

@@ -11,7 +11,6 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,7 +31,7 @@ from trainer.queue.worker import WorkerOptions, run_worker
 from trainer.rollout.engines.hf import HFEngine
 from trainer.rollout.engines.spec import EngineSpec
 from trainer.rollout.env_handle import Envs
-from trainer.rollout.job import group_jobs
+from trainer.rollout.job import EpisodeSettings, group_jobs
 from trainer.rollout.runner import RolloutRunner, run_jobs
 from trainer.rollout.trajectory import Status, Trajectory
 
@@ -55,9 +54,9 @@ async def engine(tiny_qwen25: Path) -> AsyncIterator[HFEngine]:
     await loaded.close()
 
 
-def one_token_replies(engine: HFEngine) -> dict[str, Any]:
-    """Sampling that makes every token a stop token: one-token replies that finish with `stop`."""
-    return {"stop_token_ids": list(range(engine.vocab_size)), "temperature": TEMPERATURE}
+def one_token_replies(engine: HFEngine, config: RolloutConfig) -> EpisodeSettings:
+    """`config`'s settings, with every token a stop token: one-token replies that finish with `stop`."""
+    return EpisodeSettings.of(config).sampled_with(stop_token_ids=list(range(engine.vocab_size)))
 
 
 def generated_runs(trajectory: Trajectory) -> list[list[int]]:
@@ -79,7 +78,9 @@ async def test_hf_episodes_are_token_exact_and_match_the_trainer_logprobs(
 ) -> None:
     config = RolloutConfig(max_turns=3, max_new_tokens=4, rollout_temperature=TEMPERATURE)
     jobs = [
-        *group_jobs(sokoban_url, [SMALL | {"seed": 1}], 2, sampling=one_token_replies(engine), prefix="stop"),
+        *group_jobs(
+            sokoban_url, [SMALL | {"seed": 1}], 2, settings=one_token_replies(engine, config), prefix="stop"
+        ),
         *group_jobs(sokoban_url, [SMALL | {"seed": 2}], 2, prefix="length"),
     ]
     envs = Envs(token="", outage_s=10.0)
@@ -127,9 +128,10 @@ async def test_the_default_runner_works_through_a_worker(tiny_qwen25: Path, soko
         reward_path="services.sokoban.reward",
         concurrency=4,
     )
-    sampling = {"max_turns": 2, "max_new_tokens": 3, "stop_token_ids": list(range(ANY_QWEN_VOCAB))}
+    settings = EpisodeSettings.of(RolloutConfig(max_turns=2, max_new_tokens=3))
+    settings = settings.sampled_with(stop_token_ids=list(range(ANY_QWEN_VOCAB)))
     jobs = group_jobs(
-        "sokoban", [SMALL | {"seed": 4}, SMALL | {"seed": 5}], 2, sampling=sampling, policy_version=3
+        "sokoban", [SMALL | {"seed": 4}, SMALL | {"seed": 5}], 2, settings=settings, policy_version=3
     )
     await queue.enqueue(jobs)
     stop = asyncio.Event()

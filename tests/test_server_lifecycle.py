@@ -15,8 +15,9 @@ import httpx
 import pytest
 
 from clients.protocol import ErrorResponse
+from devtools.servers import vistarl_cmd
 from tests.envs.serving import COUNTER_ENV, counter_process, counter_server
-from tests.servers import vistarl_cmd, wait_until
+from tests.servers import wait_until
 
 TIMEOUT = 30.0
 TTL = 1.5

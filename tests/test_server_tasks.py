@@ -21,10 +21,10 @@ from PIL import Image
 from clients import AsyncEnvClient, EnvClient, TaskNotFoundError
 from clients.images import decode_image, encode_image
 from clients.protocol import InfoResponse, ResetResponse
+from devtools.servers import vistarl_cmd
 from services.datasets import load_splits
 from tests.envs.quiz import ANSWER_TOOL, SPLIT_SIZES, QuizSample, quiz_row
 from tests.envs.serving import counter_server, served
-from tests.servers import vistarl_cmd
 from tests.wire import assert_error, reset
 
 QUIZ_ENV = "tests.envs.quiz"

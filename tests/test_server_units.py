@@ -11,17 +11,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
+from fastapi import APIRouter, Depends, FastAPI, Response, Security
+from fastapi.security import HTTPBearer
 from fastapi.testclient import TestClient
 from PIL import Image
 
 from clients.images import decode_image, encode_image
+from clients.protocol import FormatRequest
+from devtools.servers import vistarl_cmd, wait_http
 from services.env_api import EnvObservation
 from services.server.app import create_app
 from services.server.encoding import json_safe, message_to_wire, observation_to_wire
+from services.server.json_route import JSONRoute, LeanRoutes
 from services.server.settings import ServerSettings
 from serving.launch import free_port, stop_process
 from tests.envs.counter import ENV_FACTORY
-from tests.servers import vistarl_cmd, wait_http
 
 
 def test_json_safe_turns_env_info_into_plain_json() -> None:
@@ -83,6 +88,49 @@ def test_the_hot_endpoints_keep_their_openapi_schema() -> None:
         post = paths[f"/{name.lower()}"]["post"]
         assert schema_ref(post["requestBody"]["content"]).endswith(f"/{name}Request")
         assert schema_ref(post["responses"]["200"]["content"]).endswith(f"/{name}Response")
+
+
+def refuses_everyone() -> None:
+    """A dependency that FastAPI would run, and that the lean path would skip."""
+    raise AssertionError("never called")
+
+
+async def answer(request: FormatRequest) -> bytes:
+    return b"{}"
+
+
+def test_a_lean_route_with_a_dependency_it_would_skip_fails_when_built() -> None:
+    router = APIRouter()
+    declared = Security(HTTPBearer(auto_error=False))  # never refuses: the guard checks the token
+    router.add_api_route(
+        "/ok", answer, methods=["POST"], route_class_override=JSONRoute, dependencies=[declared]
+    )
+    for dependency, name in (
+        (Depends(refuses_everyone), "refuses_everyone"),
+        (Security(HTTPBearer()), "HTTPBearer"),
+    ):
+        with pytest.raises(TypeError, match=rf"/format is served on the lean path.*declares {name}"):
+            router.add_api_route(
+                "/format", answer, methods=["POST"], route_class_override=JSONRoute, dependencies=[dependency]
+            )
+
+
+def test_lean_routes_refuse_at_start_a_session_delete_with_a_dependency() -> None:
+    async def delete_session(session_id: str) -> Response:
+        return Response(status_code=204)
+
+    app = FastAPI()
+    app.add_api_route(
+        "/sessions/{session_id}", delete_session, methods=["DELETE"], dependencies=[Depends(refuses_everyone)]
+    )
+    app.add_middleware(LeanRoutes, routes=app.routes, handlers=app.exception_handlers)
+    with (
+        pytest.raises(
+            TypeError, match=r"/sessions/\{session_id\} is served on the lean path.*refuses_everyone"
+        ),
+        TestClient(app),
+    ):
+        pass
 
 
 # What a start of `vistarl serve sokoban` leaves for later, each with who imports it instead.

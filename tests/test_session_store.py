@@ -21,8 +21,9 @@ import httpx
 import pytest
 
 from clients.protocol import StepResponse
+from devtools.servers import redis_server
 from tests.envs.serving import counter_process, counter_server
-from tests.servers import children, metric, redis_server, wait_until
+from tests.servers import children, metric, wait_until
 from tests.wire import assert_error, reset, step
 
 TIMEOUT = 30.0

@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 
 from benchmarks import paired_eval, perception_probe
 from cli.main import app
+from devtools.servers import vistarl_cmd
 from services.sokoban.demos import demonstration
 from services.sokoban.env import SokobanEnv
 from services.sokoban.options import SokobanOptions
-from tests.servers import vistarl_cmd
 from trainer.config import load_config
 from trainer.learner.models import load_lm
 from trainer.rollout.processor import VLProcessor

@@ -11,7 +11,8 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from cli.main import app
-from tests.servers import free_port, vistarl_cmd
+from devtools.servers import vistarl_cmd
+from serving.launch import free_port
 
 
 def test_solve_reports_the_solve_rate() -> None:

@@ -9,9 +9,10 @@ import pytest
 from clients.errors import BadRequestError
 from clients.http import EnvClient
 from clients.images import decode_image
+from devtools.servers import running_process, vistarl_cmd
 from services.sokoban.game import Game, Level
 from services.sokoban.solver import solve
-from tests.servers import free_port, running_process, vistarl_cmd
+from serving.launch import free_port
 
 
 @pytest.fixture(scope="module")

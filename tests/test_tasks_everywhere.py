@@ -10,20 +10,22 @@ from typing import Any
 
 import pytest
 
+from devtools.servers import env_server
 from services.env_api import load_env_factory
-from tests.servers import env_server
 from trainer.config import RolloutConfig
 from trainer.queue.consumer import ResultConsumer
 from trainer.queue.memory import MemoryQueue
 from trainer.queue.worker import Worker
 from trainer.rollout.engines.hf import HFEngine
-from trainer.rollout.job import group_jobs
+from trainer.rollout.job import EpisodeSettings, group_jobs
 from trainer.rollout.runner import RolloutRunner
 from trainer.rollout.trajectory import Status, Trajectory
 
-GREEDY = {"temperature": 0.0, "max_new_tokens": 4, "stop_token_ids": list(range(152_000))}
-"""Greedy one-token replies (any token stops), so every reply reaches the env."""
 CONFIG = RolloutConfig(max_turns=3, max_new_tokens=12, rollout_max_response_len=36)
+GREEDY = EpisodeSettings.of(CONFIG).sampled_with(
+    temperature=0.0, max_new_tokens=4, stop_token_ids=list(range(152_000))
+)
+"""Greedy one-token replies (any token stops), so every reply reaches the env."""
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +55,13 @@ def fingerprint(trajectory: Trajectory) -> tuple[Any, ...]:
 
 async def direct(runner: RolloutRunner, env: str) -> list[Trajectory]:
     """Each start played by calling the runner, as an in-process rollout does."""
-    return [await runner(job) for job in group_jobs(env, starts(), 1, sampling=GREEDY, prefix="direct")]
+    return [await runner(job) for job in group_jobs(env, starts(), 1, settings=GREEDY, prefix="direct")]
 
 
 async def queued(runner: RolloutRunner, env: str) -> list[Trajectory]:
     """Each start enqueued, run by a worker, and collected by the trainer's consumer."""
     queue = MemoryQueue("tasks-everywhere")
-    jobs = group_jobs(env, starts(), 1, sampling=GREEDY, prefix="queued")
+    jobs = group_jobs(env, starts(), 1, settings=GREEDY, prefix="queued")
     stop = asyncio.Event()
     worker = asyncio.create_task(Worker(queue, runner, consumer="w").run(stop))
     await queue.enqueue(jobs)

@@ -11,8 +11,8 @@ from PIL import Image
 from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
 
 from devtools.model_shapes import SHAPES, arch_for, qwen_vl_config
+from devtools.servers import vistarl_cmd
 from devtools.tiny_checkpoint import ARCHS
-from tests.servers import vistarl_cmd
 
 QWEN_SPECIAL_IDS = {
     "<|endoftext|>": 151643,

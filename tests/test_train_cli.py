@@ -17,7 +17,9 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from cli.main import app
-from tests.servers import free_port, running_process, vistarl_cmd, wait_until
+from devtools.servers import running_process, vistarl_cmd
+from serving.launch import free_port
+from tests.servers import wait_until
 from trainer.config import load_config
 from trainer.rollout.engines.base import EngineUnavailableError
 from trainer.run_logging import draw_curve, failure_places

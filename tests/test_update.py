@@ -1,4 +1,4 @@
-"""`PolicyTrainer` on real trajectories: what `update` and `imitate` change, path by path.
+"""`PolicyTrainer` on real trajectories: what `update` and `imitate` (`imitation.py`) change, path by path.
 
 Every test builds fresh trainers on the tiny checkpoint (one process, no FSDP) and trajectories from
 conversations through the rollout's token tracks (`tests.learner_batches`). Expected values come from
@@ -16,6 +16,7 @@ import torch
 
 from tests.learner_batches import conversation, generated_logprob, scored_by, trajectory
 from trainer.config import TrainConfig
+from trainer.learner.imitation import imitate
 from trainer.learner.models import Models, load_actor, load_critic, load_reference
 from trainer.learner.update import PolicyTrainer, zero_variance_share
 from trainer.rollout.processor import VLProcessor
@@ -151,7 +152,7 @@ def test_nothing_trainable_is_skipped_and_changes_nothing(
     ]
     before = weights(trainer.actor)
     assert trainer.update(1, unplayed) == {"train/skipped": 1.0}
-    assert trainer.imitate(unplayed[1:]) == {"train/skipped": 1.0}
+    assert imitate(trainer, unplayed[1:]) == {"train/skipped": 1.0}
     assert optimizer_steps(trainer.actor_optimizer) == 0
     for name, tensor in weights(trainer.actor).items():
         assert torch.equal(tensor, before[name]), name
@@ -168,7 +169,7 @@ def test_imitate_lowers_the_nll_of_the_assistant_tokens(
         return -sum(generated_logprob(trainer.actor, processor, t) for t in batch) / tokens
 
     start = nll()
-    reported = [trainer.imitate(batch)["train/nll"] for _ in range(2)]
+    reported = [imitate(trainer, batch)["train/nll"] for _ in range(2)]
     assert reported[0] == pytest.approx(start, rel=1e-5), "the first step reports the NLL before it"
     assert reported[0] > reported[1] > nll()
 
@@ -191,7 +192,7 @@ def test_imitate_gives_tokens_with_mask_zero_no_gradient(
     def gradients(t: Trajectory) -> dict[str, torch.Tensor]:
         """The gradient of one SFT step on `t` from the starting weights (left on them after the step)."""
         trainer.actor.load_state_dict(start)
-        trainer.imitate([t])
+        imitate(trainer, [t])
         return {n: p.grad.clone() for n, p in trainer.actor.named_parameters() if p.grad is not None}
 
     with_mask, without_tail, trained = gradients(masked), gradients(first), gradients(both)

@@ -10,8 +10,8 @@ import pytest
 from clients.errors import BadRequestError
 from clients.http import EnvClient
 from clients.images import decode_image
+from devtools.servers import env_server
 from services.vsi import build_env
-from tests.servers import env_server
 
 OPTIONS = {"scene_set": "test", "image_size": 96, "max_turns": 5}
 ACTIONS = [

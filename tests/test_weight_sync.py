@@ -20,7 +20,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import nn
 
-from tests.servers import free_port, running_process, vistarl_cmd
+from devtools.servers import running_process, vistarl_cmd
+from serving.launch import free_port
 from tests.weight_probe import WeightSyncMismatch, nudge, verify_weight_sync
 from trainer.learner.models import load_lm
 from trainer.rollout.engines.base import EngineRequestError

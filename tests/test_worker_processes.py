@@ -21,9 +21,10 @@ import redis.asyncio as aioredis
 from typer.testing import CliRunner, Result
 
 from cli.main import app
+from devtools.servers import running_process, vistarl_cmd, wait_http
+from serving.launch import free_port, stop_process
 from tests.envs.serving import counter_server
 from tests.machine import require
-from tests.servers import free_port, running_process, stop_process, vistarl_cmd, wait_http
 from trainer.queue.base import unpack
 from trainer.queue.consumer import ResultConsumer
 from trainer.queue.redis import RedisQueue

@@ -1,4 +1,5 @@
-"""The training run's configuration: one typed model, loaded from YAML plus dotted `--set` overrides.
+"""The training run's configuration: one typed model, loaded from YAML plus dotted `--set` overrides
+(parsed and checked against the model by `trainer/overrides.py`).
 
 Every section forbids unknown keys, so a typo in a config file or an override is an error that names
 the key instead of a silently ignored setting. `load_config` turns pydantic's errors into one
@@ -7,14 +8,15 @@ the key instead of a silently ignored setting. `load_config` turns pydantic's er
 
 from __future__ import annotations
 
-import difflib
 import re
-import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from services.env_api import load_env_factory
+from trainer.overrides import OverrideError, apply_overrides, section_at, suggest_key
 
 AdvantageEstimator = Literal["grpo", "dr_grpo", "gae", "mc", "turn_gae"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
@@ -117,6 +119,20 @@ class EnvConfig(_Section):
         return range(*self.eval_seeds)
 
 
+def check_budgets(max_new_tokens: int, rollout_max_response_len: int, rollout_max_context_len: int) -> None:
+    """A ValueError naming the budgets unless the per-turn one fits in the episode's, which fits in the
+    context: the rule of the run's config and of every job's settings."""
+    if max_new_tokens > rollout_max_response_len:
+        raise ValueError(
+            f"max_new_tokens ({max_new_tokens}) exceeds rollout_max_response_len ({rollout_max_response_len})"
+        )
+    if rollout_max_response_len >= rollout_max_context_len:
+        raise ValueError(
+            f"rollout_max_response_len ({rollout_max_response_len}) must be below "
+            f"rollout_max_context_len ({rollout_max_context_len})"
+        )
+
+
 class RolloutConfig(_Section):
     """How episodes are generated: group sizes, budgets, sampling, engine and queue."""
 
@@ -165,16 +181,7 @@ class RolloutConfig(_Section):
     @model_validator(mode="after")
     def _budgets(self) -> RolloutConfig:
         """The per-turn budget fits in the episode budget, which fits in the context."""
-        if self.max_new_tokens > self.rollout_max_response_len:
-            raise ValueError(
-                f"max_new_tokens ({self.max_new_tokens}) exceeds "
-                f"rollout_max_response_len ({self.rollout_max_response_len})"
-            )
-        if self.rollout_max_response_len >= self.rollout_max_context_len:
-            raise ValueError(
-                f"rollout_max_response_len ({self.rollout_max_response_len}) must be below "
-                f"rollout_max_context_len ({self.rollout_max_context_len})"
-            )
+        check_budgets(self.max_new_tokens, self.rollout_max_response_len, self.rollout_max_context_len)
         return self
 
     @property
@@ -426,31 +433,47 @@ class TrainConfig(_Section):
 
 
 def load_config(path: str | Path | None, overrides: list[str]) -> TrainConfig:
-    """Read `path` (None: all defaults), apply `section.key=value` overrides, and validate."""
+    """Read `path` (None: all defaults), apply `section.key=value` overrides (`trainer/overrides.py`),
+    and validate."""
     raw = _read_yaml(Path(path)) if path is not None else {}
-    for item in overrides:
-        keys, value = parse_override(item)
-        _set_dotted(raw, keys, value, item)
     try:
-        return TrainConfig.model_validate(raw)
+        apply_overrides(raw, overrides, TrainConfig)
+    except OverrideError as exc:
+        raise ConfigError(str(exc)) from None
+    source = str(path) if path is not None else "defaults"
+    try:
+        cfg = TrainConfig.model_validate(raw)
     except ValidationError as exc:
-        source = str(path) if path is not None else "defaults"
         lines = [_describe_error(error) for error in exc.errors()]
         raise ConfigError(f"invalid config ({source}):\n  " + "\n  ".join(lines)) from None
+    lines = _env_options_errors(cfg.env)
+    if lines:
+        raise ConfigError(f"invalid config ({source}):\n  " + "\n  ".join(lines))
+    return cfg
 
 
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """Split `a.b.c=value` into its checked key path and the value parsed as a YAML scalar or list."""
-    dotted, sep, text = item.partition("=")
-    keys = dotted.strip().split(".")
-    if not sep or not all(keys):
-        raise ConfigError(f"override {item!r} must look like section.key=value")
-    _check_key_path(keys, item)
+def _env_options_errors(env: EnvConfig) -> list[str]:
+    """`env.options` checked against the env's own options model, one line per problem, so that options
+    the env refuses fail here rather than at the first reset. Nothing when the env cannot be loaded on
+    this machine but runs at `env.url`: its server checks them at every reset."""
     try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override {item!r}: the value is not valid YAML ({exc})") from None
-    return keys, value
+        factory = load_env_factory(env.name)
+    except ValueError as exc:
+        return [] if env.url is not None else [f"env.name: {exc}"]
+    try:
+        factory.options_model.model_validate(env.options)
+    except ValidationError as exc:
+        return [_describe_option_error(error, factory.options_model) for error in exc.errors()]
+    return []
+
+
+def _describe_option_error(error: Any, options_model: type[BaseModel]) -> str:
+    """One line for a pydantic error of the env's options model, under `env.options`."""
+    loc = tuple(str(part) for part in error["loc"])
+    if error["type"] == "extra_forbidden":
+        hint = suggest_key(loc[-1], section_at(options_model, loc[:-1]))
+        return f"env.options.{'.'.join(loc)}: unknown key{hint}"
+    return _describe_error({**error, "loc": ("env", "options", *loc)})
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -468,70 +491,15 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _check_key_path(keys: list[str], item: str) -> None:
-    """Walk `keys` through the config schema; unknown keys and keys below a plain value are errors."""
-    model: type[BaseModel] = TrainConfig
-    for depth, key in enumerate(keys):
-        dotted = ".".join(keys[: depth + 1])
-        field = model.model_fields.get(key)
-        if field is None:
-            raise ConfigError(f"override {item!r}: unknown key {dotted!r}{_suggest(key, model)}")
-        annotation = field.annotation
-        if typing.get_origin(annotation) is dict:
-            return
-        if not _is_section(annotation):
-            if depth < len(keys) - 1:
-                raise ConfigError(f"override {item!r}: {dotted!r} is a value, not a section")
-            return
-        model = annotation
-
-
-def _set_dotted(raw: dict[str, Any], keys: list[str], value: Any, item: str) -> None:
-    """Set `raw[k0][k1]...[kn] = value`, creating the sections that the file left out."""
-    node = raw
-    for depth, key in enumerate(keys[:-1]):
-        child = node.setdefault(key, {})
-        if not isinstance(child, dict):
-            dotted = ".".join(keys[: depth + 1])
-            raise ConfigError(f"override {item!r}: {dotted!r} in the config file is not a mapping")
-        node = child
-    node[keys[-1]] = value
-
-
 def _describe_error(error: Any) -> str:
     """One line per pydantic error: the dotted field path, then what is wrong with it."""
     loc = tuple(str(part) for part in error["loc"])
     where = ".".join(loc)
     if error["type"] == "extra_forbidden":
-        return f"{where}: unknown key{_suggest(loc[-1], _model_at(loc[:-1]))}"
+        return f"{where}: unknown key{suggest_key(loc[-1], section_at(TrainConfig, loc[:-1]))}"
     message = str(error["msg"]).removeprefix("Value error, ")
     if not where:
         return message
     if error["type"] == "value_error":
         return f"{where}: {message}"
     return f"{where}: {message} (got {error['input']!r})"
-
-
-def _model_at(loc: tuple[str, ...]) -> type[BaseModel] | None:
-    """The section model at a dotted location, or None below a plain value or free-form mapping."""
-    model: type[BaseModel] = TrainConfig
-    for key in loc:
-        field = model.model_fields.get(key)
-        annotation = field.annotation if field is not None else None
-        if not _is_section(annotation):
-            return None
-        model = annotation
-    return model
-
-
-def _is_section(annotation: Any) -> typing.TypeGuard[type[BaseModel]]:
-    """Whether a field's annotation is a nested section model."""
-    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
-
-
-def _suggest(key: str, model: type[BaseModel] | None) -> str:
-    """A ` (did you mean ...?)` hint naming the closest valid key, or nothing."""
-    if model is None:
-        return ""
-    close = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.5)
-    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -21,11 +21,11 @@ from trainer.config import TrainConfig
 from trainer.rollout.engines.base import GenerateRequest
 from trainer.rollout.engines.scripted import Responder
 from trainer.rollout.env_handle import split_size
-from trainer.rollout.job import group_jobs
+from trainer.rollout.job import EpisodeSettings, group_jobs
 from trainer.rollout.processor import VLProcessor
 from trainer.rollout.trajectory import Trajectory
 from trainer.run_logging import save_trajectory
-from trainer.stack import Stack, episode_sampling
+from trainer.stack import Stack
 
 __all__ = ["baseline_policy", "eval_starts", "evaluate", "summarize"]
 
@@ -57,8 +57,8 @@ async def evaluate(
     Episodes that do not finish within `rollout.collect_timeout_s` count as missing.
     """
     starts = await eval_starts(cfg, stack.env, max_episodes)
-    sampling = {**episode_sampling(cfg.rollout), "temperature": 0.0}
-    jobs = group_jobs(stack.env, starts, 1, sampling=sampling, policy_version=version, prefix=key)
+    greedy = EpisodeSettings.of(cfg.rollout).sampled_with(temperature=0.0)
+    jobs = group_jobs(stack.env, starts, 1, settings=greedy, policy_version=version, prefix=key)
     await stack.submit(key, jobs)
     gathered = await stack.gather(key, cfg.rollout.collect_timeout_s)
     order = {job.episode_id: index for index, job in enumerate(jobs)}

@@ -10,10 +10,9 @@ from typing import Any
 from services.datasets import ParquetSplit
 from services.env_api import TaskSplit
 from trainer.config import TrainConfig
-from trainer.learner.update import SEED_STRIDE
 from trainer.rollout.env_handle import split_size
-from trainer.rollout.job import EpisodeJob, group_jobs
-from trainer.stack import episode_sampling
+from trainer.rollout.job import EpisodeJob, EpisodeSettings, group_jobs
+from trainer.seeds import derived_seed
 
 __all__ = ["PromptSource", "step_jobs"]
 
@@ -60,7 +59,7 @@ class PromptSource:
             return {"seed": seed, "options": self.options}
         epoch, index = divmod(position, self.count)
         order = list(range(self.count))
-        random.Random(self.shuffle_seed * SEED_STRIDE + epoch).shuffle(order)
+        random.Random(derived_seed(self.shuffle_seed, epoch)).shuffle(order)
         if self.rows is not None:
             return {"sample": self.rows[order[index]], "options": self.options}
         return {"task_id": f"{self.split}/{order[index]}", "options": self.options}
@@ -91,8 +90,8 @@ def step_jobs(
         env,
         prompts.take(cursor, rollout.rollout_batch_size),
         rollout.n_samples_per_prompt,
-        sampling=episode_sampling(rollout),
+        settings=EpisodeSettings.of(rollout),
         policy_version=version,
-        seed=cfg.train.seed * SEED_STRIDE + step,
+        seed=derived_seed(cfg.train.seed, step),
         prefix=f"{tag}-s{step:06d}",
     )

@@ -16,7 +16,17 @@ from trainer.config import TrainConfig
 from trainer.learner.checkpoint import latest_checkpoint
 from trainer.ranks import broadcast_bytes, current_rank
 
-__all__ = ["agreed_run_dir", "resolve_run_dir"]
+__all__ = ["agreed_run_dir", "resolve_run_dir", "run_name"]
+
+
+def run_name(config: Path | None, env: str) -> str:
+    """What a run is named after: its config, led by its env where the config's name does not start with
+    the env's (`sokoban_tiny`; `maze-sokoban_tiny` for that config with `env.name=maze`); the env alone
+    without a config. `env` is a registered name or an import path, whose last part names it."""
+    label = env.rpartition(".")[2]
+    if config is None:
+        return label
+    return config.stem if config.stem.startswith(label) else f"{label}-{config.stem}"
 
 
 def resolve_run_dir(cfg: TrainConfig, name: str, resume: bool) -> Path:

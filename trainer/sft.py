@@ -7,8 +7,8 @@
 2. turns each demonstration into a `Trajectory` with the policy's own token tracks
    (`TokenTracks.from_conversation`), so the loss mask covers the assistant's tokens and nothing else;
 3. for `sft.epochs` epochs, shuffles them (reproducibly per epoch) and takes `sft.batch_size` per
-   optimizer step: `PolicyTrainer.imitate`, the NLL of the assistant tokens over the same packing,
-   micro-batches, FSDP sharding, clipping and learning-rate schedule as the RL update;
+   optimizer step: `imitate` (`trainer/learner/imitation.py`), the NLL of the assistant tokens over the
+   same packing, micro-batches, FSDP sharding, clipping and learning-rate schedule as the RL update;
 4. logs every step (metrics.jsonl, the loss curve, TensorBoard) and saves a checkpoint at the end,
    whose `actor/` directory is an HF checkpoint that `model.path` takes as the RL policy.
 
@@ -31,14 +31,16 @@ from rich.console import Console
 from trainer.config import TrainConfig
 from trainer.learner.checkpoint import TrainerState, save_checkpoint
 from trainer.learner.fsdp import init_distributed, is_distributed, rank_device
+from trainer.learner.imitation import imitate
 from trainer.learner.models import Models, load_actor
-from trainer.learner.update import SEED_STRIDE, PolicyTrainer
+from trainer.learner.update import PolicyTrainer
 from trainer.ranks import current_rank
 from trainer.rollout.processor import VLProcessor
 from trainer.rollout.tokenization import TokenTrackError, TokenTracks, TurnEncoder
 from trainer.rollout.trajectory import Status, Trajectory
 from trainer.run_dir import agreed_run_dir
 from trainer.run_logging import RunLogger
+from trainer.seeds import permutation
 
 __all__ = ["SFTResult", "load_sft_data", "run_sft"]
 
@@ -98,8 +100,7 @@ def batches(count: int, cfg: TrainConfig) -> Iterator[tuple[int, list[int]]]:
     `sft.batch_size` pieces (the last one may be smaller)."""
     size = cfg.sft.batch_size
     for epoch in range(cfg.sft.epochs):
-        generator = torch.Generator().manual_seed(cfg.train.seed * SEED_STRIDE + epoch)
-        order = torch.randperm(count, generator=generator).tolist()
+        order = permutation(count, cfg.train.seed, epoch)
         for start in range(0, count, size):
             yield epoch, order[start : start + size]
 
@@ -136,7 +137,7 @@ def run_sft(cfg: TrainConfig, *, name: str = "sft", console: Console | None = No
         logger.note(f"SFT on {len(data)} trajectories from {data_path}; run directory: {run_dir}")
     try:
         for step, (epoch, indices) in enumerate(batches(len(data), cfg), 1):
-            metrics = trainer.imitate([data[i] for i in indices])
+            metrics = imitate(trainer, [data[i] for i in indices])
             if logger is not None:
                 logger.log_step(step, {**metrics, "sft/epoch": float(epoch)})
         checkpoint = save_checkpoint(

@@ -19,12 +19,11 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from serving.launch import serve_env
-from trainer.config import RolloutConfig, TrainConfig
+from trainer.config import TrainConfig
 from trainer.queue import open_queue
 from trainer.queue.base import EpisodeQueue
 from trainer.queue.consumer import ResultConsumer
@@ -37,27 +36,13 @@ from trainer.rollout.rewards import load_reward_fn
 from trainer.rollout.runner import RolloutRunner
 from trainer.rollout.trajectory import Trajectory
 
-__all__ = ["ENV_SERVER_LOG", "Gathered", "Stack", "StalePolicyError", "episode_sampling", "open_stack"]
+__all__ = ["ENV_SERVER_LOG", "Gathered", "Stack", "StalePolicyError", "open_stack"]
 
 log = logging.getLogger(__name__)
 
 ENV_SERVER_LOG = "env-server.log"
 WORKER_STOP_GRACE_S = 30.0
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def episode_sampling(rollout: RolloutConfig) -> dict[str, Any]:
-    """A job's `sampling`: the run's budgets and sampling params (external workers follow the job)."""
-    return {
-        "max_turns": rollout.max_turns,
-        "max_new_tokens": rollout.max_new_tokens,
-        "rollout_max_response_len": rollout.rollout_max_response_len,
-        "rollout_max_context_len": rollout.rollout_max_context_len,
-        "temperature": rollout.rollout_temperature,
-        "top_p": rollout.rollout_top_p,
-        "top_k": rollout.top_k,
-        **({"stop": rollout.stop} if rollout.stop else {}),
-    }
 
 
 @dataclass

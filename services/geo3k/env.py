@@ -21,14 +21,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from clients.images import decode_image
 from services.choices import choice_letter
-from services.env_api import EnvObservation, StepResult, check_steppable, user_message
+from services.env_api import Env, EnvObservation, StepResult, check_steppable
 from services.geo3k import prompt
 from services.geo3k.answers import last_boxed
 from services.geo3k.generator import generate
 from services.geo3k.grader import GraderPool, Verdict, shared_pool
 from services.geo3k.options import Geo3kOptions
 from services.geo3k.sample import LETTERS, Geo3kSample
-from services.geo3k.tool_call import ToolCall, parse_tool_call
+from services.geo3k.tool_call import TOOL_NAMES, ToolCall, parse_tool_call
 
 
 class Outcome(str, enum.Enum):
@@ -71,7 +71,7 @@ class EpisodeState(BaseModel):
     final_source: FinalSource | None = None
 
 
-class Geo3kEnv:
+class Geo3kEnv(Env[Geo3kOptions]):
     """One geometry problem, played as an episode of tool calls that `reset()` restarts."""
 
     def __init__(
@@ -172,18 +172,10 @@ class Geo3kEnv:
             "boxed_final_answer": episode.final_source is FinalSource.BOXED,
         }
 
-    def format_observation(self, obs: EnvObservation) -> dict[str, Any]:
-        """An OpenAI-style user message: one `image_url` part per image (PIL here), then the text."""
-        return user_message(obs)
-
-    def close(self) -> None:
-        """Nothing to release (the grading pool is shared by the process); present for the Env contract."""
-
     def state(self) -> dict[str, Any]:
         """Everything `from_state` needs: options, the task (its seed, or the whole sample), the episode."""
         return {
-            "options": self.options.model_dump(mode="json", exclude_unset=True),
-            "seed": self.seed,
+            **super().state(),
             "sample": None if self.sample is None else self.sample.model_dump(mode="json"),
             "episode": self.episode.model_dump(mode="json"),
         }
@@ -201,7 +193,7 @@ class Geo3kEnv:
         """The step-table row of a turn's call: its outcome, feedback text and tool score (None: not run)."""
         if call is None:
             return Outcome.NO_TOOL_CALL, prompt.NO_TOOL_CALL, None
-        if not call.supported:
+        if call.name not in TOOL_NAMES:
             return Outcome.UNSUPPORTED_TOOL, prompt.unsupported_tool(call.name), None
         if not call.answer.strip():
             return Outcome.MISSING_ANSWER, prompt.missing_answer(), None

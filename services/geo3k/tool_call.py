@@ -21,15 +21,10 @@ TOOL_NAMES = ("calc_score", "calc_geo3k_reward")
 
 @dataclass(frozen=True)
 class ToolCall:
-    """A parsed call: the tool's name and the answer it was given."""
+    """A parsed call: the tool's name (the checker answers to `TOOL_NAMES`) and the answer it was given."""
 
     name: str
     answer: str
-
-    @property
-    def supported(self) -> bool:
-        """Whether the name is one of the checker's."""
-        return self.name in TOOL_NAMES
 
 
 def parse_tool_call(text: str) -> ToolCall | None:

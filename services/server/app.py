@@ -129,9 +129,7 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
         return HealthResponse()
 
     if not settings.otel:  # added first, so innermost; with tracing on, FastAPI's router names the spans
-        posts = {path: endpoint for path, endpoint, _, _ in env_routes}
-        handlers = app.exception_handlers
-        app.add_middleware(LeanRoutes, posts=posts, delete_session=delete_session, handlers=handlers)
+        app.add_middleware(LeanRoutes, routes=guarded.routes, handlers=app.exception_handlers)
     app.add_middleware(
         RequestGuard,
         max_bytes=settings.max_body_bytes,

@@ -1,33 +1,40 @@
 """The env endpoints (/reset, /step, /format, DELETE /sessions/{id}) on a lean path through FastAPI.
 
 Per request, FastAPI's own handler (dependency solving, `json.loads` then validation, response-model
-validation and re-encoding) costs more than a Sokoban step. A `JSONRoute` is built and documented from
-its endpoint's signature, `response_model` and `responses` like any FastAPI route, but its handler (from
+validation and re-encoding) costs more than a Sokoban step. A `JSONRoute` is built and documented from its
+endpoint's signature, `response_model` and `responses` like any FastAPI route, but its handler (from
 FastAPI's `get_route_handler` hook) serves the endpoint directly: the raw body is validated by
 `model_validate_json`, and the endpoint answers with the JSON body itself, encoded where the env ran.
-Route dependencies are documented but not run (the request guard does the auth they declare). Bad
-bodies raise `ServiceError`s for the app's error handlers, in FastAPI's shapes: 400 for malformed JSON,
-422 naming each invalid field (`body.session_id: Field required`).
+Route dependencies are not run, so a lean route may declare only those that can never refuse a request (a
+security scheme with `auto_error=False`: the bearer token that the request guard enforces before routing,
+declared for the OpenAPI schema); any other dependency is a TypeError when the route is built, naming it
+(`check_lean`). Bad bodies raise `ServiceError`s for the app's error handlers, in FastAPI's shapes: 400
+for malformed JSON, 422 naming each invalid field (`body.session_id: Field required`).
 
 `LeanRoutes` goes one step further for the calls of every episode: a middleware just inside the request
-guard that serves them with the same handlers before FastAPI's router sees them, and answers their
-errors with the app's own exception handlers. Matching seven routes, FastAPI's routing, its exception
-middleware and its request wrapper cost more per request than the rest of the server process's work
-(docs/benchmarks.md, "Where the server's CPU goes"). Every other request, and these on any other method
-or path, go on to the router unchanged.
+guard that serves them with the same handlers before FastAPI's router sees them, and answers their errors
+with the app's own exception handlers. It takes the app's routes themselves (its `JSONRoute`s and `DELETE
+/sessions/{session_id}`), each passed through `check_lean` when the app starts, so the lean path serves
+nothing that the router would guard differently. Matching seven routes, FastAPI's routing, its exception
+middleware and its request wrapper cost more per request than the rest of the server process's work (in
+docs/benchmarks.md's history, `git show 51199ab:docs/benchmarks.md`, "Second round"). Every other request,
+and these on any other method or path, go on to the router unchanged.
 """
 
 from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any
 
 from fastapi import Request, Response
+from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
+from fastapi.security.base import SecurityBase
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from clients.protocol import ErrorCode
@@ -40,6 +47,7 @@ Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 ErrorHandler = Callable[..., Any]
 """An app exception handler: `(request, exc)` to a response, or to an awaitable of one (Starlette's rule)."""
 SESSION_PREFIX = "/sessions/"
+DELETE_SESSION = SESSION_PREFIX + "{session_id}"
 
 
 class JSONRoute(APIRoute):
@@ -51,10 +59,43 @@ class JSONRoute(APIRoute):
     def __init__(self, path: str, endpoint: Endpoint, **kwargs: Any) -> None:
         self.body_model = body_model(endpoint)
         super().__init__(path, endpoint, **kwargs)
+        check_lean(self)
 
     def get_route_handler(self) -> Handler:
         """The handler FastAPI wraps for this route: body in, endpoint, JSON answer out."""
         return json_handler(self.endpoint)
+
+
+def check_lean(route: APIRoute) -> None:
+    """A TypeError naming each dependency of `route` that FastAPI would run and the lean path skips:
+    anything but a security scheme that never refuses (`auto_error=False`, declared for the schema)."""
+    skipped = [
+        _name(dependant.call) for dependant in _dependencies(route.dependant) if not _declared_only(dependant)
+    ]
+    if skipped:
+        raise TypeError(
+            f"{route.path} is served on the lean path, which runs no dependencies, but declares "
+            f"{', '.join(skipped)}: check it in the endpoint or the request guard, or serve the route "
+            "through FastAPI's router"
+        )
+
+
+def _dependencies(dependant: Dependant) -> Iterator[Dependant]:
+    """Every dependency below `dependant`, at any depth."""
+    for child in dependant.dependencies:
+        yield child
+        yield from _dependencies(child)
+
+
+def _declared_only(dependant: Dependant) -> bool:
+    """Whether a dependency only declares a security scheme: it can never refuse a request."""
+    call = dependant.call
+    return isinstance(call, SecurityBase) and getattr(call, "auto_error", True) is False
+
+
+def _name(call: Any) -> str:
+    """A dependency's name, for the error."""
+    return getattr(call, "__name__", None) or type(call).__name__
 
 
 def body_model(endpoint: Endpoint) -> type[BaseModel]:
@@ -77,23 +118,25 @@ def json_handler(endpoint: Endpoint) -> Handler:
 
 
 class LeanRoutes:
-    """Pure ASGI middleware serving `POST` to each path of `posts` (by its JSON endpoint) and `DELETE
-    /sessions/{id}` (by `delete_session`) itself; their errors are answered by the app's exception
-    `handlers` (by class, as FastAPI's exception middleware picks them), and any other exception goes on
-    up to the app's server-error middleware. Add it inside the request guard, which has already checked
-    the token and the declared body size."""
+    """Pure ASGI middleware serving, of the app's `routes`, each `JSONRoute` (by its JSON endpoint) and
+    `DELETE /sessions/{session_id}` itself; their errors are answered by the app's exception `handlers` (by
+    class, as FastAPI's exception middleware picks them), and any other exception goes on up to the app's
+    server-error middleware. Add it inside the request guard, which has already checked the token and the
+    declared body size."""
 
     def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        posts: Mapping[str, Endpoint],
-        delete_session: Callable[[str], Coroutine[Any, Any, Response]],
-        handlers: Mapping[Any, ErrorHandler],
+        self, app: ASGIApp, *, routes: Sequence[BaseRoute], handlers: Mapping[Any, ErrorHandler]
     ) -> None:
         self.app = app
-        self.posts = {path: json_handler(endpoint) for path, endpoint in posts.items()}
-        self.delete_session = delete_session
+        api_routes = [route for route in routes if isinstance(route, APIRoute)]
+        self.posts = {
+            route.path: json_handler(route.endpoint)
+            for route in api_routes
+            if isinstance(route, JSONRoute) and "POST" in (route.methods or ())
+        }
+        delete = next(r for r in api_routes if r.path == DELETE_SESSION and "DELETE" in (r.methods or ()))
+        check_lean(delete)
+        self.delete_session: Callable[[str], Coroutine[Any, Any, Response]] = delete.endpoint
         self.handlers = handlers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

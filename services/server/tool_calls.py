@@ -10,10 +10,11 @@ a 422 `validation_error` naming what is wrong; nothing steps.
 from __future__ import annotations
 
 import functools
-import json
 from typing import TYPE_CHECKING, Any
 
-from clients.protocol import ErrorCode, StepRequest, ToolCall
+from pydantic import TypeAdapter, ValidationError
+
+from clients.protocol import ErrorCode, JSONObject, StepRequest, ToolCall
 from services.env_api import EnvFactory
 from serving.errors import ServiceError
 
@@ -70,16 +71,20 @@ class ToolActions:
 
 
 def _arguments(call: ToolCall) -> dict[str, Any]:
-    """The call's arguments as an object: given as one, or as its JSON text (an empty text is `{}`)."""
+    """The call's arguments as an object: given as one, or as its JSON text (an empty text is `{}`), read
+    by the body's own parser and held to the same rules (`clients.protocol.JSONObject`)."""
     if isinstance(call.arguments, dict):
         return call.arguments
     try:
-        parsed = json.loads(call.arguments or "{}")
-    except json.JSONDecodeError as exc:
-        raise _invalid(f"tool_call.arguments: not JSON ({exc})") from None
-    if not isinstance(parsed, dict):
-        raise _invalid(f"tool_call.arguments: expected a JSON object, got {type(parsed).__name__}")
-    return parsed
+        return _OBJECT.validate_json(call.arguments or "{}")
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        reason = {"json_invalid": "not JSON", "dict_type": "expected a JSON object"}.get(error["type"], "")
+        message = str(error["msg"]).removeprefix("Value error, ")
+        raise _invalid(f"tool_call.arguments: {f'{reason} ({message})' if reason else message}") from None
+
+
+_OBJECT: TypeAdapter[dict[str, Any]] = TypeAdapter(JSONObject)
 
 
 def _describe(path: Any, message: str) -> str:

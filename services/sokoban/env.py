@@ -14,7 +14,7 @@ from typing import Any
 
 from PIL import Image
 
-from services.env_api import EnvObservation, StepResult, check_steppable, user_message
+from services.env_api import Env, EnvObservation, StepResult, check_steppable
 from services.sokoban.actions import parse_actions
 from services.sokoban.game import Game, Level
 from services.sokoban.generator import generate_level
@@ -24,7 +24,7 @@ from services.sokoban.render import render_image
 from services.sokoban.reward import box_target_distance, episode_reward
 
 
-class SokobanEnv:
+class SokobanEnv(Env[SokobanOptions]):
     """One Sokoban level, played as an episode that `reset()` restarts from the same initial state."""
 
     level: Level
@@ -144,18 +144,10 @@ class SokobanEnv:
         """The current state as an RGB image, `cell_size` pixels per cell."""
         return render_image(self.level.grid, self._game.boxes, self._game.player, self.options.cell_size)
 
-    def format_observation(self, obs: EnvObservation) -> dict[str, Any]:
-        """An OpenAI-style user message: one `image_url` part per image (PIL here), then the text."""
-        return user_message(obs)
-
-    def close(self) -> None:
-        """Nothing to release; present for the Env contract."""
-
     def state(self) -> dict[str, Any]:
         """Everything `from_state` needs to continue this episode: options, level, positions, counters."""
         return {
-            "options": self.options.model_dump(mode="json", exclude_unset=True),
-            "seed": self.seed,
+            **super().state(),
             "level": self.level.to_xsb(),
             "optimal_moves": self.optimal_moves,
             "started": self._started,

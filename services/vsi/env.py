@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from services.env_api import EnvObservation, StepResult, check_steppable, user_message
+from services.env_api import Env, EnvObservation, StepResult, check_steppable
 from services.vsi.appearance import VISIBLE_FRACTION
 from services.vsi.camera import Pose, apply_action, start_pose, tour_poses
 from services.vsi.catalog import get_scene
@@ -29,7 +29,7 @@ from services.vsi.responses import parse_turn
 from services.vsi.scoring import read_answer, score_answer
 
 
-class VsiEnv:
+class VsiEnv(Env[VsiOptions]):
     """One question in one room, played as an episode that `reset()` restarts from the start pose."""
 
     pose: Pose
@@ -143,18 +143,10 @@ class VsiEnv:
             "blocked_moves": self.blocked_moves,
         }
 
-    def format_observation(self, obs: EnvObservation) -> dict[str, Any]:
-        """An OpenAI-style user message: the images (PIL here), then the text."""
-        return user_message(obs)
-
-    def close(self) -> None:
-        """Nothing to release (the GL context is the process's); present for the Env contract."""
-
     def state(self) -> dict[str, Any]:
         """Everything `from_state` needs to continue this episode: options, question, pose, counters."""
         return {
-            "options": self.options.model_dump(mode="json", exclude_unset=True),
-            "seed": self.seed,
+            **super().state(),
             "question": self.question.model_dump(mode="json"),
             "started": self._started,
             "done": self._done,

@@ -17,7 +17,7 @@ from typing import Any
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.env_api import EnvFactory, EnvObservation, StepResult, user_message
+from services.env_api import Env, EnvFactory, EnvObservation, StepResult
 
 BAD_ACTION_PENALTY = -0.1
 
@@ -37,14 +37,14 @@ class CounterOptions(BaseModel):
     chatty: bool = Field(default=False, description="Print a line to stdout at every step.")
 
 
-class CounterEnv:
+class CounterEnv(Env[CounterOptions]):
     """Counts "inc" actions; anything else is answered with feedback and a penalty, as a game would."""
 
     def __init__(self, options: CounterOptions, seed: int | None) -> None:
         if options.refuse is not None:
             raise ValueError(options.refuse)
         self.options = options
-        self.start = seed or 0
+        self.seed = seed
         self.count = self.start
         self.steps = 0
         self.total_reward = 0.0
@@ -75,18 +75,19 @@ class CounterEnv:
         observation = self._observe("ok" if valid else f"unknown action {response_text[:20]!r}")
         return StepResult(observation, reward, terminated=done, info=info)
 
-    def format_observation(self, obs: EnvObservation) -> dict[str, Any]:
-        return user_message(obs)
+    @property
+    def start(self) -> int:
+        """The count an episode starts from: the seed's."""
+        return self.seed or 0
 
     def close(self) -> None:
         if self.options.close_marker is not None:
             Path(self.options.close_marker).touch()
 
     def state(self) -> dict[str, Any]:
-        """Options, start, count and step counters: all the episode is."""
+        """Options, seed, count and step counters: all the episode is."""
         return {
-            "options": self.options.model_dump(mode="json"),
-            "start": self.start,
+            **super().state(),
             "count": self.count,
             "steps": self.steps,
             "total_reward": self.total_reward,
@@ -94,7 +95,7 @@ class CounterEnv:
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> CounterEnv:
-        env = cls(CounterOptions.model_validate(state["options"]), state["start"])
+        env = cls(CounterOptions.model_validate(state["options"]), state["seed"])
         env.count, env.steps, env.total_reward = state["count"], state["steps"], state["total_reward"]
         return env
 

@@ -16,7 +16,7 @@ from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 
 from clients.images import decode_image, encode_image
-from services.env_api import EnvFactory, EnvObservation, GeneratedSplit, StepResult, TaskSplit
+from services.env_api import Env, EnvFactory, EnvObservation, GeneratedSplit, StepResult, TaskSplit
 
 SPLIT_SIZES = {"train": 12, "test": 5}
 ANSWER_TOOL = {
@@ -67,7 +67,7 @@ def quiz_splits() -> dict[str, TaskSplit]:
     return {name: GeneratedSplit(name, size, quiz_row) for name, size in SPLIT_SIZES.items()}
 
 
-class QuizEnv:
+class QuizEnv(Env[QuizOptions]):
     """Asks the sample's question until it is answered or `max_turns` wrong answers are given."""
 
     def __init__(self, options: QuizOptions, sample: QuizSample, turns: int = 0) -> None:
@@ -90,11 +90,8 @@ class QuizEnv:
         images = [{"type": "image", "image": image} for image in obs["images"]]
         return {"role": "user", "content": [*images, {"type": "text", "text": obs["text"]}]}
 
-    def close(self) -> None:
-        return None
-
     def state(self) -> dict[str, Any]:
-        return {"options": self.options.model_dump(), "sample": self.sample.model_dump(), "turns": self.turns}
+        return {**super().state(), "sample": self.sample.model_dump(), "turns": self.turns}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> QuizEnv:

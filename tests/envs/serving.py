@@ -6,7 +6,8 @@ import contextlib
 import subprocess
 from collections.abc import Iterator
 
-from tests.servers import free_port, running_process, vistarl_cmd
+from devtools.servers import running_process, vistarl_cmd
+from serving.launch import free_port
 
 COUNTER_ENV = "tests.envs.counter"
 

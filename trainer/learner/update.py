@@ -1,6 +1,8 @@
 """One PPO-family update on a step's trajectories, each rank on its share: recompute, advantages, epochs.
 
-`PolicyTrainer` holds a rank's actor (and reference, critic) with their AdamW optimizers. `update`
+`PolicyTrainer` holds a rank's actor (and reference, critic) with their AdamW optimizers, and the
+optimizer step that this update and SFT's imitation step (`imitation.py`) share: `pack`, `optimize`,
+`step_metrics`. `update`
 takes a step's trajectories (the same list on every rank), keeps the trainable ones (`Trajectory.trainable`:
 COMPLETED or TRUNCATED with at least one generated token) in episode-id order, and
 
@@ -58,15 +60,13 @@ from trainer.learner.packing import (
 from trainer.learner.vision_passes import VisionPasses
 from trainer.rollout.processor import VLProcessor
 from trainer.rollout.trajectory import Trajectory
+from trainer.seeds import generator, permutation
 
-__all__ = ["SEED_STRIDE", "PolicyTrainer", "warmup"]
-
-SEED_STRIDE = 1_000_003
-"""Spacing of per-step seeds derived from `train.seed`, so no two (seed, step) pairs collide."""
+__all__ = ["Backward", "Micro", "PolicyTrainer", "Sums", "warmup"]
 
 
 @dataclass
-class _Micro:
+class Micro:
     """One packed micro-batch of this rank and its per-token tensors (`[T]`, aligned with the row);
     `share`: its part of its mini-batch's loss denominator (its generated tokens, or its sequences)."""
 
@@ -80,12 +80,12 @@ class _Micro:
     returns: torch.Tensor | None = None
 
 
-Backward = Callable[["_Micro", "ImageFeatures | None", float, "_Sums"], None]
+Backward = Callable[["Micro", "ImageFeatures | None", float, "Sums"], None]
 """A loss over one micro-batch, backpropagated: (micro-batch, image features, denominator, metric sums)."""
 
 
 @dataclass
-class _Sums:
+class Sums:
     """Token-weighted sums of a fixed list of metrics, reduced over ranks in one collective.
 
     The sums stay on the device until `reduced`, so adding a micro-batch's metrics never waits for the
@@ -198,7 +198,7 @@ class PolicyTrainer:
         adaptive = self.cfg.algo.entropy_target is not None
         return {**self.lr_schedulers, **({"entropy": self.entropy_control} if adaptive else {})}
 
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Forward passes in bfloat16 over the float32 weights where `model.compute_dtype` asks for it and
         FSDP's mixed precision does not already give it."""
         if self.compute_dtype != torch.bfloat16 or (is_distributed() and self.device.type == "cuda"):
@@ -216,9 +216,9 @@ class PolicyTrainer:
         if self.old_from_update:
             _check_one_policy(rows)
         minis = self._mini_batches(step, len(rows))
-        micros = [self._pack(rows, mini) for mini in minis]
+        micros = [self.pack(rows, mini) for mini in minis]
         every = [m for mini in micros for m in mini]
-        sums = _Sums(self.metric_names)
+        sums = Sums(self.metric_names)
         started, recompute_s = time.perf_counter(), 0.0
         if not self.old_from_update:
             self._recompute(every, sums)
@@ -233,15 +233,15 @@ class PolicyTrainer:
         algo = self.cfg.algo.model_copy(update={"entropy_coef": self.entropy_control.coef})
         actor_backward = functools.partial(self._actor_backward, algo=algo)
         grad_norms: list[float] = []
-        generator = torch.Generator().manual_seed(self.cfg.train.seed * SEED_STRIDE + step)
+        epochs = generator(self.cfg.train.seed, step)
         for _ in range(self.cfg.algo.ppo_epochs):
-            for index in torch.randperm(len(minis), generator=generator).tolist():
+            for index in torch.randperm(len(minis), generator=epochs).tolist():
                 mini = minis[index]
                 denominator, images = self._denominator(rows, mini), any(rows[i].images for i in mini)
                 grad_norms.append(
-                    self._optimize(micros[index], denominator, sums, actor_backward, images=images)
+                    self.optimize(micros[index], denominator, sums, actor_backward, images=images)
                 )
-        metrics = self._step_metrics(rows, sums, grad_norms, started)
+        metrics = self.step_metrics(rows, sums, grad_norms, started)
         self.entropy_control.observe(metrics["train/entropy"])
         return {
             **metrics,
@@ -257,26 +257,8 @@ class PolicyTrainer:
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - started
 
-    def imitate(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
-        """One supervised (SFT) optimizer step on the generated tokens of `trajectories`: their NLL,
-        token-mean over the batch, through the same packing, micro-batches, vision passes, clipping and
-        schedule as `update`. A critic, if loaded, is left alone. Every rank calls it with the same list.
-        """
-        rows = sorted((t for t in trajectories if any(t.loss_mask)), key=lambda t: t.episode_id)
-        if not rows:
-            return {"train/skipped": 1.0}
-        started = time.perf_counter()
-        mini = list(range(len(rows)))
-        sums = _Sums(["nll"])
-        denominator = float(sum(sum(r.loss_mask) for r in rows))
-        images = any(r.images for r in rows)
-        norm = self._optimize(
-            self._pack(rows, mini), denominator, sums, self._nll_backward, critic=False, images=images
-        )
-        return self._step_metrics(rows, sums, [norm], started)
-
-    def _step_metrics(
-        self, rows: list[Trajectory], sums: _Sums, grad_norms: list[float], started: float
+    def step_metrics(
+        self, rows: list[Trajectory], sums: Sums, grad_norms: list[float], started: float
     ) -> dict[str, float]:
         """The loss metrics reduced over ranks, and the step's gradient norm, learning rate and sizes."""
         return {
@@ -291,11 +273,10 @@ class PolicyTrainer:
     def _mini_batches(self, step: int, count: int) -> list[list[int]]:
         """Trajectory indices, shuffled per step, in `samples_per_step / mini_batch_size` parts."""
         parts = self.cfg.rollout.samples_per_step // self.cfg.mini_batch_size
-        generator = torch.Generator().manual_seed(self.cfg.train.seed * SEED_STRIDE + step)
-        order = torch.randperm(count, generator=generator).tolist()
+        order = permutation(count, self.cfg.train.seed, step)
         return [chunk for chunk in (order[i::parts] for i in range(parts)) if chunk]
 
-    def _pack(self, rows: list[Trajectory], mini: list[int]) -> list[_Micro]:
+    def pack(self, rows: list[Trajectory], mini: list[int]) -> list[Micro]:
         """This rank's micro-batches of one mini-batch, balanced by token budget across ranks and packed."""
         plan = plan_micro_batches(
             [len(rows[i].train_ids) for i in mini], self.world, self.cfg.train.micro_batch_tokens
@@ -311,40 +292,40 @@ class PolicyTrainer:
                 self.actor.model.get_rope_index,
                 dummy_image=self.world > 1,
             )
-            micros.append(_Micro(members, batch.to(self.device), self._denominator(rows, members)))
+            micros.append(Micro(members, batch.to(self.device), self._denominator(rows, members)))
         return micros
 
     @torch.no_grad()
-    def _recompute(self, micros: list[_Micro], sums: _Sums) -> None:
+    def _recompute(self, micros: list[Micro], sums: Sums) -> None:
         """Old logprobs of every micro-batch, and the rollout mismatch metric."""
         group = self.cfg.train.vision_pass_micro_batches
         actor = VisionPasses(self.actor, [micro.batch for micro in micros], group)
         for i, micro in enumerate(micros):
-            with self._autocast():
+            with self.autocast():
                 micro.old_logp = self._logprobs(self.actor, micro, actor.features(i)).logprobs
             _add_mismatch(sums, micro.old_logp, micro.batch)
             actor.backward(i)  # frees a finished group's features (nothing to backpropagate)
 
     @torch.no_grad()
-    def _reference_and_values(self, micros: list[_Micro]) -> None:
+    def _reference_and_values(self, micros: list[Micro]) -> None:
         """Reference logprobs and old values of every micro-batch, where a reference or critic is loaded."""
         batches = [micro.batch for micro in micros]
         group = self.cfg.train.vision_pass_micro_batches
         if self.reference is not None:
             reference = VisionPasses(self.reference, batches, group)
             for i, micro in enumerate(micros):
-                with self._autocast():
+                with self.autocast():
                     micro.ref_logp = self._logprobs(self.reference, micro, reference.features(i)).logprobs
                 reference.backward(i)
         if self.critic is not None:
             critic = VisionPasses(self.critic, batches, group)
             for i, micro in enumerate(micros):
-                with self._autocast():
+                with self.autocast():
                     micro.values = token_values(self.critic, micro.batch, image_features=critic.features(i))
                 critic.backward(i)
 
     def _logprobs(
-        self, model: ActorModel, micro: _Micro, features: ImageFeatures | None, *, with_entropy: bool = False
+        self, model: ActorModel, micro: Micro, features: ImageFeatures | None, *, with_entropy: bool = False
     ) -> TokenScores:
         """`model`'s logprobs (and entropies) of a micro-batch's generated tokens, rollout temperature."""
         return token_logprobs(
@@ -356,7 +337,7 @@ class PolicyTrainer:
             image_features=features,
         )
 
-    def _advantages(self, rows: list[Trajectory], micros: list[_Micro]) -> None:
+    def _advantages(self, rows: list[Trajectory], micros: list[Micro]) -> None:
         """Advantages over all usable trajectories (values known only for this rank's rows, which are
         the only ones it uses), into each micro-batch with its value targets, on the device."""
         lengths = [len(r.train_ids) for r in rows]
@@ -394,11 +375,11 @@ class PolicyTrainer:
             return float(sum(sum(rows[i].loss_mask) for i in mini))
         return float(len(mini))
 
-    def _optimize(
+    def optimize(
         self,
-        micros: list[_Micro],
+        micros: list[Micro],
         denominator: float,
-        sums: _Sums,
+        sums: Sums,
         actor_backward: Backward,
         critic: bool = True,
         images: bool = True,
@@ -417,13 +398,13 @@ class PolicyTrainer:
         for i, micro in enumerate(micros):
             last = i == len(micros) - 1
             set_last_micro_batch(self.actor, last)
-            with self._autocast():
+            with self.autocast():
                 features = actor_vision.features(i)
             actor_backward(micro, features, denominator, sums)
             actor_vision.backward(i)
             if critic_vision is not None:
                 set_last_micro_batch(critic_vision.model, last)
-                with self._autocast():
+                with self.autocast():
                     features = critic_vision.features(i)
                 self._critic_backward(micro, features, denominator, sums)
                 critic_vision.backward(i)
@@ -439,34 +420,19 @@ class PolicyTrainer:
             self.lr_schedulers["critic"].step()
         return norm
 
-    def _nll_backward(
-        self, micro: _Micro, features: ImageFeatures | None, denominator: float, sums: _Sums
-    ) -> None:
-        """The negative log-likelihood of one micro-batch's generated tokens, backpropagated (a zero loss
-        on a rank's empty bin, which still joins the collectives)."""
-        with self._autocast():
-            scores = token_logprobs(
-                self.actor, micro.batch, 1.0, compiled=self.cfg.model.compile, image_features=features
-            )
-        mask = micro.batch.loss_mask
-        nll = -(scores.logprobs * mask).sum()
-        (nll / denominator * self.world).backward()
-        if micro.rows:
-            sums.add({"nll": nll.detach() / mask.sum()}, mask.sum())
-
     def _actor_backward(
         self,
-        micro: _Micro,
+        micro: Micro,
         features: ImageFeatures | None,
         denominator: float,
-        sums: _Sums,
+        sums: Sums,
         *,
         algo: AlgoConfig,
     ) -> None:
         """The actor's loss under this step's `algo` on one micro-batch, backpropagated (a zero loss on a
         rank's empty bin, whose forward and backward still have to join the other ranks' collectives)."""
         batch = micro.batch
-        with self._autocast():
+        with self.autocast():
             scores = self._logprobs(self.actor, micro, features, with_entropy=True)
         if not micro.rows:
             (scores.logprobs.sum() * 0.0).backward()
@@ -493,12 +459,12 @@ class PolicyTrainer:
         sums.add_losses({"pg_loss": metrics["pg_loss"]}, denominator, micro.share)
 
     def _critic_backward(
-        self, micro: _Micro, features: ImageFeatures | None, denominator: float, sums: _Sums
+        self, micro: Micro, features: ImageFeatures | None, denominator: float, sums: Sums
     ) -> None:
         """The critic's value loss on one micro-batch, backpropagated (zero on an empty bin, as above)."""
         assert self.critic is not None
         batch = micro.batch
-        with self._autocast():
+        with self.autocast():
             values = token_values(self.critic, batch, image_features=features)
         if not micro.rows:
             (values.sum() * 0.0).backward()
@@ -546,7 +512,7 @@ def _check_one_policy(rows: list[Trajectory]) -> None:
         )
 
 
-def _add_mismatch(sums: _Sums, logp: torch.Tensor, batch: PackedBatch) -> None:
+def _add_mismatch(sums: Sums, logp: torch.Tensor, batch: PackedBatch) -> None:
     """Add the micro-batch's mean |trainer - rollout| logprob over its generated tokens."""
     mask = batch.loss_mask
     tokens = mask.sum()
@@ -577,7 +543,7 @@ def _split(values: torch.Tensor, batch: PackedBatch) -> list[torch.Tensor]:
     return list(values[: int(batch.cu_seqlens[-1])].split(batch.cu_seqlens.diff().tolist()))
 
 
-def _row_tensor(padded: torch.Tensor, micro: _Micro, lengths: list[int]) -> torch.Tensor:
+def _row_tensor(padded: torch.Tensor, micro: Micro, lengths: list[int]) -> torch.Tensor:
     """A micro-batch's `[T]` row assembled from `[B, width]` per-trajectory values (0 on the dummy tail)."""
     pieces = [padded[b, : lengths[b]] for b in micro.rows]
     tail = micro.batch.num_tokens - sum(lengths[b] for b in micro.rows)

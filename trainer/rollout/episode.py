@@ -21,58 +21,30 @@ from collections.abc import Awaitable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from pydantic import ValidationError
-
 from trainer.config import RolloutConfig
 from trainer.rollout.engines.base import Engine, GenerateRequest, GenerateResult
-from trainer.rollout.engines.sglang_api import SamplingParams
 from trainer.rollout.env_handle import EnvError, EnvHandle
-from trainer.rollout.job import EpisodeJob
+from trainer.rollout.job import EpisodeJob, EpisodeSettings
 from trainer.rollout.processor import VLProcessor
 from trainer.rollout.rewards import RewardFn, env_reward
 from trainer.rollout.tokenization import TokenTrackError, TokenTracks, TurnEncoder
 from trainer.rollout.trajectory import Status, Trajectory
 
-__all__ = ["EPISODE_KEYS", "episode_settings", "failed_trajectory", "run_episode"]
+__all__ = ["failed_trajectory", "run_episode"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# Keys of `EpisodeJob.sampling` that set the episode's budgets (RolloutConfig names); the others
-# are SGLang sampling params.
-EPISODE_KEYS = frozenset(
-    {"max_turns", "max_new_tokens", "rollout_max_response_len", "rollout_max_context_len"}
-)
 ENGINE_ABORT_TIMEOUT_S = 5.0
 
 
 class _Ended(Exception):
-    """Ends an episode early with a status and the reason for it."""
+    """Ends an episode early with a status; the message is the reason for it."""
 
     def __init__(self, status: Status, error: str) -> None:
         super().__init__(error)
         self.status = status
-        self.error = error
-
-
-def episode_settings(
-    config: RolloutConfig, sampling: Mapping[str, Any]
-) -> tuple[RolloutConfig, SamplingParams]:
-    """The budgets and sampling params of one episode: `config`, overridden by a job's `sampling`.
-
-    Raises `ValueError` naming the bad key when an override is invalid.
-    """
-    budgets = {key: value for key, value in sampling.items() if key in EPISODE_KEYS}
-    engine_params = {key: value for key, value in sampling.items() if key not in EPISODE_KEYS}
-    episode = RolloutConfig.model_validate({**config.model_dump(), **budgets}) if budgets else config
-    defaults = {
-        "temperature": config.rollout_temperature,
-        "top_p": config.rollout_top_p,
-        "top_k": config.top_k,
-        "max_new_tokens": episode.max_new_tokens,
-    }
-    return episode, SamplingParams.model_validate({**defaults, **engine_params})
 
 
 @dataclass(eq=False)
@@ -82,8 +54,7 @@ class _Episode:
     env: EnvHandle
     engine: Engine
     encoder: TurnEncoder
-    config: RolloutConfig
-    sampling: SamplingParams
+    settings: EpisodeSettings
     tracks: TokenTracks = field(init=False)
     turn_rewards: list[float] = field(default_factory=list, init=False)
     info: dict[str, Any] = field(default_factory=dict, init=False)
@@ -111,10 +82,10 @@ class _Episode:
                 return Status.COMPLETED
             if answer.truncated:
                 raise _Ended(Status.TRUNCATED, "the env's own limit ended the episode")
-            if len(self.turn_rewards) == self.config.max_turns:
-                raise _Ended(Status.TRUNCATED, f"the turn budget of {self.config.max_turns} turns is spent")
-            if self.tracks.num_generated >= self.config.rollout_max_response_len:
-                raise self._spent("generated-token", self.config.rollout_max_response_len)
+            if len(self.turn_rewards) == self.settings.max_turns:
+                raise _Ended(Status.TRUNCATED, f"the turn budget of {self.settings.max_turns} turns is spent")
+            if self.tracks.num_generated >= self.settings.rollout_max_response_len:
+                raise self._spent("generated-token", self.settings.rollout_max_response_len)
             with self._timer("tokenize"):
                 self.tracks.add_observation(message)
 
@@ -124,7 +95,7 @@ class _Episode:
         request = GenerateRequest(
             engine_ids=list(self.tracks.engine_ids),
             images=list(self.tracks.images),
-            sampling=self.sampling.model_copy(update={"max_new_tokens": limit}),
+            sampling=self.settings.sampling.model_copy(update={"max_new_tokens": limit}),
         )
         with self._timer("generate"):
             result = await _generate(self.engine, request)
@@ -142,14 +113,14 @@ class _Episode:
 
     def _token_limit(self) -> int:
         """This turn's `max_new_tokens`: the per-turn cap, clamped to what is left of both budgets."""
-        config, tracks = self.config, self.tracks
-        left_episode = config.rollout_max_response_len - tracks.num_generated
-        left_context = config.rollout_max_context_len - tracks.context_length
+        settings, tracks = self.settings, self.tracks
+        left_episode = settings.rollout_max_response_len - tracks.num_generated
+        left_context = settings.rollout_max_context_len - tracks.context_length
         if left_context < 1:
-            raise self._spent("context", config.rollout_max_context_len)
+            raise self._spent("context", settings.rollout_max_context_len)
         if left_episode < 1:
-            raise self._spent("generated-token", config.rollout_max_response_len)
-        return min(config.max_new_tokens, left_episode, left_context)
+            raise self._spent("generated-token", settings.rollout_max_response_len)
+        return min(settings.sampling.max_new_tokens, left_episode, left_context)
 
     @staticmethod
     def _spent(budget: str, limit: int) -> _Ended:
@@ -224,17 +195,15 @@ async def run_episode(
 ) -> Trajectory:
     """Play `job` on `env` (which it resets and always closes) with `engine`; never raises but cancellation.
 
-    `processor` may be a `TurnEncoder` built once and shared across episodes. `deadline_s` bounds
-    the whole episode (ABORTED when exceeded).
+    `processor` may be a `TurnEncoder` built once and shared across episodes. A job without settings is
+    played as `config` says. `deadline_s` bounds the whole episode (ABORTED when exceeded).
     """
     encoder = processor if isinstance(processor, TurnEncoder) else TurnEncoder(processor)
     started = time.perf_counter()
-    try:
-        episode_config, sampling = episode_settings(config, job.sampling)
-    except (ValidationError, ValueError) as exc:
-        await env.close()
-        return failed_trajectory(job, f"invalid sampling or budget in the job: {exc}", started)
-    episode = _Episode(env, engine, encoder, episode_config, sampling)
+    settings = job.settings or EpisodeSettings.of(config)
+    if job.sampling_seed is not None:
+        settings = settings.sampled_with(sampling_seed=job.sampling_seed)
+    episode = _Episode(env, engine, encoder, settings)
     status, error = await _play(episode, job, deadline_s)
     reward = 0.0
     if status in (Status.COMPLETED, Status.TRUNCATED) and episode.turn_rewards:
@@ -272,7 +241,7 @@ async def _play(episode: _Episode, job: EpisodeJob, deadline_s: float | None) ->
         async with deadline:
             return await episode.play(job), None
     except _Ended as ended:
-        return ended.status, ended.error
+        return ended.status, str(ended)
     except EnvError as exc:
         return Status.FAILED, str(exc)
     except TokenTrackError as exc:

@@ -1,4 +1,5 @@
-"""What one episode is asked to be: `EpisodeJob`, the record the queue carries from the trainer to a worker.
+"""What one episode is asked to be: `EpisodeJob`, the record the queue carries from the trainer to a worker,
+and its `EpisodeSettings`: how it is played.
 
 `group_jobs` expands episode starts into groups of jobs that share a `group_id` (GRPO's groups).
 """
@@ -9,12 +10,58 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["START_KEYS", "EpisodeJob", "group_jobs"]
+from trainer.config import RolloutConfig, check_budgets
+from trainer.rollout.engines.sglang_api import SamplingParams
+
+__all__ = ["START_KEYS", "EpisodeJob", "EpisodeSettings", "group_jobs"]
 
 START_KEYS = frozenset({"seed", "task_id", "sample", "options"})
 """The keys of an episode start: how the env is reset."""
+
+
+class EpisodeSettings(BaseModel):
+    """How one episode is played: its turn and token budgets, and the engine's sampling params, whose
+    `max_new_tokens` is the per-turn budget. Built once from the run's config (`of`) and carried as is."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_turns: int = Field(ge=1)
+    rollout_max_response_len: int = Field(ge=1, description="generated tokens per episode")
+    rollout_max_context_len: int = Field(ge=1, description="context tokens per episode")
+    sampling: SamplingParams
+
+    @model_validator(mode="after")
+    def _budgets(self) -> EpisodeSettings:
+        """The per-turn budget fits in the episode budget, which fits in the context."""
+        check_budgets(
+            self.sampling.max_new_tokens, self.rollout_max_response_len, self.rollout_max_context_len
+        )
+        return self
+
+    @classmethod
+    def of(cls, rollout: RolloutConfig) -> EpisodeSettings:
+        """The settings of the run's `rollout` section."""
+        sampling = SamplingParams(
+            max_new_tokens=rollout.max_new_tokens,
+            temperature=rollout.rollout_temperature,
+            top_p=rollout.rollout_top_p,
+            top_k=rollout.top_k,
+            stop=rollout.stop,
+        )
+        return cls(
+            max_turns=rollout.max_turns,
+            rollout_max_response_len=rollout.rollout_max_response_len,
+            rollout_max_context_len=rollout.rollout_max_context_len,
+            sampling=sampling,
+        )
+
+    def sampled_with(self, **params: Any) -> EpisodeSettings:
+        """These settings with some sampling params changed (an episode's `sampling_seed`, an evaluation's
+        temperature 0), validated again."""
+        sampling = {**self.sampling.model_dump(), **params}
+        return EpisodeSettings.model_validate({**self.model_dump(), "sampling": sampling})
 
 
 class EpisodeJob(BaseModel):
@@ -29,7 +76,12 @@ class EpisodeJob(BaseModel):
     task_id: str | None = Field(default=None, description="a row of a split the env holds: SPLIT/INDEX")
     options: dict[str, Any] = Field(default_factory=dict)
     sample: dict[str, Any] | None = None
-    sampling: dict[str, Any] = Field(default_factory=dict)
+    settings: EpisodeSettings | None = Field(
+        default=None, description="how the episode is played; None: as the worker's own config says"
+    )
+    sampling_seed: int | None = Field(
+        default=None, description="the seed of the engine's sampler for this episode (a group's differ)"
+    )
     policy_version: int = Field(default=0, ge=0)
     attempt: int = Field(default=1, ge=1)
     errors: list[str] = Field(default_factory=list, description="one line per failed attempt, oldest first")
@@ -40,15 +92,15 @@ def group_jobs(
     starts: Sequence[Mapping[str, Any]],
     group_size: int,
     *,
-    sampling: Mapping[str, Any] | None = None,
+    settings: EpisodeSettings | None = None,
     policy_version: int = 0,
     seed: int = 0,
     prefix: str = "ep",
 ) -> list[EpisodeJob]:
     """`group_size` jobs per start (a mapping of `START_KEYS`), one group each.
 
-    Samples of a group share the start and a `group_id` but get distinct `sampling_seed`s, drawn
-    reproducibly from `seed`.
+    Samples of a group share the start, the `settings` and a `group_id`, but get distinct `sampling_seed`s,
+    drawn reproducibly from `seed`.
     """
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -65,7 +117,8 @@ def group_jobs(
             task_id=start.get("task_id"),
             options=dict(start.get("options") or {}),
             sample=start.get("sample"),
-            sampling={**(sampling or {}), "sampling_seed": next(seeds)},
+            settings=settings,
+            sampling_seed=next(seeds),
             policy_version=policy_version,
         )
         for g, start in enumerate(starts)

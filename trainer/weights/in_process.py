@@ -6,13 +6,11 @@ On one GPU the copy is device to device (`targets.copy_into`); nothing passes th
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
-import torch
-
 from trainer.weights.buckets import Bucket
-from trainer.weights.targets import copy_into
+from trainer.weights.targets import Load, copy_into
 from trainer.weights.transport import EngineCalls, Waiter, pipelined
 
 __all__ = ["InProcessSync", "LocalEngine"]
@@ -22,13 +20,7 @@ __all__ = ["InProcessSync", "LocalEngine"]
 class LocalEngine(Protocol):
     """An engine whose parameters this process can write (the embedded `HFEngine`)."""
 
-    async def load_weights(
-        self,
-        load: Callable[[Mapping[str, torch.Tensor]], None],
-        weight_version: str | None = None,
-        *,
-        final: bool = True,
-    ) -> str:
+    async def load_weights(self, load: Load, weight_version: str | None = None, *, final: bool = True) -> str:
         """Run `load` on the engine's live parameters (by live name) between batches; the `final` load
         sets the weight version."""
         ...

@@ -3,11 +3,15 @@ written, so a wrong push changes nothing."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-__all__ = ["WeightLoadError", "copy_into", "load_targets"]
+__all__ = ["Load", "WeightLoadError", "copy_into", "load_targets"]
+
+Load = Callable[[Mapping[str, torch.Tensor]], None]
+"""A load: what is written into an engine's live tensors, given them by live name (`copy_into`, a bucket
+received over NCCL)."""
 
 
 class WeightLoadError(ValueError):
