@@ -128,8 +128,8 @@ class RankLearner:
                 if state is not None:
                     self._save(state)
                 return metrics
-            case Push(version=version):
-                self.sync.push(self.trainer.actor, version)
+            case Push(version=version, reconnect=reconnect):
+                self.sync.push(self.trainer.actor, version, reconnect=reconnect)
         return {}
 
     def _save(self, state: TrainerState) -> Path:
@@ -166,4 +166,6 @@ class RankLearner:
             source_dir=Path(cfg.model.path),
             pause=cfg.rollout.engine_kind == "sglang",
             loop=asyncio.get_running_loop(),
+            backend="nccl" if self.device.type == "cuda" else "gloo",
         )
+
