@@ -319,6 +319,17 @@ class SyncConfig(_Section):
     bucket_mb: int = Field(
         default=512, ge=1, description="MiB of pushed weights gathered on the GPU, and sent, at a time"
     )
+    watch_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="seconds between checks that an engine server serves the trainer's weights (one that "
+        "restarted is pushed them again, trainer/weight_keeper.py); 0: never",
+    )
+    engine_return_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="how long a push that failed waits for its engine server to answer again",
+    )
 
 
 class SFTConfig(_Section):
