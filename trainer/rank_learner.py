@@ -14,6 +14,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from trainer.config import TrainConfig
@@ -124,7 +125,7 @@ class RankLearner:
         """One command on this rank: a `Train`'s update (then its checkpoint), a `Push`, or nothing."""
         match command:
             case Train(step=step, trajectories=trajectories, checkpoint=state):
-                metrics = self.trainer.update(step, trajectories)
+                metrics = {**self.trainer.update(step, trajectories), **_peak_memory(self.device)}
                 if state is not None:
                     self._save(state)
                 return metrics
@@ -169,3 +170,12 @@ class RankLearner:
             backend="nccl" if self.device.type == "cuda" else "gloo",
         )
 
+
+def _peak_memory(device: torch.device) -> dict[str, float]:
+    """On a GPU, the most memory this rank's tensors held since the last call (GiB), then a fresh count:
+    the figure of one step, its update and the push before it. Nothing on the CPU."""
+    if device.type != "cuda":
+        return {}
+    peak = torch.cuda.max_memory_allocated(device) / 2**30
+    torch.cuda.reset_peak_memory_stats(device)
+    return {"perf/peak_memory_gib": peak}

@@ -62,11 +62,13 @@ def episode_sampling(rollout: RolloutConfig) -> dict[str, Any]:
 
 @dataclass
 class Gathered:
-    """The trajectories of one batch of jobs, and what became of the rest."""
+    """The trajectories of one batch of jobs, and what became of the rest; `tries`: the batches a step
+    played to get this one (the earlier ones had nothing to learn from)."""
 
     trajectories: list[Trajectory]
     expected: int
     stale: int = 0
+    tries: int = 1
 
     @property
     def missing(self) -> int:
@@ -108,6 +110,11 @@ class Stack:
     def rejected(self) -> int:
         """Results that were not valid trajectories, dropped at the queue's boundary."""
         return sum(self._consumer.rejected.values())
+
+    @property
+    def duplicates(self) -> int:
+        """Second results of an episode (a retried attempt whose first also finished), dropped."""
+        return self._consumer.duplicates_dropped
 
     async def submit(self, key: str, jobs: Sequence[EpisodeJob]) -> None:
         """Enqueue a batch of jobs under `key` (unique per batch)."""

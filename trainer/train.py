@@ -37,7 +37,7 @@ import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -51,7 +51,7 @@ from trainer.prompts import PromptSource, step_jobs
 from trainer.rank_commands import Stop, Train
 from trainer.rank_learner import RankLearner
 from trainer.rollout.engines.base import Engine
-from trainer.rollout_metrics import left_out, outcomes, rollout_metrics
+from trainer.rollout_metrics import left_out, outcomes, rollout_metrics, throughput
 from trainer.run_dir import agreed_run_dir
 from trainer.run_logging import RunLogger, failure_places
 from trainer.stack import Gathered, Stack, open_stack
@@ -178,10 +178,9 @@ class _Lead:
         return last
 
     def _log(self, step: int, gathered: Gathered, metrics: dict[str, float]) -> None:
-        """Log step `step`'s metrics, policy version, tokens per second, left-out episodes and samples."""
-        generated = sum(t.metrics.get("generated_tokens", 0.0) for t in gathered.trajectories)
+        """Log step `step`'s metrics, policy version, throughput, left-out episodes and samples."""
         metrics["policy_version"] = float(self.state.policy_version)
-        metrics["perf/tokens_per_s"] = generated / metrics["time/step"]
+        metrics.update(throughput(gathered, metrics["time/step"]))
         self.logger.log_step(step, metrics, notes=left_out(gathered))
         self.logger.save_samples(step, gathered.trajectories, self.cfg.train.save_samples)
 
@@ -199,7 +198,7 @@ class _Lead:
                     f"{gathered.stale} stale); see {failure_places(cfg, self.run_dir)}"
                 )
             if any(t.trainable for t in gathered.trajectories):
-                return gathered
+                return replace(gathered, tries=attempt)
             if attempt == tries:
                 self.logger.note(f"step {step}: nothing to learn from ({outcomes(gathered)})")
                 break
