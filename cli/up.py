@@ -64,8 +64,14 @@ def up(
         typer.Option(help="The interface servers listen on; beyond loopback they take compose's ports."),
     ] = "127.0.0.1",
     nnodes: Annotated[int, typer.Option(min=1, help="Nodes the trainer spans (torchrun).")] = 1,
+    node_rank: Annotated[
+        int, typer.Option(min=0, help="This node's rank among them; rank 0's node drives the run.")
+    ] = 0,
     rdzv_endpoint: Annotated[
-        str | None, typer.Option(help="torchrun's rendezvous HOST:PORT, for a trainer over several nodes.")
+        str | None,
+        typer.Option(
+            help="torchrun's rendezvous HOST:PORT on node rank 0, for a trainer over several nodes."
+        ),
     ] = None,
     max_restarts: Annotated[
         int, typer.Option(min=0, help="Restarts of each long-lived process before the run stops.")
@@ -96,6 +102,7 @@ def up(
         engine_url=engine_url,
         host=host,
         nnodes=nnodes,
+        node_rank=node_rank,
         rdzv_endpoint=rdzv_endpoint,
     )
     try:

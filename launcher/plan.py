@@ -16,6 +16,7 @@ file's (Redis 6379, env 8000, engine 30000, worker metrics 9100 and up), which o
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -72,6 +73,7 @@ class UpOptions:
     engine_url: str | None = None
     host: str = LOOPBACK
     nnodes: int = 1
+    node_rank: int = 0
     rdzv_endpoint: str | None = None
 
 
@@ -176,8 +178,10 @@ def _check(options: UpOptions, cfg: TrainConfig) -> None:
         raise PlanError(
             "name GPUs for both the trainer and the engine (--trainer-gpus, --engine-gpus), or neither"
         )
-    if options.nnodes > 1 and options.rdzv_endpoint is None:
+    if options.nnodes > 1 and not re.fullmatch(r"[^:\s]+:\d+", options.rdzv_endpoint or ""):
         raise PlanError("a trainer over several nodes (--nnodes) needs torchrun's --rdzv-endpoint HOST:PORT")
+    if not 0 <= options.node_rank < options.nnodes:
+        raise PlanError(f"--node-rank {options.node_rank} is not one of the {options.nnodes} nodes' ranks")
     if "redis" in roles and options.redis_url is None and shutil.which("redis-server") is None:
         raise PlanError(
             "no redis-server on PATH: install it (Debian: apt-get install redis-server) or give --redis-url"
@@ -277,11 +281,13 @@ def _trainer(options: UpOptions, urls: dict[str, str | None]) -> ProcessSpec:
     if not options.trainer_gpus:
         return ProcessSpec("trainer", "trainer", (sys.executable, *train), restart=False)
     nodes: tuple[str, ...] = ("--standalone",)
-    if options.nnodes > 1:
+    if options.nnodes > 1:  # static rendezvous: global rank 0, which drives the run, is on node rank 0
+        address, _, port = (options.rdzv_endpoint or "").rpartition(":")
         nodes = (
             f"--nnodes={options.nnodes}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={options.rdzv_endpoint}",
+            f"--node-rank={options.node_rank}",
+            f"--master-addr={address}",
+            f"--master-port={port}",
         )
     torchrun = (
         sys.executable,
