@@ -3,7 +3,7 @@ worker and the trainer, each a process of its own. Its engine is SIGKILLed mid-r
 the restarted engine is pushed the trainer's weights before it answers any generation, and no episode
 from its starting weights is trained on. `vistarl status` reads the run back. A process that keeps dying
 stops the run, and SIGTERM stops it, both with real processes of `vistarl up` (the supervisor's own
-cases are tests/test_launcher.py)."""
+cases are tests/test_launcher.py). The run scripts bring a run up this way when given a checkpoint."""
 
 from __future__ import annotations
 
@@ -160,3 +160,40 @@ def test_sigterm_stops_every_process_within_the_grace_periods(tmp_path: Path) ->
     assert output.index("stopped sokoban") < output.index("stopped redis")
     assert not any(alive(pid) for pid in pids)
     assert {p["state"] for p in recorded(out).values()} == {"stopped"}
+
+
+def test_the_run_scripts_bring_the_system_up_on_a_model_path_unless_an_engine_url_is_given(
+    tmp_path: Path, tiny_qwen25: Path
+) -> None:
+    """scripts/run_geo3k.sh with MODEL_PATH: `vistarl up`, with the GPU and worker settings; with ENGINE_URL:
+    `vistarl train` alone on that engine. The interpreter the script runs is a stand-in that writes the
+    command line it was given (the runs themselves are the test above and docs/benchmarks.md's)."""
+    argv_file = tmp_path / "argv"
+    shim = tmp_path / "python"
+    shim.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{argv_file}"\n')
+    shim.chmod(0o755)
+    base = {**os.environ, "PYTHON": str(shim), "MODEL_PATH": str(tiny_qwen25)}
+
+    def command(**settings: str) -> list[str]:
+        done = subprocess.run(
+            ["bash", "scripts/run_geo3k.sh", "--set", "train.steps=2"],
+            cwd=ROOT,
+            env={**base, **settings},
+            timeout=60,
+        )
+        assert done.returncode == 0
+        return argv_file.read_text().splitlines()
+
+    brought_up = command(TRAINER_GPUS="0,1", ENGINE_GPUS="2", WORKERS="3", OUT="runs/up-test")
+    assert brought_up[:5] == ["-m", "cli.main", "up", "--config", "configs/geo3k.yaml"]
+    for flag, value in (
+        ("--out", "runs/up-test"),
+        ("--trainer-gpus", "0,1"),
+        ("--engine-gpus", "2"),
+        ("--workers", "3"),
+    ):
+        assert brought_up[brought_up.index(flag) + 1] == value
+    assert f"model.path={tiny_qwen25}" in brought_up and brought_up[-2:] == ["--set", "train.steps=2"]
+    trained = command(ENGINE_URL="http://127.0.0.1:30000")
+    assert trained[:3] == ["-m", "cli.main", "train"]
+    assert "rollout.engine=sglang:http://127.0.0.1:30000" in trained
