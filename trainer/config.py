@@ -287,6 +287,9 @@ class TrainLoopConfig(_Section):
     )
     seed: int = 0
     save_every: int = Field(default=0, ge=0, description="0: save only at the end")
+    save_last: bool = Field(
+        default=True, description="save at the end; false for a measured run that needs no checkpoint"
+    )
     eval_every: int = Field(default=0, ge=0, description="0: never evaluate")
     run_dir: Path | None = Field(default=None, description="None: runs/<config name>-<timestamp>")
     resume: bool = False
