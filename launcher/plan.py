@@ -2,7 +2,8 @@
 
 `plan_processes` turns the options of `vistarl up` and the run's config into `ProcessSpec`s, in start
 order: Redis (the queue in database 0, the env servers' sessions in database 1), the config's env server,
-one `vistarl engine serve` per engine GPU (one on the CPU), the rollout workers, and `vistarl train`
+one `vistarl engine serve` per engine GPU (one on the CPU; it batches as many requests as the workers
+run episodes, unless `VISTARL_MAX_BATCH_SIZE` says otherwise), the rollout workers, and `vistarl train`
 (under torchrun on the trainer GPUs, plainly on the CPU) with the NCCL weight sync (over gloo on the
 CPU). The commands and flags are the compose file's services' (docker-compose.yml), on this host's ports,
 and so are the stop grace periods; the engine waits for the trainer's weights before it generates
@@ -16,6 +17,7 @@ file's (Redis 6379, env 8000, engine 30000, worker metrics 9100 and up), which o
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
@@ -237,6 +239,8 @@ def _engine(options: UpOptions, cfg: TrainConfig, port: int) -> ProcessSpec:
         "engine", "serve", "--model", str(cfg.model.path), "--host", options.host, "--port", str(port),
         "--device", device, "--await-weights",
     )  # fmt: skip
+    if "VISTARL_MAX_BATCH_SIZE" not in os.environ:  # batch every episode the workers run at once
+        argv += ("--max-batch-size", str(max(1, options.workers) * cfg.rollout.concurrency))
     return ProcessSpec(
         "engine", "engine", argv, env=_visible(options.engine_gpus), ready=f"http://{LOOPBACK}:{port}/health",
         stop_grace_s=STOP_GRACE_S["engine"], start_timeout_s=START_TIMEOUT_S["engine"],

@@ -60,6 +60,7 @@ def test_the_cpu_plan_is_the_compose_files_services_on_this_hosts_ports(
     assert flag(specs["sokoban"].argv, "--session-store") == plan.urls["redis"].removesuffix("/0") + "/1"
     engine = specs["engine"].argv
     assert "--await-weights" in engine and flag(engine, "--device") == "cpu"
+    assert flag(engine, "--max-batch-size") == "16"  # the tiny config's 8 episodes a worker, 2 workers
     assert flag(engine, "--model") == str(tiny_qwen25)
     trainer = specs["trainer"]
     assert trainer.argv[:4] == (sys.executable, "-m", "cli.main", "train") and not trainer.restart
