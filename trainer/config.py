@@ -304,6 +304,10 @@ class TrainLoopConfig(_Section):
         default=None, ge=1, description="the newest checkpoints of the run kept on disk; None: all"
     )
 
+    def periodic_save(self, step: int) -> bool:
+        """Whether step `step` saves a checkpoint every `save_every` steps (the last one aside)."""
+        return self.save_every > 0 and step % self.save_every == 0
+
 
 class SyncConfig(_Section):
     """How weights reach the engine after each step (`trainer.weights`; the embedded engine is updated in

@@ -151,9 +151,7 @@ class _Lead:
         rollout = rollout_metrics(gathered, stack)  # lags against the policy that was serving
         last = step == cfg.train.steps or time.monotonic() >= deadline
         state = TrainerState(step, self.state.policy_version + 1, step * cfg.rollout.rollout_batch_size)
-        save = (last and cfg.train.save_last) or (
-            cfg.train.save_every > 0 and step % cfg.train.save_every == 0
-        )
+        save = (last and cfg.train.save_last) or cfg.train.periodic_save(step)
         ahead = not last and (cfg.rollout.async_mode or cfg.rollout.overlap_resets)
         hold = ahead and not cfg.rollout.async_mode  # synchronous: generation waits for the new weights
         train = Train(step, gathered.trajectories, state if save else None)
