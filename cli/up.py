@@ -38,7 +38,9 @@ def up(
     set_: SetOption = None,
     trainer_gpus: Gpus = None,
     engine_gpus: Gpus = None,
-    workers: Annotated[int, typer.Option(min=0, help="Rollout worker processes (`vistarl worker`).")] = 2,
+    workers: Annotated[
+        int, typer.Option(min=1, help="Rollout worker processes (`vistarl worker`) of the workers role.")
+    ] = 2,
     detach: Annotated[
         bool, typer.Option("--detach", help="Return at once; the run goes on in its own session.")
     ] = False,

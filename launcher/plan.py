@@ -240,7 +240,7 @@ def _engine(options: UpOptions, cfg: TrainConfig, port: int) -> ProcessSpec:
         "--device", device, "--await-weights",
     )  # fmt: skip
     if "VISTARL_MAX_BATCH_SIZE" not in os.environ:  # batch every episode the workers run at once
-        argv += ("--max-batch-size", str(max(1, options.workers) * cfg.rollout.concurrency))
+        argv += ("--max-batch-size", str(options.workers * cfg.rollout.concurrency))
     return ProcessSpec(
         "engine", "engine", argv, env=_visible(options.engine_gpus), ready=f"http://{LOOPBACK}:{port}/health",
         stop_grace_s=STOP_GRACE_S["engine"], start_timeout_s=START_TIMEOUT_S["engine"],
@@ -282,8 +282,8 @@ def _trainer(options: UpOptions, urls: dict[str, str | None]) -> ProcessSpec:
     if options.host == LOOPBACK:
         overrides.append(f"sync.master_port={free_port()}")
     train = ("-m", "cli.main", "train", "--config", str(options.config), *(f"--set={o}" for o in overrides))
-    if not options.trainer_gpus:
-        return ProcessSpec("trainer", "trainer", (sys.executable, *train), restart=False)
+    if not options.trainer_gpus:  # on the CPU, even where GPUs are
+        return ProcessSpec("trainer", "trainer", (sys.executable, *train), env=_visible(()), restart=False)
     nodes: tuple[str, ...] = ("--standalone",)
     if options.nnodes > 1:  # static rendezvous: global rank 0, which drives the run, is on node rank 0
         address, _, port = (options.rdzv_endpoint or "").rpartition(":")

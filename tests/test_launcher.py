@@ -72,7 +72,8 @@ def test_the_cpu_plan_is_the_compose_files_services_on_this_hosts_ports(
     ):
         assert wanted in sets
     assert plan.run_dir == (tmp_path / "up" / "run").resolve()
-    assert all(spec.env.get("CUDA_VISIBLE_DEVICES", "") == "" for spec in plan.processes)
+    for name in ("engine", "trainer"):  # on the CPU even on a host with GPUs
+        assert specs[name].env == {"CUDA_VISIBLE_DEVICES": ""}
 
 
 def test_gpus_put_the_trainer_under_torchrun_and_the_engine_on_its_own(
