@@ -13,10 +13,12 @@
 #   sokoban        configs/sokoban.yaml on qwen3_vl_2b: 4 x 4 episodes of up to 8 turns, as configured
 #   sokoban-async  the same with rollout.async_mode and rollout.max_staleness=1
 #   vsi            configs/vsi.yaml on qwen2_5_vl_3b (PPO, critic, GAE): 8 questions a step, 8 turns
-# Every run: no torch.compile (its start-up would take minutes of the six), 20 steps, no evaluation, no
-# checkpoint at the end, 128 new tokens a turn at most, and replies ending at a '.': a random-init model
-# writes no <|im_end|>, and a turn cut by max_new_tokens ends its episode, so without a stop string no
-# episode would take a second turn (a uniform draw over Qwen's vocabulary hits a '.' about once in 23).
+# The two workers run as many episodes at once as a step has (rollout.concurrency), and so the engine
+# batches them all. Every run: no torch.compile (its start-up would take minutes of the six), 20 steps,
+# no evaluation, no checkpoint at the end, 128 new tokens a turn at most, and replies ending at a '.': a
+# random-init model writes no <|im_end|>, and a turn cut by max_new_tokens ends its episode, so without a
+# stop string no episode would take a second turn (a uniform draw over Qwen's vocabulary hits a '.' about
+# once in 23 tokens). A random model writes no tool call either: Geo3k's episodes end after one turn.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x .venv/bin/python ]; then PYTHON=${PYTHON:-.venv/bin/python}; else PYTHON=${PYTHON:-python3}; fi
@@ -32,20 +34,20 @@ every_run=(
 case "$run" in
     geo3k)
         shape=qwen3_vl_2b arch=qwen3_vl config=configs/geo3k.yaml
-        sized=(--set rollout.rollout_batch_size=8 --set train.global_batch_size=64)
+        sized=(--set rollout.rollout_batch_size=8 --set train.global_batch_size=64 --set rollout.concurrency=32)
         ;;
     sokoban)
         shape=qwen3_vl_2b arch=qwen3_vl config=configs/sokoban.yaml
-        sized=()
+        sized=(--set rollout.concurrency=8)
         ;;
     sokoban-async)
         shape=qwen3_vl_2b arch=qwen3_vl config=configs/sokoban.yaml
-        sized=(--set rollout.async_mode=true --set rollout.max_staleness=1)
+        sized=(--set rollout.concurrency=8 --set rollout.async_mode=true --set rollout.max_staleness=1)
         ;;
     vsi)
         shape=qwen2_5_vl_3b arch=qwen2_5_vl config=configs/vsi.yaml
         sized=(
-            --set rollout.rollout_batch_size=8 --set train.global_batch_size=8
+            --set rollout.rollout_batch_size=8 --set train.global_batch_size=8 --set rollout.concurrency=4
             --set rollout.max_turns=8 --set env.options.max_turns=8
         )
         ;;
