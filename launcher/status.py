@@ -10,6 +10,7 @@ step's span, in which no kernel ran; its peak memory the most any sample of the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -19,7 +20,7 @@ from typing import Any
 from launcher.gpus import SAMPLES_FILE
 from launcher.supervisor import PROCESSES_FILE
 
-__all__ = ["COUNTS", "FIGURES", "PLAN_FILE", "RunStatus", "read_jsonl", "step_figures"]
+__all__ = ["COUNTS", "FIGURES", "PLAN_FILE", "RunStatus", "alive", "read_jsonl", "step_figures"]
 
 PLAN_FILE = "up.json"
 METRICS_FILE = "metrics.jsonl"
@@ -94,7 +95,7 @@ class RunStatus:
     @property
     def supervisor_alive(self) -> bool:
         """Whether the `vistarl up` process that runs this directory is alive."""
-        return _alive(_pid(self.out / "pids" / "up.pid"))
+        return alive(_pid(self.out / "pids" / "up.pid"))
 
     def processes(self) -> list[dict[str, Any]]:
         """Each process of the plan: name, role, pid, state, restarts and last exit code. A process
@@ -110,7 +111,7 @@ class RunStatus:
                 "exit_code": None,
             }
             row.update(self.recorded.get(name, {}))
-            if row["state"] in ("starting", "running") and not _alive(row["pid"]):
+            if row["state"] in ("starting", "running") and not alive(row["pid"]):
                 row["state"] = "gone"
             rows.append(row)
         return rows
@@ -158,8 +159,8 @@ def _pid(path: Path) -> int | None:
         return None
 
 
-def _alive(pid: int | None) -> bool:
-    """Whether process `pid` exists."""
+def alive(pid: int | None) -> bool:
+    """Whether process `pid` runs: it exists and has not exited (a zombie, which nothing reaped, has)."""
     if pid is None:
         return False
     try:
@@ -168,4 +169,6 @@ def _alive(pid: int | None) -> bool:
         return False
     except PermissionError:
         return True
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     return True

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from launcher.plan import PlanError, ProcessSpec, UpOptions, plan_processes
-from launcher.status import step_figures
+from launcher.status import alive, step_figures
 from launcher.supervisor import PROCESSES_FILE, Supervisor
 from tests.compose_file import load_services
 from tests.servers import free_port
@@ -195,14 +195,6 @@ def supervise(tmp_path: Path, *specs: ProcessSpec, max_restarts: int = 2) -> tup
     return Supervisor(specs, tmp_path, max_restarts=max_restarts, echo=events.append), events
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def test_the_run_ends_with_its_trainer_and_every_service_is_stopped(tmp_path: Path) -> None:
     server = service("env", free_port())
     trainer = ProcessSpec("trainer", "trainer", python("print('trained')"), restart=False)
@@ -212,7 +204,7 @@ def test_the_run_ends_with_its_trainer_and_every_service_is_stopped(tmp_path: Pa
     record = json.loads((tmp_path / PROCESSES_FILE).read_text())["processes"]
     assert record["env"]["state"] == "stopped"
     assert (record["trainer"]["state"], record["trainer"]["exit_code"]) == ("exited", 0)
-    assert not pid_alive(record["env"]["pid"])
+    assert not alive(record["env"]["pid"])
     assert (tmp_path / "logs" / "trainer.log").read_text() == "trained\n"
     assert int((tmp_path / "pids" / "env.pid").read_text()) == record["env"]["pid"]
     assert events[-1] == "stopped env"
@@ -264,7 +256,7 @@ def test_a_service_that_never_answers_is_killed_and_counted_as_dead(tmp_path: Pa
     assert ending.reason.startswith("engine did not answer http://127.0.0.1:")
     assert "restarted once (--max-restarts 1)" in ending.reason
     record = json.loads((tmp_path / PROCESSES_FILE).read_text())["processes"]
-    assert not pid_alive(record["engine"]["pid"])
+    assert not alive(record["engine"]["pid"])
 
 
 def test_sigterm_stops_every_process_part_by_part_killing_what_outlives_its_grace(tmp_path: Path) -> None:
@@ -287,7 +279,7 @@ def test_sigterm_stops_every_process_part_by_part_killing_what_outlives_its_grac
     record = json.loads((tmp_path / PROCESSES_FILE).read_text())["processes"]
     assert record["worker-0"]["exit_code"] == -signal.SIGKILL  # it ignored SIGTERM for its grace period
     assert record["sokoban"]["exit_code"] == -signal.SIGTERM
-    assert not any(pid_alive(p["pid"]) for p in record.values())
+    assert not any(alive(p["pid"]) for p in record.values())
 
 
 def test_each_gpus_idle_time_and_peak_memory_come_from_the_samples_of_its_steps() -> None:

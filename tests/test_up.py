@@ -2,7 +2,7 @@
 worker and the trainer, each a process of its own. Its engine is SIGKILLed mid-run: the run finishes,
 the restarted engine is pushed the trainer's weights before it answers any generation, and no episode
 from its starting weights is trained on. `vistarl status` reads the run back. A process that keeps dying
-stops the run, and SIGTERM stops it, both with real processes of `vistarl up` (the supervisor's own
+stops the run, and SIGTERM stops a detached one, both with real processes of `vistarl up` (the supervisor's own
 cases are tests/test_launcher.py). The run scripts bring a run up this way when given a checkpoint."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+from launcher.status import alive
 from tests.machine import require
 from tests.servers import stop_process, vistarl_cmd, wait_until
 
@@ -43,14 +44,6 @@ def up(out: Path, *flags: str) -> subprocess.Popen[str]:
 def recorded(out: Path) -> dict[str, dict[str, object]]:
     """The supervisor's record of each process."""
     return json.loads((out / "processes.json").read_text())["processes"]  # type: ignore[no-any-return]
-
-
-def alive(pid: object) -> bool:
-    try:
-        os.kill(int(pid), 0)  # type: ignore[call-overload]
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_a_run_outlives_its_engine_killed_mid_run_and_trains_on_no_stale_episode(
@@ -139,26 +132,36 @@ def test_a_process_that_keeps_dying_stops_the_run_naming_it_with_its_log(tmp_pat
     assert not any(alive(p["pid"]) for p in recorded(out).values())
 
 
-def test_sigterm_stops_every_process_within_the_grace_periods(tmp_path: Path) -> None:
+def test_a_detached_run_shows_its_status_and_stops_on_sigterm_within_the_grace_periods(
+    tmp_path: Path,
+) -> None:
     out = tmp_path / "up"
-    run = up(out, "--role", "redis", "--role", "env")
-    try:
-        assert wait_until(
-            lambda: (
-                (out / "processes.json").is_file()
-                and [p["state"] for p in recorded(out).values()] == ["running", "running"]
-            ),
-            timeout=120,
-        ), "the env server did not start"
-        pids = [p["pid"] for p in recorded(out).values()]
-        run.send_signal(signal.SIGTERM)
-        output, _ = run.communicate(timeout=10 + 20 + 5)  # Redis's and the env server's grace periods
-    finally:
-        stop_process(run)  # type: ignore[arg-type]
-    assert run.returncode == 128 + signal.SIGTERM, output
-    assert "SIGTERM: stopping every process" in output and "stopped sokoban" in output
-    assert output.index("stopped sokoban") < output.index("stopped redis")
-    assert not any(alive(pid) for pid in pids)
+    started = up(out, "--role", "redis", "--role", "env", "--detach")
+    said, _ = started.communicate(timeout=60)
+    assert started.returncode == 0 and "vistarl up runs detached" in said, said
+    assert wait_until(
+        lambda: (
+            (out / "processes.json").is_file()
+            and [p["state"] for p in recorded(out).values()] == ["running", "running"]
+        ),
+        timeout=120,
+    ), "the env server did not start"
+    wide = {**os.environ, "COLUMNS": "200"}
+    status = subprocess.run(
+        vistarl_cmd("status", str(out)), capture_output=True, text=True, timeout=120, env=wide
+    )
+    assert "vistarl up is running" in status.stdout and "no step finished yet" in status.stdout
+    assert len(re.findall(r"│ running ", status.stdout)) == 2, status.stdout
+    supervisor = int((out / "pids" / "up.pid").read_text())
+    pids = [p["pid"] for p in recorded(out).values()]
+    os.kill(supervisor, signal.SIGTERM)
+    assert wait_until(lambda: not alive(supervisor), timeout=10 + 20 + 5), (
+        "Redis's and the env server's grace"
+    )
+    log = (out / "logs" / "up.log").read_text()
+    assert "SIGTERM: stopping every process" in log
+    assert log.index("stopped sokoban") < log.index("stopped redis")
+    assert not any(alive(pid) for pid in pids)  # type: ignore[arg-type]
     assert {p["state"] for p in recorded(out).values()} == {"stopped"}
 
 
