@@ -2,8 +2,9 @@
 worker and the trainer, each a process of its own. Its engine is SIGKILLed mid-run: the run finishes,
 the restarted engine is pushed the trainer's weights before it answers any generation, and no episode
 from its starting weights is trained on. `vistarl status` reads the run back. A process that keeps dying
-stops the run, and SIGTERM stops a detached one, both with real processes of `vistarl up` (the supervisor's own
-cases are tests/test_launcher.py). The run scripts bring a run up this way when given a checkpoint."""
+stops the run, and SIGTERM stops a detached one, both with real processes of `vistarl up` (the
+supervisor's own cases are tests/test_launcher.py). The run scripts bring a run up this way when given
+a checkpoint."""
 
 from __future__ import annotations
 
