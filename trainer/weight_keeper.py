@@ -79,17 +79,19 @@ class WeightKeeper:
     async def push(self, version: int) -> None:
         """Make the engine serve `version`, once an engine server answers (`sync.engine_return_s` at most),
         over a new connection if it serves other than the last push; a push that fails midway is tried
-        again, over a new connection, up to `PUSH_ATTEMPTS` times."""
-        served = await self._answer()
+        again, over a new connection, up to `PUSH_ATTEMPTS` times. The run's first push is tried once: an
+        engine that fails it was never up, and the run stops with the push's error."""
+        served = await (self._answer() if self._pushed else self._served())
         reconnect = self._other(served)
         if reconnect and self._pushed:
             self._note_other(served, version)
-        for attempt in range(1, PUSH_ATTEMPTS + 1):
+        attempts = PUSH_ATTEMPTS if self._pushed else 1
+        for attempt in range(1, attempts + 1):
             try:
                 await self.learner.command(Push(version, reconnect=reconnect))
                 break
             except PUSH_ERRORS as exc:
-                if attempt == PUSH_ATTEMPTS:
+                if attempt == attempts:
                     raise
                 self.note(f"the push of weight version {version} failed ({exc}); trying again")
                 await self._answer()
