@@ -21,7 +21,6 @@ Gpus = Annotated[
         help="Comma-separated GPU indices, e.g. 0 or 0,1. Name none (for either) to run on the CPU."
     ),
 ]
-Url = Annotated[str | None, typer.Option(show_default=False)]
 
 
 def up(
