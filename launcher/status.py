@@ -27,6 +27,8 @@ METRICS_FILE = "metrics.jsonl"
 FIGURES: tuple[tuple[str, str], ...] = (
     ("time/step", "step (s)"),
     ("time/rollout", "waiting for the step's episodes (s)"),
+    ("share/rollout", "share of the step waiting for episodes"),
+    ("share/generate", "share of an episode's time generating"),
     ("rollout/seconds/generate", "generating, per episode (s)"),
     ("rollout/seconds/env", "in env calls, per episode (s)"),
     ("rollout/seconds/queue", "waiting in the queue, per episode (s)"),
@@ -41,7 +43,7 @@ FIGURES: tuple[tuple[str, str], ...] = (
     ("train/tis_weight_mean", "TIS weight, mean"),
     ("perf/peak_memory_gib", "trainer rank 0 peak memory (GiB)"),
 )
-"""The per-step figures, by metric name, with their labels."""
+"""The per-step figures, by metric name (`share/...`: derived by `step_figures`), with their labels."""
 COUNTS: tuple[tuple[str, str, bool], ...] = (
     ("rollout/unusable_tries", "tries with nothing to learn from", False),
     ("rollout/missing", "episodes lost (no trajectory came)", False),
@@ -61,13 +63,15 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def step_figures(records: list[dict[str, Any]], samples: list[dict[str, Any]]) -> list[dict[str, float]]:
-    """Each step's record with, for each sampled GPU, `gpu/<i>/idle_s` and `gpu/<i>/peak_mib` added."""
+    """Each step's record with the shares of its time (`share/rollout`: the wait for its episodes, of the
+    step; `share/generate`: generation, of an episode's time) and, for each sampled GPU, `gpu/<i>/idle_s`
+    and `gpu/<i>/peak_mib` added."""
     figures = []
     for record in records:
         end = record.get("time", math.nan)
         start = end - record.get("time/step", math.nan)
         span = [s["gpus"] for s in samples if start < s["time"] <= end]
-        row = dict(record)
+        row = {**record, **_shares(record)}
         for index in sorted({i for gpus in span for i in gpus}, key=int):
             seen = [gpus[index] for gpus in span if index in gpus]
             idle = sum(1.0 - g["util"] / 100.0 for g in seen) / len(seen)
@@ -75,6 +79,16 @@ def step_figures(records: list[dict[str, Any]], samples: list[dict[str, Any]]) -
             row[f"gpu/{index}/peak_mib"] = max(g["mem_mib"] for g in seen)
         figures.append(row)
     return figures
+
+
+def _shares(record: dict[str, Any]) -> dict[str, float]:
+    """The shares of a step's time that its record allows."""
+    shares = {}
+    if record.get("time/step") and "time/rollout" in record:
+        shares["share/rollout"] = record["time/rollout"] / record["time/step"]
+    if record.get("rollout/seconds/total") and "rollout/seconds/generate" in record:
+        shares["share/generate"] = record["rollout/seconds/generate"] / record["rollout/seconds/total"]
+    return shares
 
 
 class RunStatus:

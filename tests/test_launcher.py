@@ -283,7 +283,16 @@ def test_sigterm_stops_every_process_part_by_part_killing_what_outlives_its_grac
 
 
 def test_each_gpus_idle_time_and_peak_memory_come_from_the_samples_of_its_steps() -> None:
-    records = [{"step": 1, "time": 110.0, "time/step": 10.0}, {"step": 2, "time": 114.0, "time/step": 4.0}]
+    records = [
+        {"step": 1, "time": 110.0, "time/step": 10.0, "time/rollout": 6.0},
+        {
+            "step": 2,
+            "time": 114.0,
+            "time/step": 4.0,
+            "rollout/seconds/generate": 1.5,
+            "rollout/seconds/total": 2.0,
+        },
+    ]
     samples = [
         {"time": t, "gpus": {"0": {"util": util, "mem_mib": mem}, "1": {"util": 100.0, "mem_mib": 500.0}}}
         for t, util, mem in (
@@ -297,4 +306,6 @@ def test_each_gpus_idle_time_and_peak_memory_come_from_the_samples_of_its_steps(
     assert first["gpu/0/idle_s"] == pytest.approx(10.0 * (1.0 + 0.5 + 0.0) / 3)
     assert (first["gpu/0/peak_mib"], first["gpu/1/idle_s"]) == (3000.0, 0.0)
     assert second["gpu/0/idle_s"] == pytest.approx(4.0 * 0.75) and second["gpu/0/peak_mib"] == 1500.0
-    assert step_figures(records, [])[0] == records[0]
+    assert (first["share/rollout"], second["share/generate"]) == (0.6, 0.75)
+    assert "share/generate" not in first and "share/rollout" not in second
+    assert step_figures(records, [])[0] == {**records[0], "share/rollout": 0.6}
