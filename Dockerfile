@@ -54,6 +54,7 @@ COPY services ./services
 COPY trainer ./trainer
 COPY cli ./cli
 COPY devtools ./devtools
+COPY launcher ./launcher
 COPY configs ./configs
 RUN pip install --no-deps --no-build-isolation . && rm -rf build
 

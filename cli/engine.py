@@ -25,6 +25,14 @@ def serve(
     ] = None,
     max_body_bytes: MaxBodyBytes = None,
     log_level: Annotated[str | None, typer.Option(help="uvicorn log level. (env VISTARL_LOG_LEVEL)")] = None,
+    await_weights: Annotated[
+        bool | None,
+        typer.Option(
+            help="Generate nothing until a trainer pushes weights, as a restarted engine must. "
+            "(env VISTARL_AWAIT_WEIGHTS)",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Serve a checkpoint with the HF engine over SGLang's /generate API. VISTARL_API_TOKEN sets a token."""
     import uvicorn
@@ -41,6 +49,7 @@ def serve(
         "max_batch_size": max_batch_size,
         "max_body_bytes": max_body_bytes,
         "log_level": log_level,
+        "await_weights": await_weights,
     }
     try:
         settings = EngineServerSettings(**{name: value for name, value in flags.items() if value is not None})

@@ -15,10 +15,11 @@ app = typer.Typer(
 )
 
 GROUPS = (
-    "serve", "mcp", "sokoban", "vsi", "data", "demo", "model", "engine", "rollout", "worker", "queue", "train"
+    "serve", "mcp", "sokoban", "vsi", "data", "demo", "model", "engine", "rollout", "worker", "queue",
+    "train", "up"
 )  # fmt: skip
 """The modules of `cli` that hold the commands, in the order `vistarl --help` lists them."""
-COMMANDS_ELSEWHERE = {"sft": "train", "eval": "train"}
+COMMANDS_ELSEWHERE = {"sft": "train", "eval": "train", "status": "up"}
 """The commands whose module has another name."""
 
 

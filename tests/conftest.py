@@ -21,6 +21,7 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 SLOW_FIRST = (
+    "test_up.py",
     "test_demo_learns.py",
     "test_sft.py",
     "test_eval.py",

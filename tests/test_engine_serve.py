@@ -214,6 +214,27 @@ async def test_update_weights_from_disk_bumps_weight_version(
     np.testing.assert_allclose(restored.logprobs, before.logprobs, atol=1e-6)
 
 
+async def test_an_awaiting_server_generates_only_after_its_first_weight_update(
+    loaded: tuple[PreTrainedModel, VLProcessor], tiny_qwen25: Path, processor: VLProcessor
+) -> None:
+    app = create_app(HFEngine(*loaded), EngineServerSettings(await_weights=True))
+    async with serving(app) as url:
+        client = SGLangEngine(url, processor, retry_deadline_s=10)
+        try:
+            assert (await client.model_info()).weight_version == "default"
+            assert not await client.health()
+            ids = user_turn(processor, "which weights?")
+            waiting = asyncio.create_task(client.generate(GenerateRequest(engine_ids=ids, sampling=GREEDY)))
+            await client.continue_generation()  # a push that failed midway must not release it
+            assert (await client.model_info()).weight_version == "default" and not waiting.done()
+            await client.update_weights_from_disk(str(tiny_qwen25), weight_version="7")
+            result = await waiting
+            assert not result.aborted and result.weight_version == "7"  # generated on the pushed weights
+            assert (await client.model_info()).weight_version == "7" and await client.health()
+        finally:
+            await client.close()
+
+
 async def test_a_worker_elsewhere_loads_the_processor_from_the_absolute_path_served(
     served: str, tiny_qwen25: Path, processor: VLProcessor
 ) -> None:

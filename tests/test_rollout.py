@@ -199,6 +199,17 @@ async def test_the_context_budget_clamps_max_new_tokens(processor: VLProcessor, 
     assert trajectory.status is Status.TRUNCATED and len(trajectory.train_ids) == prompt + 2
 
 
+@pytest.mark.parametrize(("served", "version"), [("5", 5), ("default", 0), ("0", 0), ("unknown", 3)])
+async def test_the_episodes_policy_version_is_the_engines_and_its_starting_weights_are_version_0(
+    processor: VLProcessor, envs: Envs, served: str, version: int
+) -> None:
+    """A restarted engine reports its starting weights as `default` (SGLang) or `0`: version 0, which lags
+    a trainer past it; only an engine that reports nothing leaves the job's version."""
+    engine = ScriptedEngine(processor, [TWO_MOVES, TWO_MOVES], weight_version=served)
+    trajectory = await play(processor, engine, envs, options=CORRIDOR, policy_version=3)
+    assert trajectory.policy_version == version
+
+
 async def test_an_engine_abort_gives_aborted_with_the_reason(processor: VLProcessor, envs: Envs) -> None:
     trajectory = await play(
         processor, ScriptedEngine(processor, [TWO_MOVES], finish="abort"), envs, options=CORRIDOR

@@ -131,6 +131,16 @@ async def test_the_next_steps_episodes_start_during_the_update_and_generate_from
     assert all(r["rollout/stale"] == 0 and r["rollout/episodes"] == 8 for r in result.history)
 
 
+async def test_a_run_that_need_not_save_its_last_step_leaves_no_checkpoint(
+    tiny_qwen25: Path, tmp_path: Path
+) -> None:
+    processor = VLProcessor.from_pretrained(tiny_qwen25)
+    cfg = with_changes(scripted_config(tiny_qwen25, tmp_path / "run", steps=1), "train", save_last=False)
+    result = await run_training(cfg, engine=ScriptedEngine(processor, odd_seeds_count))
+    assert [r["step"] for r in result.history] == [1]
+    assert result.checkpoint is None and not (tmp_path / "run" / "checkpoints").exists()
+
+
 def test_async_mode_needs_room_for_one_version_of_lag(tiny_qwen25: Path, tmp_path: Path) -> None:
     cfg = scripted_config(tiny_qwen25, tmp_path / "run", steps=1)
     with pytest.raises(ValueError, match="max_staleness >= 1"):

@@ -231,6 +231,11 @@ async def test_engine_server_matches_the_trainer_after_a_broadcast_push(
     info = httpx.get(f"{served_engine}/model_info", timeout=10).json()
     assert remote_engine.weight_version == info["weight_version"] == "7"
     assert await verify_weight_sync(remote_engine, trainer_model, processor) < 1e-4
+    # `push` left the group; the next push forms a new one at the same address, as for a restarted engine
+    nudge(trainer_model, seed=5)
+    await push(sync, trainer_model, 8)
+    assert remote_engine.weight_version == "8"
+    assert await verify_weight_sync(remote_engine, trainer_model, processor) < 1e-4
 
 
 @pytest.fixture

@@ -294,6 +294,9 @@ class TrainLoopConfig(_Section):
     )
     seed: int = 0
     save_every: int = Field(default=0, ge=0, description="0: save only at the end")
+    save_last: bool = Field(
+        default=True, description="save at the end; false for a measured run that needs no checkpoint"
+    )
     eval_every: int = Field(default=0, ge=0, description="0: never evaluate")
     run_dir: Path | None = Field(default=None, description="None: runs/<config name>-<timestamp>")
     resume: bool = False
@@ -307,6 +310,10 @@ class TrainLoopConfig(_Section):
     keep_checkpoints: int | None = Field(
         default=None, ge=1, description="the newest checkpoints of the run kept on disk; None: all"
     )
+
+    def periodic_save(self, step: int) -> bool:
+        """Whether step `step` saves a checkpoint every `save_every` steps (the last one aside)."""
+        return self.save_every > 0 and step % self.save_every == 0
 
 
 class SyncConfig(_Section):
@@ -325,6 +332,17 @@ class SyncConfig(_Section):
     engine_world_size: int = Field(default=1, ge=1, description="nccl: the SGLang server's GPUs (tp x dp)")
     bucket_mb: int = Field(
         default=512, ge=1, description="MiB of pushed weights gathered on the GPU, and sent, at a time"
+    )
+    watch_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="seconds between checks that an engine server serves the trainer's weights (one that "
+        "restarted is pushed them again, trainer/weight_keeper.py); 0: never",
+    )
+    engine_return_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="how long a push that failed waits for its engine server to answer again",
     )
 
 

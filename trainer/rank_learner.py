@@ -14,6 +14,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from trainer.config import TrainConfig
@@ -124,12 +125,12 @@ class RankLearner:
         """One command on this rank: a `Train`'s update (then its checkpoint), a `Push`, or nothing."""
         match command:
             case Train(step=step, trajectories=trajectories, checkpoint=state):
-                metrics = self.trainer.update(step, trajectories)
+                metrics = {**self.trainer.update(step, trajectories), **_peak_memory(self.device)}
                 if state is not None:
                     self._save(state)
                 return metrics
-            case Push(version=version):
-                self.sync.push(self.trainer.actor, version)
+            case Push(version=version, reconnect=reconnect):
+                self.sync.push(self.trainer.actor, version, reconnect=reconnect)
         return {}
 
     def _save(self, state: TrainerState) -> Path:
@@ -166,4 +167,15 @@ class RankLearner:
             source_dir=Path(cfg.model.path),
             pause=cfg.rollout.engine_kind == "sglang",
             loop=asyncio.get_running_loop(),
+            backend="nccl" if self.device.type == "cuda" else "gloo",
         )
+
+
+def _peak_memory(device: torch.device) -> dict[str, float]:
+    """On a GPU, the most memory this rank's tensors held since the last call (GiB), then a fresh count:
+    the figure of one step, its update and the push before it. Nothing on the CPU."""
+    if device.type != "cuda":
+        return {}
+    peak = torch.cuda.max_memory_allocated(device) / 2**30
+    torch.cuda.reset_peak_memory_stats(device)
+    return {"perf/peak_memory_gib": peak}

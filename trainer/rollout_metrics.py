@@ -10,7 +10,7 @@ import torch
 from trainer.rollout.trajectory import Status
 from trainer.stack import Gathered, Stack
 
-__all__ = ["left_out", "outcomes", "rollout_metrics"]
+__all__ = ["left_out", "outcomes", "rollout_metrics", "throughput"]
 
 ERRORS_SHOWN = 2
 ERROR_CHARS = 200
@@ -34,6 +34,8 @@ def rollout_metrics(gathered: Gathered, stack: Stack) -> dict[str, float]:
         "rollout/stale": float(gathered.stale),
         "rollout/unexpected": float(stack.unexpected),
         "rollout/rejected": float(stack.rejected),
+        "rollout/duplicates": float(stack.duplicates),
+        "rollout/unusable_tries": float(gathered.tries - 1),
     }
     statuses = Counter(t.status for t in trajectories)
     for status in Status:
@@ -66,6 +68,15 @@ def _usable_metrics(gathered: Gathered) -> dict[str, float]:
     for part in sorted({part for t in usable for part in t.timings}):  # mean seconds per episode
         metrics[f"rollout/seconds/{part}"] = sum(t.timings.get(part, 0.0) for t in usable) / len(usable)
     return metrics
+
+
+def throughput(gathered: Gathered, step_s: float) -> dict[str, float]:
+    """Generated tokens and episodes per second of a step that took `step_s`."""
+    generated = sum(t.metrics.get("generated_tokens", 0.0) for t in gathered.trajectories)
+    return {
+        "perf/tokens_per_s": generated / step_s,
+        "perf/episodes_per_s": len(gathered.trajectories) / step_s,
+    }
 
 
 def outcomes(gathered: Gathered) -> str:

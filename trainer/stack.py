@@ -47,11 +47,13 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 @dataclass
 class Gathered:
-    """The trajectories of one batch of jobs, and what became of the rest."""
+    """The trajectories of one batch of jobs, and what became of the rest; `tries`: the batches a step
+    played to get this one (the earlier ones had nothing to learn from)."""
 
     trajectories: list[Trajectory]
     expected: int
     stale: int = 0
+    tries: int = 1
 
     @property
     def missing(self) -> int:
@@ -93,6 +95,11 @@ class Stack:
     def rejected(self) -> int:
         """Results that were not valid trajectories, dropped at the queue's boundary."""
         return sum(self._consumer.rejected.values())
+
+    @property
+    def duplicates(self) -> int:
+        """Second results of an episode (a retried attempt whose first also finished), dropped."""
+        return self._consumer.duplicates_dropped
 
     async def submit(self, key: str, jobs: Sequence[EpisodeJob]) -> None:
         """Enqueue a batch of jobs under `key` (unique per batch)."""

@@ -37,7 +37,7 @@ import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -48,13 +48,14 @@ from trainer.eval import evaluate
 from trainer.learner.checkpoint import TrainerState, latest_checkpoint
 from trainer.learner.fsdp import init_distributed, rank_device
 from trainer.prompts import PromptSource, step_jobs
-from trainer.rank_commands import Push, Stop, Train
+from trainer.rank_commands import Stop, Train
 from trainer.rank_learner import RankLearner
 from trainer.rollout.engines.base import Engine
-from trainer.rollout_metrics import left_out, outcomes, rollout_metrics
+from trainer.rollout_metrics import left_out, outcomes, rollout_metrics, throughput
 from trainer.run_dir import agreed_run_dir
 from trainer.run_logging import RunLogger, failure_places
 from trainer.stack import Gathered, Stack, open_stack
+from trainer.weight_keeper import WeightKeeper
 
 __all__ = ["TrainResult", "run_training"]
 
@@ -125,19 +126,23 @@ class _Lead:
             jobs = step_jobs(cfg, stack.env, prompts, step, version, retag)
             await stack.submit(f"s{step}", jobs)
 
-        await self._push(stack, self.state.policy_version)  # the engine serves this run's weights
+        keeper = WeightKeeper(stack, self.learner, self.logger.note, cfg.sync)
+        await keeper.push(self.state.policy_version)  # the engine serves this run's weights
         if self.state.step < cfg.train.steps:
             await submit(self.state.step + 1, 0, self.state.policy_version)
         deadline = time.monotonic() + (cfg.train.max_time_s or math.inf)
-        for step in range(self.state.step + 1, cfg.train.steps + 1):
-            last = await self._step(stack, step, submit, deadline)
-            if last and step < cfg.train.steps:
-                self.logger.note(
-                    f"step {step}: train.max_time_s={cfg.train.max_time_s:g} s has passed; stopping"
-                )
-                return
+        async with keeper.watching():
+            for step in range(self.state.step + 1, cfg.train.steps + 1):
+                last = await self._step(stack, keeper, step, submit, deadline)
+                if last and step < cfg.train.steps:
+                    self.logger.note(
+                        f"step {step}: train.max_time_s={cfg.train.max_time_s:g} s has passed; stopping"
+                    )
+                    return
 
-    async def _step(self, stack: Stack, step: int, submit: Submit, deadline: float) -> bool:
+    async def _step(
+        self, stack: Stack, keeper: WeightKeeper, step: int, submit: Submit, deadline: float
+    ) -> bool:
         """Step `step`: gather, train, push, maybe evaluate, log; True if it is the run's last."""
         cfg = self.cfg
         started = time.perf_counter()
@@ -146,17 +151,17 @@ class _Lead:
         rollout = rollout_metrics(gathered, stack)  # lags against the policy that was serving
         last = step == cfg.train.steps or time.monotonic() >= deadline
         state = TrainerState(step, self.state.policy_version + 1, step * cfg.rollout.rollout_batch_size)
-        save = last or (cfg.train.save_every > 0 and step % cfg.train.save_every == 0)
+        save = (last and cfg.train.save_last) or cfg.train.periodic_save(step)
         ahead = not last and (cfg.rollout.async_mode or cfg.rollout.overlap_resets)
         hold = ahead and not cfg.rollout.async_mode  # synchronous: generation waits for the new weights
         train = Train(step, gathered.trajectories, state if save else None)
-        async with stack.holding(hold):
+        async with keeper.updating(), stack.holding(hold):
             if ahead:
                 await submit(step + 1, 0, state.policy_version if hold else self.state.policy_version)
             with _timed(timings, "time/train"):
                 metrics = await self.learner.command(train)
             with _timed(timings, "time/sync"):
-                await self._push(stack, state.policy_version)
+                await keeper.push(state.policy_version)
         self.state = state
         if not ahead and not last:
             await submit(step + 1, 0, state.policy_version)
@@ -172,16 +177,10 @@ class _Lead:
         self._log(step, gathered, {**metrics, **rollout, **timings})
         return last
 
-    async def _push(self, stack: Stack, version: int) -> None:
-        """Every rank sends the actor's weights to the engine as `version`, which the stack then expects."""
-        await self.learner.command(Push(version))
-        stack.policy_version = version
-
     def _log(self, step: int, gathered: Gathered, metrics: dict[str, float]) -> None:
-        """Log step `step`'s metrics, policy version, tokens per second, left-out episodes and samples."""
-        generated = sum(t.metrics.get("generated_tokens", 0.0) for t in gathered.trajectories)
+        """Log step `step`'s metrics, policy version, throughput, left-out episodes and samples."""
         metrics["policy_version"] = float(self.state.policy_version)
-        metrics["perf/tokens_per_s"] = generated / metrics["time/step"]
+        metrics.update(throughput(gathered, metrics["time/step"]))
         self.logger.log_step(step, metrics, notes=left_out(gathered))
         self.logger.save_samples(step, gathered.trajectories, self.cfg.train.save_samples)
 
@@ -199,7 +198,7 @@ class _Lead:
                     f"{gathered.stale} stale); see {failure_places(cfg, self.run_dir)}"
                 )
             if any(t.trainable for t in gathered.trajectories):
-                return gathered
+                return replace(gathered, tries=attempt)
             if attempt == tries:
                 self.logger.note(f"step {step}: nothing to learn from ({outcomes(gathered)})")
                 break

@@ -228,15 +228,17 @@ class Worker:
 
     def _start(self, delivery: Delivery) -> None:
         self._held[delivery.entry_id] = delivery
-        self.metrics.queue_lag.set(max(0.0, time.time() - entry_time(delivery.entry_id)))
-        self._running[delivery.entry_id] = asyncio.create_task(self._run_episode(delivery))
+        waited = max(0.0, time.time() - entry_time(delivery.entry_id))
+        self.metrics.queue_lag.set(waited)
+        self._running[delivery.entry_id] = asyncio.create_task(self._run_episode(delivery, waited))
 
-    async def _run_episode(self, delivery: Delivery) -> None:
-        """Run one attempt and queue its outcome for the publisher; a cancelled attempt leaves no outcome."""
+    async def _run_episode(self, delivery: Delivery, waited: float) -> None:
+        """Run one attempt and queue its outcome for the publisher; a cancelled attempt leaves no outcome.
+        `waited`: the seconds the job spent in the queue, kept in the trajectory's timings as `queue`."""
         job = delivery.job
         started = time.perf_counter()
         try:
-            outcome = _Outcome(delivery, pack_result(job, await self.runner(job)), None)
+            outcome = _Outcome(delivery, pack_result(job, await self.runner(job), queued_s=waited), None)
         except Exception as exc:
             log.warning("episode %s attempt %d failed", job.episode_id, job.attempt, exc_info=True)
             outcome = _Outcome(delivery, None, f"{type(exc).__name__}: {exc} [worker {self.consumer}]")
@@ -357,13 +359,15 @@ class Worker:
         return outcome
 
 
-def pack_result(job: EpisodeJob, trajectory: Trajectory) -> bytes:
-    """A runner's trajectory as the queue publishes it: checked against its job, stamped with the attempt."""
+def pack_result(job: EpisodeJob, trajectory: Trajectory, *, queued_s: float | None = None) -> bytes:
+    """A runner's trajectory as the queue publishes it: checked against its job, stamped with the attempt
+    (and with `queued_s`, the time the job waited in the queue, as its `queue` timing)."""
     if not isinstance(trajectory, Trajectory):
         raise TypeError(f"an episode runner must return a Trajectory, got {type(trajectory).__name__}")
     if trajectory.episode_id != job.episode_id:
         raise ValueError(f"trajectory episode_id {trajectory.episode_id!r} != job's {job.episode_id!r}")
-    return dataclasses.replace(trajectory, attempt=job.attempt).to_msgpack()
+    timings = trajectory.timings if queued_s is None else {**trajectory.timings, "queue": queued_s}
+    return dataclasses.replace(trajectory, attempt=job.attempt, timings=timings).to_msgpack()
 
 
 async def _first_of(*waits: Coroutine[Any, Any, Any]) -> None:

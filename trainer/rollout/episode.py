@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from trainer.config import RolloutConfig
-from trainer.rollout.engines.base import Engine, GenerateRequest, GenerateResult
+from trainer.rollout.engines.base import Engine, GenerateRequest, GenerateResult, policy_version_of
 from trainer.rollout.env_handle import EnvError, EnvHandle
 from trainer.rollout.job import EpisodeJob, EpisodeSettings
 from trainer.rollout.processor import VLProcessor
@@ -141,9 +141,10 @@ class _Episode:
             self.timings[name] += time.perf_counter() - started
 
     def policy_version(self, default: int) -> int:
-        """The oldest integer weight version that generated a turn, else `default` (the job's)."""
-        numeric = [int(v) for v in self.versions if v.isdigit()]
-        return min(numeric) if numeric else default
+        """The oldest policy version that generated a turn (`policy_version_of`), else `default` (the
+        job's) when no turn's engine reported one."""
+        known = [v for v in map(policy_version_of, self.versions) if v is not None]
+        return min(known) if known else default
 
     def labels(self) -> dict[str, str]:
         """The env's own text metrics (a question type, a scene name), by name."""

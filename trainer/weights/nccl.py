@@ -7,6 +7,8 @@ broadcasts the tensors in that order, straight from its device; the HTTP call an
 on each other, so the call runs on the engine's loop while the broadcast is posted here. The next
 bucket is gathered while one travels (`transport.pipelined`); the last bucket flushes the cache and
 sets the version. SGLang and `vistarl engine serve` (`receiver`) take it alike; on CPU it runs over gloo.
+`close` leaves the group, and the next push forms a new one under a fresh name (`group.fresh_group_name`):
+that is how a restarted engine joins again.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from trainer.rollout.engines.sglang_api import (
     UpdateWeightsResponse,
 )
 from trainer.weights.buckets import Bucket
-from trainer.weights.group import DEFAULT_GROUP_NAME, init_weight_update_group, leave_group
+from trainer.weights.group import DEFAULT_GROUP_NAME, fresh_group_name, init_weight_update_group, leave_group
 from trainer.weights.names import checkpoint_name
 from trainer.weights.transport import EngineCalls, PausableEngine, Waiter, paused, pipelined
 
@@ -91,22 +93,24 @@ class DistributedSync:
         self.model_type = model_type
         self.pause = pause
         self._group: dist.ProcessGroup | None = None
+        self._group_name = target.group_name
 
     def connect(self) -> dist.ProcessGroup:
         """Form the group: the engine's `/init_weights_update_group` and rank 0's join, concurrently."""
         t = self.target
+        self._group_name = fresh_group_name(t.master_address, t.master_port, t.group_name)
         body = InitWeightsUpdateGroupBody(
             master_address=t.master_address,
             master_port=t.master_port,
             rank_offset=1,
             world_size=1 + t.engine_world_size,
-            group_name=t.group_name,
+            group_name=self._group_name,
             backend=t.backend,
         )
         answer = self.calls.start(self.engine.init_weights_update_group(body))
         world = 1 + t.engine_world_size
         group = init_weight_update_group(
-            t.master_address, t.master_port, 0, world, t.group_name, t.backend, t.timeout
+            t.master_address, t.master_port, 0, world, self._group_name, t.backend, t.timeout
         )
         self.calls.wait(answer)
         self._group = group
@@ -120,7 +124,7 @@ class DistributedSync:
 
     def _send(self, bucket: Bucket, group: dist.ProcessGroup, version: int) -> Waiter:
         """Announce one bucket and post its broadcasts; the waiter waits for both, each wait bounded."""
-        body = distributed_body(bucket, self.model_type, self.target.group_name, version)
+        body = distributed_body(bucket, self.model_type, self._group_name, version)
         answer = self.calls.start(self.engine.update_weights_from_distributed(body))
         works = [dist.broadcast(tensor, src=0, group=group, async_op=True) for _, tensor in bucket.tensors]
 

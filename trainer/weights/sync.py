@@ -49,11 +49,14 @@ class WeightSync:
     bucket_bytes: int
     transport: Transport | None = None
 
-    def push(self, model: nn.Module, version: int) -> None:
-        """Every rank: gather `model`'s buckets; rank 0 makes the engine serve them as `str(version)`."""
+    def push(self, model: nn.Module, version: int, *, reconnect: bool = False) -> None:
+        """Every rank: gather `model`'s buckets; rank 0 makes the engine serve them as `str(version)`, with
+        `reconnect` over a connection formed afresh (a restarted engine never joined the old one)."""
         buckets = gathered_buckets(model, self.config, self.dtype, self.bucket_bytes)
         try:
             if self.transport is not None:
+                if reconnect:
+                    self.transport.close()
                 self.transport.push(buckets, version)
         finally:
             # This rank's part of every gather: the other ranks walk every bucket, even when the
@@ -88,18 +91,22 @@ def weight_sync(
     source_dir: Path,
     pause: bool,
     loop: asyncio.AbstractEventLoop,
+    backend: str = "nccl",
 ) -> WeightSync:
     """Rank 0's `WeightSync` to `engine`, whose calls run on `loop`: the transport the engine names.
 
     `weights_dir` and `source_dir` are the disk transport's (where versions go, where the tokenizer
-    files come from); `pause` holds a server's generation around a disk load."""
+    files come from); `pause` holds a server's generation around a disk load; `backend` is the NCCL
+    transport's process-group backend (gloo for weights on the CPU)."""
     calls = EngineCalls(loop, ENGINE_CALL_TIMEOUT_S)
     kind = transport_kind(engine, sync.mode)
     transport: Transport
     if kind == "in_process" and isinstance(engine, LocalEngine):
         transport = InProcessSync(engine, calls)
     elif kind == "nccl" and isinstance(engine, BroadcastEngine):
-        target = DistributedTarget(sync.master_address, sync.master_port, sync.engine_world_size)
+        target = DistributedTarget(
+            sync.master_address, sync.master_port, sync.engine_world_size, backend=backend
+        )
         transport = DistributedSync(engine, calls, target, config.model_type)
     elif kind == "disk" and isinstance(engine, DiskEngine):
         transport = DiskSync(engine, calls, weights_dir, config, source_dir, dtype=dtype, pause=pause)

@@ -37,7 +37,8 @@ class Transport(Protocol):
         ...
 
     def close(self) -> None:
-        """Release what the transport holds (process groups); the engine keeps its weights."""
+        """Release what the transport holds (process groups); the engine keeps its weights. A push after
+        it connects again."""
         ...
 
 

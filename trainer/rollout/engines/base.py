@@ -22,6 +22,19 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from trainer.rollout.engines.sglang_api import FinishReason, PauseMode, SamplingParams
 from trainer.weights.transport import TransportKind
 
+UNKNOWN_VERSION = "unknown"
+"""The weight version of a result from an engine that has reported none (a client that has heard nothing)."""
+
+
+def policy_version_of(weight_version: str) -> int | None:
+    """The policy version that generated with `weight_version`: a push names its number; any other name an
+    engine reports (SGLang's `default`, a restarted `vistarl engine serve --await-weights`) means the
+    checkpoint it started from, version 0, which no push of a later version made; None for
+    `UNKNOWN_VERSION`. So an episode from a restarted engine's initial weights lags the trainer."""
+    if weight_version == UNKNOWN_VERSION:
+        return None
+    return int(weight_version) if weight_version.isdigit() else 0
+
 
 class EngineError(Exception):
     """Base of the errors engines raise."""

@@ -11,6 +11,11 @@ unknown `sampling_params` key, say) gets 400. `POST /v1/chat/completions` is a m
 chat completion for agents (`trainer.rollout.engines.chat`, docs/agents.md). The body-size limit, the
 optional bearer token (`VISTARL_API_TOKEN`) and the error bodies are those of the env servers too
 (`serving`).
+
+With `await_weights` (`vistarl engine serve --await-weights`, as `vistarl up` starts it) the server
+generates nothing until a weight update completes: `/generate` requests wait, `/health_generate` answers
+503, and `/model_info` reports `STARTING_VERSION`, which is no push's version. So a server restarted
+under a running trainer serves only the weights the trainer pushes it (`trainer.weight_keeper`).
 """
 
 from __future__ import annotations
@@ -55,6 +60,9 @@ from trainer.rollout.engines.sglang_api import (
 from trainer.weights.receiver import WeightReceiver
 
 OPEN_PATHS = frozenset({"/health", "/health_generate"})
+STARTING_VERSION = "default"
+"""The weight version an awaiting server reports before its first update: SGLang's name for the weights a
+server starts with, so a restarted `vistarl engine serve` and a restarted SGLang look alike."""
 
 
 class EngineServerSettings(BaseSettings):
@@ -69,6 +77,7 @@ class EngineServerSettings(BaseSettings):
     max_batch_size: int = Field(default=DEFAULT_MAX_BATCH_SIZE, ge=1)
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="Request body limit (413).")
     api_token: SecretStr | None = Field(default=None, description="Bearer token required on all but health.")
+    await_weights: bool = Field(default=False, description="Generate nothing before the first weight update.")
 
 
 def create_app(engine: HFEngine, settings: EngineServerSettings | None = None) -> FastAPI:
@@ -76,9 +85,19 @@ def create_app(engine: HFEngine, settings: EngineServerSettings | None = None) -
     settings = settings or EngineServerSettings()
     metrics = ServingMetrics("vistarl_engine")
     receiver = WeightReceiver(engine.model.config.model_type)
+    awaiting = settings.await_weights
+
+    async def loaded() -> None:
+        """A weight update completed: an awaiting server starts generating."""
+        nonlocal awaiting
+        if awaiting:
+            awaiting = False
+            await engine.continue_generation()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if awaiting:
+            await engine.pause_generation("in_place")
         try:
             yield
         finally:
@@ -134,7 +153,7 @@ def create_app(engine: HFEngine, settings: EngineServerSettings | None = None) -
             model_path=engine.model_path,
             tokenizer_path=engine.model_path,
             is_generation=True,
-            weight_version=engine.weight_version,
+            weight_version=STARTING_VERSION if awaiting else engine.weight_version,
         )
 
     @app.post("/update_weights_from_disk")
@@ -146,6 +165,7 @@ def create_app(engine: HFEngine, settings: EngineServerSettings | None = None) -
             version = await engine.update_weights_from_disk(body.model_path, body.weight_version)
         except EngineRequestError as exc:
             return _update_answer(False, str(exc))
+        await loaded()
         return _update_answer(True, f"loaded {body.model_path} as weight_version {version}")
 
     @app.post("/init_weights_update_group")
@@ -166,6 +186,8 @@ def create_app(engine: HFEngine, settings: EngineServerSettings | None = None) -
             version = await engine.load_weights(receive, body.weight_version, final=body.flush_cache)
         except (EngineRequestError, RuntimeError) as exc:  # a broadcast timeout is a RuntimeError
             return _update_answer(False, f"bucket of {len(body.names)} tensors not loaded: {exc}")
+        if body.flush_cache:
+            await loaded()
         return _update_answer(True, f"loaded {len(body.names)} tensors; weight_version {version}")
 
     @app.post("/flush_cache")
@@ -181,8 +203,10 @@ def create_app(engine: HFEngine, settings: EngineServerSettings | None = None) -
 
     @app.post("/continue_generation")
     async def continue_generation() -> dict[str, str]:
-        """Resume after /pause_generation."""
-        await engine.continue_generation()
+        """Resume after /pause_generation; an awaiting server keeps waiting for its first update (a push
+        that failed midway leaves weights no trainer version has)."""
+        if not awaiting:
+            await engine.continue_generation()
         return {"message": "Generation continued."}
 
     @app.post("/abort_request")

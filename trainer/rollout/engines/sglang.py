@@ -23,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 from clients.http import TOKEN_ENV_VAR, Reply
 from clients.retry import RetryPolicy, attempt_until_final, retry_delay
 from trainer.rollout.engines.base import (
+    UNKNOWN_VERSION,
     EngineRequestError,
     EngineUnavailableError,
     GenerateRequest,
@@ -53,7 +54,6 @@ KEEPALIVE_EXPIRY_S = SERVER_KEEP_ALIVE_S - 1.0
 """How long this client reuses an idle connection: less than the server keeps it, so that it never sends a
 request on a connection the server is closing. A `/generate` whose answer is lost is not resent (it is not
 idempotent), so that race would abort an episode."""
-UNKNOWN_VERSION = "unknown"
 
 
 class SGLangEngine:

@@ -1,0 +1,328 @@
+"""Which processes `vistarl up` runs on this host, and how: the compose file's `gpu` profile without Docker.
+
+`plan_processes` turns the options of `vistarl up` and the run's config into `ProcessSpec`s, in start
+order: Redis (the queue in database 0, the env servers' sessions in database 1), the config's env server,
+one `vistarl engine serve` per engine GPU (one on the CPU; it batches as many requests as the workers
+run episodes, unless `VISTARL_MAX_BATCH_SIZE` says otherwise), the rollout workers, and `vistarl train`
+(under torchrun on the trainer GPUs, plainly on the CPU) with the NCCL weight sync (over gloo on the
+CPU). The commands and flags are the compose file's services' (docker-compose.yml), on this host's ports,
+and so are the stop grace periods; the engine waits for the trainer's weights before it generates
+(`--await-weights`), so one that restarts serves nothing else.
+
+`--role` narrows a host to its part of a larger run: each part the roles leave out, or whose URL is
+given (`--redis-url`, `--env-url`, `--engine-url`), is not started here, and the processes that need it
+use the URL. Servers bind `host`; on loopback each takes a free port, on another interface the compose
+file's (Redis 6379, env 8000, engine 30000, worker metrics 9100 and up), which other hosts name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from serving.launch import free_port
+from trainer.config import ConfigError, TrainConfig, load_config
+
+__all__ = [
+    "ROLES",
+    "Plan",
+    "PlanError",
+    "ProcessSpec",
+    "Role",
+    "UpOptions",
+    "plan_processes",
+]
+
+Role = Literal["redis", "env", "engine", "workers", "trainer"]
+ROLES: tuple[Role, ...] = ("redis", "env", "engine", "workers", "trainer")
+"""The parts of a run, in start order; a host runs those its `--role`s name (all by default)."""
+
+LOOPBACK = "127.0.0.1"
+COMPOSE_PORTS = {"redis": 6379, "env": 8000, "engine": 30000, "workers": 9100}
+"""The ports of docker-compose.yml's services, which servers take when they listen beyond loopback."""
+STOP_GRACE_S = {"redis": 10.0, "env": 20.0, "engine": 10.0, "workers": 45.0, "trainer": 10.0}
+"""docker-compose.yml's `stop_grace_period` of each part (10 s, Compose's default, where it sets none)."""
+START_TIMEOUT_S = {"redis": 30.0, "env": 120.0, "engine": 1200.0, "workers": 120.0, "trainer": 0.0}
+"""How long a process may take to answer its readiness check (a big checkpoint loads for minutes)."""
+WORKER_SHUTDOWN_GRACE_S = 30.0
+"""Seconds a worker's running episodes get to finish on SIGTERM (`--shutdown-grace-s`, as in compose)."""
+SESSIONS_DB = 1
+"""The Redis database of the env servers' sessions (the queue uses the URL's own, 0 by default)."""
+
+
+class PlanError(ValueError):
+    """Options that do not make a run: a part that nothing starts and no URL names, say."""
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    """What `vistarl up` was asked (see `cli/up.py` for each flag)."""
+
+    config: Path
+    out: Path
+    overrides: tuple[str, ...] = ()
+    workers: int = 1
+    trainer_gpus: tuple[int, ...] = ()
+    engine_gpus: tuple[int, ...] = ()
+    roles: tuple[Role, ...] = ROLES
+    redis_url: str | None = None
+    env_url: str | None = None
+    engine_url: str | None = None
+    host: str = LOOPBACK
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One process of the plan: its command and environment, how to tell it is up (`ready`: an
+    `http://` URL that answers 2xx or a `tcp://host:port` that accepts), whether it is a long-lived
+    service that is restarted when it dies (`restart`) or the run itself, whose exit ends everything,
+    and how long it gets to stop after SIGTERM before SIGKILL."""
+
+    name: str
+    role: Role
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    ready: str | None = None
+    restart: bool = True
+    stop_grace_s: float = 10.0
+    start_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The processes this host runs, in start order, and where the run's parts are."""
+
+    processes: tuple[ProcessSpec, ...]
+    run_dir: Path | None
+    urls: dict[str, str]
+    gpus: tuple[int, ...]
+
+
+def plan_processes(options: UpOptions) -> Plan:
+    """The plan for `options` (see the module docstring); a `PlanError` says what is missing or wrong."""
+    cfg = _load(options, options.overrides)
+    _check(options, cfg)
+    ports = _Ports(options.host)
+    specs: list[ProcessSpec] = []
+    redis_url = options.redis_url
+    if redis_url is None and "redis" in options.roles:
+        port = ports.take("redis")
+        redis_url = f"redis://{LOOPBACK}:{port}/0"
+        specs.append(_redis(options, port))
+    env_url = options.env_url
+    if env_url is None and "env" in options.roles:
+        assert redis_url is not None  # _check: the env server keeps its sessions in Redis
+        port = ports.take("env")
+        env_url = f"http://{LOOPBACK}:{port}"
+        specs.append(_env_server(options, cfg, port, redis_url))
+    engine_url = options.engine_url
+    if engine_url is None and "engine" in options.roles:
+        port = ports.take("engine")
+        engine_url = f"http://{LOOPBACK}:{port}"
+        specs.append(_engine(options, cfg, port))
+    urls = {"redis": redis_url, "env": env_url, "engine": engine_url}
+    if "workers" in options.roles:
+        specs += [
+            _worker(options, cfg, index, ports.take("workers", index), urls)
+            for index in range(options.workers)
+        ]
+    run_dir = None
+    if "trainer" in options.roles:
+        trainer = _trainer(options, urls)
+        run_dir = _load(options, _trainer_overrides(trainer)).train.run_dir
+        specs.append(trainer)
+    gpus = tuple(sorted({*options.trainer_gpus, *options.engine_gpus}))
+    return Plan(tuple(specs), run_dir, {k: v for k, v in urls.items() if v is not None}, gpus)
+
+
+def vistarl(*args: str) -> tuple[str, ...]:
+    """A `vistarl` command line, run by this interpreter (the checkout need not be installed)."""
+    return (sys.executable, "-m", "cli.main", *args)
+
+
+def _load(options: UpOptions, overrides: tuple[str, ...]) -> TrainConfig:
+    """The run's config with `overrides`; a bad file or key is a `PlanError`."""
+    try:
+        return load_config(options.config, list(overrides))
+    except ConfigError as exc:
+        raise PlanError(str(exc)) from None
+
+
+def _check(options: UpOptions, cfg: TrainConfig) -> None:
+    """Every part that a started process needs is started here or named by a URL."""
+    roles = options.roles
+    needs = {
+        "redis": {"env", "workers", "trainer"},
+        "env": {"workers", "trainer"},
+        "engine": {"workers", "trainer"},
+    }
+    given = {"redis": options.redis_url, "env": options.env_url, "engine": options.engine_url}
+    flags = {"redis": "--redis-url", "env": "--env-url", "engine": "--engine-url"}
+    for part, users in needs.items():
+        using = sorted(users & set(roles) - {part})
+        if using and part not in roles and given[part] is None:
+            raise PlanError(f"{', '.join(using)} need {part}: give --role {part} or {flags[part]}")
+    if len(options.engine_gpus) > 1:
+        raise PlanError(
+            "one engine GPU per run: the trainer pushes its weights to one engine server "
+            f"(got --engine-gpus {','.join(map(str, options.engine_gpus))})"
+        )
+    both_here = {"engine", "trainer"} <= set(roles) and options.engine_url is None
+    if both_here and bool(options.trainer_gpus) != bool(options.engine_gpus):
+        raise PlanError(
+            "name GPUs for both the trainer and the engine (--trainer-gpus, --engine-gpus), or neither"
+        )
+    if options.nnodes > 1 and not re.fullmatch(r"[^:\s]+:\d+", options.rdzv_endpoint or ""):
+        raise PlanError("a trainer over several nodes (--nnodes) needs torchrun's --rdzv-endpoint HOST:PORT")
+    if not 0 <= options.node_rank < options.nnodes:
+        raise PlanError(f"--node-rank {options.node_rank} is not one of the {options.nnodes} nodes' ranks")
+    if "redis" in roles and options.redis_url is None and shutil.which("redis-server") is None:
+        raise PlanError(
+            "no redis-server on PATH: install it (Debian: apt-get install redis-server) or give --redis-url"
+        )
+    starts_engine = "engine" in roles and options.engine_url is None
+    if starts_engine and not Path(cfg.model.path).is_dir():
+        raise PlanError(f"model.path={cfg.model.path} is not a checkpoint directory (set it with --set)")
+
+
+class _Ports:
+    """Free loopback ports, or the compose file's ports when servers listen beyond loopback."""
+
+    def __init__(self, host: str) -> None:
+        self.fixed = host != LOOPBACK
+
+    def take(self, part: str, index: int = 0) -> int:
+        """The port of `part`'s server number `index`."""
+        return COMPOSE_PORTS[part] + index if self.fixed else free_port()
+
+
+def _redis(options: UpOptions, port: int) -> ProcessSpec:
+    """`redis-server` as compose runs it (AOF, fsync always, noeviction), its data under DIR/redis."""
+    data = options.out / "redis"
+    data.mkdir(parents=True, exist_ok=True)
+    argv = [
+        "redis-server", "--appendonly", "yes", "--appendfsync", "always", "--maxmemory-policy", "noeviction",
+        "--port", str(port), "--bind", options.host, "--dir", str(data.resolve()),
+    ]  # fmt: skip
+    if options.host != LOOPBACK:
+        argv += ["--protected-mode", "no"]  # other hosts connect; no password, as in compose
+    return ProcessSpec(
+        "redis", "redis", tuple(argv), ready=f"tcp://{LOOPBACK}:{port}", stop_grace_s=STOP_GRACE_S["redis"],
+        start_timeout_s=START_TIMEOUT_S["redis"],
+    )  # fmt: skip
+
+
+def _env_server(options: UpOptions, cfg: TrainConfig, port: int, redis_url: str) -> ProcessSpec:
+    """`vistarl serve ENV`, its sessions in Redis, as compose's env services."""
+    sessions = _database(redis_url, SESSIONS_DB)
+    argv = vistarl(
+        "serve", cfg.env.name, "--host", options.host, "--port", str(port), "--session-store", sessions
+    )
+    return ProcessSpec(
+        _safe_name(cfg.env.name), "env", argv, ready=f"http://{LOOPBACK}:{port}/health",
+        stop_grace_s=STOP_GRACE_S["env"], start_timeout_s=START_TIMEOUT_S["env"],
+    )  # fmt: skip
+
+
+def _engine(options: UpOptions, cfg: TrainConfig, port: int) -> ProcessSpec:
+    """`vistarl engine serve` on the run's checkpoint, on the engine GPU (or the CPU), awaiting weights."""
+    device = "cuda" if options.engine_gpus else "cpu"
+    argv = vistarl(
+        "engine", "serve", "--model", str(cfg.model.path), "--host", options.host, "--port", str(port),
+        "--device", device, "--await-weights",
+    )  # fmt: skip
+    if "VISTARL_MAX_BATCH_SIZE" not in os.environ:  # batch every episode the workers run at once
+        argv += ("--max-batch-size", str(options.workers * cfg.rollout.concurrency))
+    return ProcessSpec(
+        "engine", "engine", argv, env=_visible(options.engine_gpus), ready=f"http://{LOOPBACK}:{port}/health",
+        stop_grace_s=STOP_GRACE_S["engine"], start_timeout_s=START_TIMEOUT_S["engine"],
+    )  # fmt: skip
+
+
+def _worker(
+    options: UpOptions, cfg: TrainConfig, index: int, port: int, urls: dict[str, str | None]
+) -> ProcessSpec:
+    """`vistarl worker` as compose's worker service, on this run's queue, engine and env server."""
+    argv = vistarl(
+        "worker",
+        f"--redis-url={urls['redis']}",
+        f"--namespace={cfg.rollout.namespace}",
+        f"--engine=sglang:{urls['engine']}",
+        f"--env-url={cfg.env.name}={urls['env']}",
+        f"--concurrency={cfg.rollout.concurrency}",
+        f"--metrics-port={port}",
+        f"--shutdown-grace-s={WORKER_SHUTDOWN_GRACE_S:g}",
+    )
+    return ProcessSpec(
+        f"worker-{index}", "workers", argv, ready=f"http://{LOOPBACK}:{port}/metrics",
+        stop_grace_s=STOP_GRACE_S["workers"], start_timeout_s=START_TIMEOUT_S["workers"],
+    )  # fmt: skip
+
+
+def _trainer(options: UpOptions, urls: dict[str, str | None]) -> ProcessSpec:
+    """`vistarl train` on the config, its rollouts through the queue, the external workers and the engine
+    server, weights pushed over NCCL; under torchrun on the trainer GPUs (and nodes), plainly on the CPU."""
+    overrides = [
+        f"train.run_dir={options.out.resolve() / 'run'}",
+        *options.overrides,
+        f"rollout.queue={urls['redis']}",
+        "rollout.local_workers=0",
+        f"rollout.engine=sglang:{urls['engine']}",
+        f"env.url={urls['env']}",
+        "sync.mode=nccl",
+    ]
+    if options.host == LOOPBACK:
+        overrides.append(f"sync.master_port={free_port()}")
+    train = ("-m", "cli.main", "train", "--config", str(options.config), *(f"--set={o}" for o in overrides))
+    if not options.trainer_gpus:  # on the CPU, even where GPUs are
+        return ProcessSpec("trainer", "trainer", (sys.executable, *train), env=_visible(()), restart=False)
+    nodes: tuple[str, ...] = ("--standalone",)
+    if options.nnodes > 1:  # static rendezvous: global rank 0, which drives the run, is on node rank 0
+        address, _, port = (options.rdzv_endpoint or "").rpartition(":")
+        nodes = (
+            f"--nnodes={options.nnodes}",
+            f"--node-rank={options.node_rank}",
+            f"--master-addr={address}",
+            f"--master-port={port}",
+        )
+    torchrun = (
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={len(options.trainer_gpus)}",
+        *nodes,
+    )
+    return ProcessSpec(
+        "trainer", "trainer", (*torchrun, *train), env=_visible(options.trainer_gpus), restart=False,
+        stop_grace_s=STOP_GRACE_S["trainer"],
+    )  # fmt: skip
+
+
+def _trainer_overrides(trainer: ProcessSpec) -> tuple[str, ...]:
+    """The `--set` overrides of the trainer's command line."""
+    return tuple(arg.removeprefix("--set=") for arg in trainer.argv if arg.startswith("--set="))
+
+
+def _visible(gpus: tuple[int, ...]) -> dict[str, str]:
+    """The environment that shows a process only `gpus` (none: the CPU)."""
+    return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+
+
+def _database(redis_url: str, db: int) -> str:
+    """`redis_url` pointed at database `db` of the same server."""
+    base, _, last = redis_url.rstrip("/").rpartition("/")
+    return f"{base}/{db}" if last.isdigit() and base.count("/") >= 2 else f"{redis_url.rstrip('/')}/{db}"
+
+
+def _safe_name(env: str) -> str:
+    """A process name for an env (`sokoban`, or an import path's last part): letters, digits, `-`, `_`."""
+    last = env.replace(":", ".").rsplit(".", 1)[-1]
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in last) or "env"

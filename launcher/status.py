@@ -1,0 +1,188 @@
+"""What `vistarl status DIR` reports of a `vistarl up` run: each process's state, the last step, and the
+step breakdown: where a step's time goes, throughput, what each episode took, the engine and trainer
+agreeing on logprobs, the episodes a step could not use, and how long each GPU sat idle.
+
+It reads what the run writes: `DIR/up.json` (the plan), `DIR/processes.json` and the pid files (the
+supervisor's), the trainer's `metrics.jsonl` (one record per step) and `DIR/gpus.jsonl` (the GPU
+samples). A GPU's idle time in a step is the step's time times the mean share of its samples, over the
+step's span, in which no kernel ran; its peak memory the most any sample of the span saw.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from launcher.gpus import SAMPLES_FILE
+from launcher.supervisor import PROCESSES_FILE
+
+__all__ = ["COUNTS", "FIGURES", "PLAN_FILE", "RunStatus", "alive", "read_jsonl", "step_figures"]
+
+PLAN_FILE = "up.json"
+METRICS_FILE = "metrics.jsonl"
+FIGURES: tuple[tuple[str, str], ...] = (
+    ("time/step", "step (s)"),
+    ("time/rollout", "waiting for the step's episodes (s)"),
+    ("share/rollout", "share of the step waiting for episodes"),
+    ("share/generate", "share of an episode's time generating"),
+    ("rollout/seconds/generate", "generating, per episode (s)"),
+    ("rollout/seconds/env", "in env calls, per episode (s)"),
+    ("rollout/seconds/queue", "waiting in the queue, per episode (s)"),
+    ("time/train", "update (s)"),
+    ("time/sync", "weight sync (s)"),
+    ("time/eval", "evaluation (s)"),
+    ("perf/tokens_per_s", "generated tokens/s"),
+    ("perf/episodes_per_s", "episodes/s"),
+    ("rollout/turns", "turns per episode"),
+    ("rollout/response_tokens", "generated tokens per episode"),
+    ("train/logprob_abs_diff", "engine vs trainer |logprob diff|"),
+    ("train/tis_weight_mean", "TIS weight, mean"),
+    ("perf/peak_memory_gib", "trainer rank 0 peak memory (GiB)"),
+)
+"""The per-step figures, by metric name (`share/...`: derived by `step_figures`), with their labels."""
+COUNTS: tuple[tuple[str, str, bool], ...] = (
+    ("rollout/unusable_tries", "tries with nothing to learn from", False),
+    ("rollout/missing", "episodes lost (no trajectory came)", False),
+    ("rollout/duplicates", "duplicate results dropped", True),
+    ("rollout/stale", "stale episodes left out", False),
+    ("rollout/status/FAILED", "FAILED episodes", False),
+    ("rollout/status/ABORTED", "ABORTED episodes", False),
+)
+"""Counts over the run: (metric, label, whether the metric is already a running total)."""
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON records of a JSON-lines file, in order (none when it does not exist)."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def step_figures(records: list[dict[str, Any]], samples: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Each step's record with the shares of its time (`share/rollout`: the wait for its episodes, of the
+    step; `share/generate`: generation, of an episode's time) and, for each sampled GPU, `gpu/<i>/idle_s`
+    and `gpu/<i>/peak_mib` added."""
+    figures = []
+    for record in records:
+        end = record.get("time", math.nan)
+        start = end - record.get("time/step", math.nan)
+        span = [s["gpus"] for s in samples if start < s["time"] <= end]
+        row = {**record, **_shares(record)}
+        for index in sorted({i for gpus in span for i in gpus}, key=int):
+            seen = [gpus[index] for gpus in span if index in gpus]
+            idle = sum(1.0 - g["util"] / 100.0 for g in seen) / len(seen)
+            row[f"gpu/{index}/idle_s"] = idle * record["time/step"]
+            row[f"gpu/{index}/peak_mib"] = max(g["mem_mib"] for g in seen)
+        figures.append(row)
+    return figures
+
+
+def _shares(record: dict[str, Any]) -> dict[str, float]:
+    """The shares of a step's time that its record allows."""
+    shares = {}
+    if record.get("time/step") and "time/rollout" in record:
+        shares["share/rollout"] = record["time/rollout"] / record["time/step"]
+    if record.get("rollout/seconds/total") and "rollout/seconds/generate" in record:
+        shares["share/generate"] = record["rollout/seconds/generate"] / record["rollout/seconds/total"]
+    return shares
+
+
+class RunStatus:
+    """A run directory of `vistarl up`, read (see the module docstring)."""
+
+    def __init__(self, out: Path) -> None:
+        if not (out / PLAN_FILE).is_file():
+            raise FileNotFoundError(f"{out} is not a `vistarl up` directory (it has no {PLAN_FILE})")
+        self.out = out
+        self.plan = json.loads((out / PLAN_FILE).read_text())
+        record = json.loads(p.read_text()) if (p := out / PROCESSES_FILE).is_file() else {}
+        self.recorded: dict[str, dict[str, Any]] = record.get("processes", {})
+        run_dir = self.plan.get("run_dir")
+        self.steps = step_figures(
+            read_jsonl(Path(run_dir) / METRICS_FILE) if run_dir else [], read_jsonl(out / SAMPLES_FILE)
+        )
+
+    @property
+    def supervisor_alive(self) -> bool:
+        """Whether the `vistarl up` process that runs this directory is alive."""
+        return alive(_pid(self.out / "pids" / "up.pid"))
+
+    def processes(self) -> list[dict[str, Any]]:
+        """Each process of the plan: name, role, pid, state, restarts and last exit code. A process
+        recorded as up whose pid is gone (its supervisor was killed) is `gone`."""
+        rows = []
+        for name in self.plan["processes"]:
+            row = {
+                "name": name,
+                "role": None,
+                "pid": None,
+                "state": "waiting",
+                "restarts": 0,
+                "exit_code": None,
+            }
+            row.update(self.recorded.get(name, {}))
+            if row["state"] in ("starting", "running") and not alive(row["pid"]):
+                row["state"] = "gone"
+            rows.append(row)
+        return rows
+
+    def breakdown(self) -> list[tuple[str, float | None, float | None]]:
+        """(label, the last step's value, the mean over the steps after the first) of each figure the run
+        reports; the first step is left out of the mean (it compiles and warms up)."""
+        rows: list[tuple[str, float | None, float | None]] = []
+        later = self.steps[1:] or self.steps
+        keys = [*FIGURES, *_gpu_figures(self.steps)]
+        for key, label in keys:
+            values = [s[key] for s in later if key in s]
+            if values:
+                rows.append((label, self.steps[-1].get(key), sum(values) / len(values)))
+        return rows
+
+    def counts(self) -> list[tuple[str, float]]:
+        """(label, total over the run) of each count the run reports."""
+        rows = []
+        for key, label, running in COUNTS:
+            values = [s[key] for s in self.steps if key in s]
+            if values:
+                rows.append((label, values[-1] if running else sum(values)))
+        return rows
+
+
+def _gpu_figures(steps: list[dict[str, float]]) -> list[tuple[str, str]]:
+    """The GPU figures the steps carry, with their labels."""
+    indices = sorted({key.split("/")[1] for step in steps for key in step if key.startswith("gpu/")}, key=int)
+    return [
+        figure
+        for index in indices
+        for figure in (
+            (f"gpu/{index}/idle_s", f"GPU {index} idle (s)"),
+            (f"gpu/{index}/peak_mib", f"GPU {index} peak memory (MiB)"),
+        )
+    ]
+
+
+def _pid(path: Path) -> int | None:
+    """The pid a pid file holds, if it exists."""
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def alive(pid: int | None) -> bool:
+    """Whether process `pid` runs: it exists and has not exited (a zombie, which nothing reaped, has)."""
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return True

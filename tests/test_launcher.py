@@ -1,0 +1,311 @@
+"""`launcher`: the processes `vistarl up` plans (the compose file's, on this host), the supervisor that runs
+them (restarts within a bound, a run that stops naming what died, stops within the grace periods), and
+the GPU figures `vistarl status` derives. The whole system under `vistarl up` is tests/test_up.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from launcher.plan import PlanError, ProcessSpec, UpOptions, plan_processes
+from launcher.status import alive, step_figures
+from launcher.supervisor import PROCESSES_FILE, Supervisor
+from tests.compose_file import load_services
+from tests.servers import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_CONFIG = ROOT / "configs" / "sokoban_tiny.yaml"
+
+
+def options(tmp_path: Path, model: Path, **fields: object) -> UpOptions:
+    """`vistarl up` on the tiny Sokoban config and `model`, writing under `tmp_path`."""
+    overrides = (f"model.path={model}", *fields.pop("overrides", ()))  # type: ignore[misc]
+    return UpOptions(config=TINY_CONFIG, out=tmp_path / "up", overrides=overrides, **fields)  # type: ignore[arg-type]
+
+
+def flag(argv: tuple[str, ...], name: str) -> str:
+    """The value of `--name=VALUE` or `--name VALUE` in a command line."""
+    for index, arg in enumerate(argv):
+        if arg.startswith(f"{name}="):
+            return arg.split("=", 1)[1]
+        if arg == name:
+            return argv[index + 1]
+    raise AssertionError(f"{name} not in {argv}")
+
+
+def test_the_cpu_plan_is_the_compose_files_services_on_this_hosts_ports(
+    tmp_path: Path, tiny_qwen25: Path
+) -> None:
+    plan = plan_processes(options(tmp_path, tiny_qwen25, workers=2))
+    specs = {spec.name: spec for spec in plan.processes}
+    assert list(specs) == ["redis", "sokoban", "engine", "worker-0", "worker-1", "trainer"]
+    compose = load_services(ROOT / "docker-compose.yml", {})
+    for name, service in (("redis", "redis"), ("sokoban", "sokoban"), ("worker-0", "worker")):
+        assert specs[name].stop_grace_s == compose[service].stop_grace_s
+    for wanted in ("--appendonly", "--appendfsync", "--maxmemory-policy"):
+        assert flag(specs["redis"].argv, wanted) == flag(tuple(compose["redis"].command), wanted)
+    worker = specs["worker-0"].argv
+    for wanted in ("--shutdown-grace-s", "--namespace"):
+        assert wanted in " ".join(worker)
+    assert flag(worker, "--shutdown-grace-s") == flag(tuple(compose["worker"].command), "--shutdown-grace-s")
+    assert flag(worker, "--engine") == f"sglang:{plan.urls['engine']}"
+    assert flag(worker, "--env-url") == f"sokoban={plan.urls['env']}"
+    assert flag(worker, "--metrics-port") != flag(specs["worker-1"].argv, "--metrics-port")
+    assert flag(specs["sokoban"].argv, "--session-store") == plan.urls["redis"].removesuffix("/0") + "/1"
+    engine = specs["engine"].argv
+    assert "--await-weights" in engine and flag(engine, "--device") == "cpu"
+    assert flag(engine, "--max-batch-size") == "16"  # the tiny config's 8 episodes a worker, 2 workers
+    assert flag(engine, "--model") == str(tiny_qwen25)
+    trainer = specs["trainer"]
+    assert trainer.argv[:4] == (sys.executable, "-m", "cli.main", "train") and not trainer.restart
+    sets = [arg.removeprefix("--set=") for arg in trainer.argv if arg.startswith("--set=")]
+    for wanted in (
+        "rollout.local_workers=0",
+        "sync.mode=nccl",
+        f"rollout.engine=sglang:{plan.urls['engine']}",
+    ):
+        assert wanted in sets
+    assert plan.run_dir == (tmp_path / "up" / "run").resolve()
+    for name in ("engine", "trainer"):  # on the CPU even on a host with GPUs
+        assert specs[name].env == {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def test_gpus_put_the_trainer_under_torchrun_and_the_engine_on_its_own(
+    tmp_path: Path, tiny_qwen25: Path
+) -> None:
+    plan = plan_processes(options(tmp_path, tiny_qwen25, trainer_gpus=(0, 2), engine_gpus=(1,)))
+    specs = {spec.name: spec for spec in plan.processes}
+    trainer = specs["trainer"]
+    assert trainer.argv[1:3] == ("-m", "torch.distributed.run")
+    assert "--nproc-per-node=2" in trainer.argv and "--standalone" in trainer.argv
+    assert trainer.env == {"CUDA_VISIBLE_DEVICES": "0,2"}
+    assert (
+        specs["engine"].env == {"CUDA_VISIBLE_DEVICES": "1"}
+        and flag(specs["engine"].argv, "--device") == "cuda"
+    )
+    assert plan.gpus == (0, 1, 2)
+
+
+def test_a_host_of_a_larger_run_starts_its_part_and_names_the_rest(tmp_path: Path, tiny_qwen25: Path) -> None:
+    trainer_only = options(
+        tmp_path,
+        tiny_qwen25,
+        roles=("trainer",),
+        redis_url="redis://node-b:6379/0",
+        env_url="http://node-b:8000",
+        engine_url="http://node-b:30000",
+        trainer_gpus=(0, 1),
+        nnodes=2,
+        rdzv_endpoint="node-a:29400",
+        host="0.0.0.0",
+    )
+    (trainer,) = plan_processes(trainer_only).processes
+    torchrun = ("--nnodes=2", "--node-rank=0", "--master-addr=node-a", "--master-port=29400")
+    assert all(arg in trainer.argv for arg in torchrun)
+    assert "--set=rollout.engine=sglang:http://node-b:30000" in trainer.argv
+    assert not any(
+        arg.startswith("--set=sync.master_port") for arg in trainer.argv
+    )  # the config's, on every node
+    services = options(
+        tmp_path, tiny_qwen25, roles=("redis", "env", "engine", "workers"), engine_gpus=(0,), host="0.0.0.0"
+    )
+    specs = {spec.name: spec for spec in plan_processes(services).processes}
+    assert list(specs) == ["redis", "sokoban", "engine", "worker-0"]
+    assert flag(specs["redis"].argv, "--port") == "6379" and flag(specs["engine"].argv, "--port") == "30000"
+    assert flag(specs["engine"].argv, "--host") == "0.0.0.0"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"roles": ("workers",)}, "workers need redis: give --role redis or --redis-url"),
+        (
+            {"roles": ("redis", "workers"), "env_url": "http://e:8000"},
+            "need engine: give --role engine or --engine-url",
+        ),
+        ({"trainer_gpus": (0,)}, "name GPUs for both"),
+        ({"trainer_gpus": (0,), "engine_gpus": (1, 2)}, "one engine GPU per run"),
+        (
+            {
+                "roles": ("trainer",),
+                "redis_url": "redis://r",
+                "env_url": "http://e",
+                "engine_url": "http://g",
+                "nnodes": 2,
+            },
+            "--rdzv-endpoint",
+        ),
+        ({"overrides": ("rollout.no_such_key=1",)}, "unknown key 'rollout.no_such_key'"),
+    ],
+)
+def test_options_that_make_no_run_are_refused_before_anything_starts(
+    tmp_path: Path, tiny_qwen25: Path, fields: dict[str, object], message: str
+) -> None:
+    with pytest.raises(PlanError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        plan_processes(options(tmp_path, tiny_qwen25, **fields))
+    assert not (tmp_path / "up" / "logs").exists()
+
+
+def test_a_missing_checkpoint_or_redis_server_is_named(
+    tmp_path: Path, tiny_qwen25: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(PlanError, match="is not a checkpoint directory"):
+        plan_processes(options(tmp_path, tmp_path / "nowhere"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(PlanError, match=r"no redis-server on PATH.*--redis-url"):
+        plan_processes(options(tmp_path, tiny_qwen25))
+    assert (
+        plan_processes(options(tmp_path, tiny_qwen25, redis_url="redis://elsewhere:6379/0")).processes[0].name
+        == "sokoban"
+    )
+
+
+def python(code: str) -> tuple[str, ...]:
+    """A command line that runs `code` in this interpreter."""
+    return (sys.executable, "-c", code)
+
+
+SERVE_HEALTH = """
+import http.server, sys
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+def service(name: str, port: int, **fields: object) -> ProcessSpec:
+    """A long-lived process that answers its readiness check on `port`."""
+    return ProcessSpec(
+        name, "env", (*python(SERVE_HEALTH), str(port)), ready=f"http://127.0.0.1:{port}/", **fields
+    )  # type: ignore[arg-type]
+
+
+def supervise(tmp_path: Path, *specs: ProcessSpec, max_restarts: int = 2) -> tuple[Supervisor, list[str]]:
+    """A supervisor of `specs` under `tmp_path`, and the list its events are echoed to."""
+    events: list[str] = []
+    return Supervisor(specs, tmp_path, max_restarts=max_restarts, echo=events.append), events
+
+
+def test_the_run_ends_with_its_trainer_and_every_service_is_stopped(tmp_path: Path) -> None:
+    server = service("env", free_port())
+    trainer = ProcessSpec("trainer", "trainer", python("print('trained')"), restart=False)
+    supervisor, events = supervise(tmp_path, server, trainer)
+    ending = supervisor.run()
+    assert (ending.code, ending.reason) == (0, "trainer finished")
+    record = json.loads((tmp_path / PROCESSES_FILE).read_text())["processes"]
+    assert record["env"]["state"] == "stopped"
+    assert (record["trainer"]["state"], record["trainer"]["exit_code"]) == ("exited", 0)
+    assert not alive(record["env"]["pid"])
+    assert (tmp_path / "logs" / "trainer.log").read_text() == "trained\n"
+    assert int((tmp_path / "pids" / "env.pid").read_text()) == record["env"]["pid"]
+    assert events[-1] == "stopped env"
+
+
+def test_a_service_that_keeps_dying_is_restarted_within_the_bound_then_stops_the_run_naming_it(
+    tmp_path: Path,
+) -> None:
+    crashing = ProcessSpec(
+        "worker-0", "workers", python("print('no engine at that URL'); raise SystemExit(3)")
+    )
+    sleeper = ProcessSpec("trainer", "trainer", python("import time; time.sleep(600)"), restart=False)
+    supervisor, events = supervise(tmp_path, crashing, sleeper, max_restarts=2)
+    ending = supervisor.run()
+    assert ending.code == 1
+    assert ending.reason.startswith("worker-0 exited with code 3, restarted 2 times (--max-restarts 2)")
+    assert ending.reason.endswith("no engine at that URL")
+    assert [e for e in events if "restarting" in e] == [
+        f"worker-0 exited with code 3: restarting it ({n} of 2)" for n in (1, 2)
+    ]
+    log = (tmp_path / "logs" / "worker-0.log").read_text()
+    assert log.count("no engine at that URL") == 3 and log.count("--- vistarl up: restart") == 2
+    record = json.loads((tmp_path / PROCESSES_FILE).read_text())["processes"]
+    assert record["worker-0"]["restarts"] == 2 and record["trainer"]["state"] == "stopped"
+
+
+def test_a_failed_trainer_ends_the_run_with_its_log(tmp_path: Path) -> None:
+    trainer = ProcessSpec(
+        "trainer",
+        "trainer",
+        python("print('training failed: no episode'); raise SystemExit(1)"),
+        restart=False,
+    )
+    ending = supervise(tmp_path, trainer)[0].run()
+    assert ending.code == 1 and "trainer exited with code 1" in ending.reason
+    assert ending.reason.endswith("training failed: no episode")
+
+
+def test_a_service_that_never_answers_is_killed_and_counted_as_dead(tmp_path: Path) -> None:
+    silent = ProcessSpec(
+        "engine",
+        "engine",
+        python("import time; time.sleep(600)"),
+        ready=f"http://127.0.0.1:{free_port()}/",
+        start_timeout_s=0.5,
+    )
+    ending = supervise(tmp_path, silent, max_restarts=1)[0].run()
+    assert ending.code == 1
+    assert ending.reason.startswith("engine did not answer http://127.0.0.1:")
+    assert "restarted once (--max-restarts 1)" in ending.reason
+    record = json.loads((tmp_path / PROCESSES_FILE).read_text())["processes"]
+    assert not alive(record["engine"]["pid"])
+
+
+def test_sigterm_stops_every_process_part_by_part_killing_what_outlives_its_grace(tmp_path: Path) -> None:
+    stubborn = ProcessSpec(
+        "worker-0",
+        "workers",
+        python("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"),
+        stop_grace_s=1.0,
+    )
+    server = service("sokoban", free_port())
+    supervisor, events = supervise(tmp_path, server, stubborn)
+    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        ending = supervisor.run()
+    finally:
+        timer.cancel()
+    assert (ending.code, ending.reason) == (128 + signal.SIGTERM, "SIGTERM: stopping every process")
+    assert events[-2:] == ["stopped worker-0", "stopped sokoban"]  # workers before the env server
+    record = json.loads((tmp_path / PROCESSES_FILE).read_text())["processes"]
+    assert record["worker-0"]["exit_code"] == -signal.SIGKILL  # it ignored SIGTERM for its grace period
+    assert record["sokoban"]["exit_code"] == -signal.SIGTERM
+    assert not any(alive(p["pid"]) for p in record.values())
+
+
+def test_each_gpus_idle_time_and_peak_memory_come_from_the_samples_of_its_steps() -> None:
+    records = [
+        {"step": 1, "time": 110.0, "time/step": 10.0, "time/rollout": 6.0},
+        {
+            "step": 2,
+            "time": 114.0,
+            "time/step": 4.0,
+            "rollout/seconds/generate": 1.5,
+            "rollout/seconds/total": 2.0,
+        },
+    ]
+    samples = [
+        {"time": t, "gpus": {"0": {"util": util, "mem_mib": mem}, "1": {"util": 100.0, "mem_mib": 500.0}}}
+        for t, util, mem in (
+            (101.0, 0.0, 1000.0),
+            (105.0, 50.0, 3000.0),
+            (109.0, 100.0, 2000.0),
+            (112.0, 25.0, 1500.0),
+        )
+    ]
+    first, second = step_figures(records, samples)
+    assert first["gpu/0/idle_s"] == pytest.approx(10.0 * (1.0 + 0.5 + 0.0) / 3)
+    assert (first["gpu/0/peak_mib"], first["gpu/1/idle_s"]) == (3000.0, 0.0)
+    assert second["gpu/0/idle_s"] == pytest.approx(4.0 * 0.75) and second["gpu/0/peak_mib"] == 1500.0
+    assert (first["share/rollout"], second["share/generate"]) == (0.6, 0.75)
+    assert "share/generate" not in first and "share/rollout" not in second
+    assert step_figures(records, [])[0] == {**records[0], "share/rollout": 0.6}

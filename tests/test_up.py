@@ -1,0 +1,203 @@
+"""`vistarl up` on the CPU: the tiny Sokoban config trained by Redis, the env server, the engine, a rollout
+worker and the trainer, each a process of its own. Its engine is SIGKILLed mid-run: the run finishes,
+the restarted engine is pushed the trainer's weights before it answers any generation, and no episode
+from its starting weights is trained on. `vistarl status` reads the run back. A process that keeps dying
+stops the run, and SIGTERM stops a detached one, both with real processes of `vistarl up` (the
+supervisor's own cases are tests/test_launcher.py). The run scripts bring a run up this way when given
+a checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+from launcher.status import alive
+from tests.machine import require
+from tests.servers import stop_process, vistarl_cmd, wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_CONFIG = str(ROOT / "configs" / "sokoban_tiny.yaml")
+STEPS = 3
+SMALL_RUN = {
+    "train.steps": STEPS,
+    "rollout.rollout_batch_size": 1,
+    "rollout.n_samples_per_prompt": 4,
+    "rollout.max_turns": 2,
+}
+"""Three steps of four episodes of two turns: the run outlives the kill within a minute of CPU."""
+
+
+def up(out: Path, *flags: str) -> subprocess.Popen[str]:
+    """`vistarl up --config configs/sokoban_tiny.yaml --out OUT FLAGS...`, its output piped."""
+    require(shutil.which("redis-server") is not None, "vistarl up starts redis-server: install it")
+    args = vistarl_cmd("up", "--config", TINY_CONFIG, "--out", str(out), *flags)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VISTARL_ENV_WORKERS": "0"}  # envs in the server's threads
+    return subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
+
+
+def recorded(out: Path) -> dict[str, dict[str, object]]:
+    """The supervisor's record of each process."""
+    return json.loads((out / "processes.json").read_text())["processes"]  # type: ignore[no-any-return]
+
+
+def test_a_run_outlives_its_engine_killed_mid_run_and_trains_on_no_stale_episode(
+    tmp_path: Path, tiny_qwen25: Path
+) -> None:
+    out = tmp_path / "up"
+    sets = [f"--set={key}={value}" for key, value in SMALL_RUN.items()]
+    sets.append(f"--set=model.path={tiny_qwen25}")
+    run = up(out, "--workers", "1", *sets)
+    metrics = out / "run" / "metrics.jsonl"
+    try:
+        assert wait_until(lambda: metrics.is_file() and metrics.stat().st_size > 0, timeout=400), "no step"
+        os.kill(int((out / "pids" / "engine.pid").read_text()), signal.SIGKILL)
+        output, _ = run.communicate(timeout=600)
+    finally:
+        stop_process(run)  # type: ignore[arg-type]
+    assert run.returncode == 0, output
+    assert "engine exited with code -9: restarting it (1 of 3)" in output
+    assert output.rstrip().endswith("vistarl up: trainer finished")
+
+    trainer_log = (out / "logs" / "trainer.log").read_text()
+    repush = (
+        r"the engine serves weight version '\w+', not the trainer's \d+ \(it restarted\): pushing version"
+    )
+    assert re.search(repush, trainer_log), trainer_log
+    restarted = (out / "logs" / "engine.log").read_text().split("--- vistarl up: restart 1 at")[1]
+    first_push = restarted.index('"POST /update_weights_from_distributed HTTP/1.1" 200')
+    assert '"POST /generate' not in restarted[:first_push], "the restarted engine generated before its push"
+    assert '"POST /generate HTTP/1.1" 200' in restarted[first_push:], "the later steps played on it"
+
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    for record in records:  # no episode of the engine's starting weights was filed, none went missing
+        assert (record["rollout/stale"], record["rollout/missing"], record["rollout/policy_lag"]) == (0, 0, 0)
+        assert record["train/trajectories"] > 0  # a try whose episodes the kill aborted is played again
+    processes = recorded(out)
+    assert [processes[name]["restarts"] for name in ("redis", "sokoban", "engine", "worker-0")] == [
+        0,
+        0,
+        1,
+        0,
+    ]
+    assert not any(alive(p["pid"]) for p in processes.values())
+
+    wide = {**os.environ, "COLUMNS": "200"}  # rich's tables wrap at 80 columns off a terminal
+    status = subprocess.run(
+        vistarl_cmd("status", str(out)), capture_output=True, text=True, timeout=120, env=wide
+    )
+    assert status.returncode == 0, status.stderr
+    assert f"last step: {STEPS}," in status.stdout and "vistarl up is not running" in status.stdout
+    assert re.search(r"│ engine\s+│ engine\s+│ \d+\s+│ stopped\s+│ 1 ", status.stdout), status.stdout
+    for label in ("update (s)", "weight sync (s)", "waiting in the queue, per episode (s)", "episodes/s"):
+        assert label in status.stdout
+    as_json = subprocess.run(
+        vistarl_cmd("status", str(out), "--json"), capture_output=True, text=True, timeout=120
+    )
+    figures = json.loads(as_json.stdout)
+    assert [s["step"] for s in figures["steps"]] == [r["step"] for r in records]
+    assert {p["name"]: p["state"] for p in figures["processes"]}["trainer"] == "exited"
+
+
+def test_a_process_that_keeps_dying_stops_the_run_naming_it_with_its_log(tmp_path: Path) -> None:
+    out = tmp_path / "up"
+    run = up(
+        out,
+        "--role",
+        "redis",
+        "--role",
+        "env",
+        "--set",
+        "env.name=tests.envs.no_such_env",
+        "--max-restarts",
+        "1",
+    )
+    try:
+        output, _ = run.communicate(timeout=300)
+    finally:
+        stop_process(run)  # type: ignore[arg-type]
+    assert run.returncode == 1, output
+    assert "no_such_env exited with code 2: restarting it (1 of 1)" in output
+    assert re.search(
+        r"no_such_env exited with code 2, restarted once \(--max-restarts 1\); the last lines of \S+\.log:",
+        output,
+    )
+    assert "tests.envs.no_such_env" in output.split("the last lines of")[1]  # the server's own error
+    assert not any(alive(p["pid"]) for p in recorded(out).values())
+
+
+def test_a_detached_run_shows_its_status_and_stops_on_sigterm_within_the_grace_periods(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "up"
+    started = up(out, "--role", "redis", "--role", "env", "--detach")
+    said, _ = started.communicate(timeout=60)
+    assert started.returncode == 0 and "vistarl up runs detached" in said, said
+    assert wait_until(
+        lambda: (
+            (out / "processes.json").is_file()
+            and [p["state"] for p in recorded(out).values()] == ["running", "running"]
+        ),
+        timeout=120,
+    ), "the env server did not start"
+    wide = {**os.environ, "COLUMNS": "200"}
+    status = subprocess.run(
+        vistarl_cmd("status", str(out)), capture_output=True, text=True, timeout=120, env=wide
+    )
+    assert "vistarl up is running" in status.stdout and "no step finished yet" in status.stdout
+    assert len(re.findall(r"│ running ", status.stdout)) == 2, status.stdout
+    supervisor = int((out / "pids" / "up.pid").read_text())
+    pids = [p["pid"] for p in recorded(out).values()]
+    os.kill(supervisor, signal.SIGTERM)
+    assert wait_until(lambda: not alive(supervisor), timeout=10 + 20 + 5), (
+        "Redis's and the env server's grace"
+    )
+    log = (out / "logs" / "up.log").read_text()
+    assert "SIGTERM: stopping every process" in log
+    assert log.index("stopped sokoban") < log.index("stopped redis")
+    assert not any(alive(pid) for pid in pids)  # type: ignore[arg-type]
+    assert {p["state"] for p in recorded(out).values()} == {"stopped"}
+
+
+def test_the_run_scripts_bring_the_system_up_on_a_model_path_unless_an_engine_url_is_given(
+    tmp_path: Path, tiny_qwen25: Path
+) -> None:
+    """scripts/run_geo3k.sh with MODEL_PATH: `vistarl up`, with the GPU and worker settings; with ENGINE_URL:
+    `vistarl train` alone on that engine. The interpreter the script runs is a stand-in that writes the
+    command line it was given (the runs themselves are the test above and docs/benchmarks.md's)."""
+    argv_file = tmp_path / "argv"
+    shim = tmp_path / "python"
+    shim.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{argv_file}"\n')
+    shim.chmod(0o755)
+    base = {**os.environ, "PYTHON": str(shim), "MODEL_PATH": str(tiny_qwen25)}
+
+    def command(**settings: str) -> list[str]:
+        done = subprocess.run(
+            ["bash", "scripts/run_geo3k.sh", "--set", "train.steps=2"],
+            cwd=ROOT,
+            env={**base, **settings},
+            timeout=60,
+        )
+        assert done.returncode == 0
+        return argv_file.read_text().splitlines()
+
+    brought_up = command(TRAINER_GPUS="0,1", ENGINE_GPUS="2", WORKERS="3", OUT="runs/up-test")
+    assert brought_up[:5] == ["-m", "cli.main", "up", "--config", "configs/geo3k.yaml"]
+    for flag, value in (
+        ("--out", "runs/up-test"),
+        ("--trainer-gpus", "0,1"),
+        ("--engine-gpus", "2"),
+        ("--workers", "3"),
+    ):
+        assert brought_up[brought_up.index(flag) + 1] == value
+    assert f"model.path={tiny_qwen25}" in brought_up and brought_up[-2:] == ["--set", "train.steps=2"]
+    trained = command(ENGINE_URL="http://127.0.0.1:30000")
+    assert trained[:3] == ["-m", "cli.main", "train"]
+    assert "rollout.engine=sglang:http://127.0.0.1:30000" in trained
