@@ -114,8 +114,9 @@ def documented_commands() -> list[tuple[str, str]]:
 
 def overrides_of(command: str) -> tuple[Path | None, list[str]]:
     """The `--config` file and the `--set` items of a command (or of a sentence quoting `--set` in
-    backticks), shell variables such as `$s` read as 0."""
-    lexer = shlex.shlex(re.sub(r"\$\w+", "0", command.replace("`", " ")), posix=True, punctuation_chars=True)
+    backticks), shell variables such as `$s` read as 0, and as a word where quoted (`"$head"`)."""
+    words_in = re.sub(r"\$\w+", "0", re.sub(r'"\$\w+"', "word", command.replace("`", " ")))
+    lexer = shlex.shlex(words_in, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     words = list(lexer)
     config = next((ROOT / words[i + 1] for i, w in enumerate(words[:-1]) if w == "--config"), None)

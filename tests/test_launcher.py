@@ -16,8 +16,8 @@ import pytest
 from launcher.plan import PlanError, ProcessSpec, UpOptions, plan_processes
 from launcher.status import alive, step_figures
 from launcher.supervisor import PROCESSES_FILE, Supervisor
+from serving.launch import free_port
 from tests.compose_file import load_services
-from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = ROOT / "configs" / "sokoban_tiny.yaml"

@@ -16,9 +16,11 @@ import signal
 import subprocess
 from pathlib import Path
 
+from devtools.servers import vistarl_cmd
 from launcher.status import alive
+from serving.launch import stop_process
 from tests.machine import require
-from tests.servers import stop_process, vistarl_cmd, wait_until
+from tests.servers import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = str(ROOT / "configs" / "sokoban_tiny.yaml")
@@ -115,7 +117,9 @@ def test_a_process_that_keeps_dying_stops_the_run_naming_it_with_its_log(tmp_pat
         "--role",
         "env",
         "--set",
-        "env.name=tests.envs.no_such_env",
+        "env.name=tests.envs.unservable",
+        "--set",
+        "env.options={}",
         "--max-restarts",
         "1",
     )
@@ -124,12 +128,12 @@ def test_a_process_that_keeps_dying_stops_the_run_naming_it_with_its_log(tmp_pat
     finally:
         stop_process(run)  # type: ignore[arg-type]
     assert run.returncode == 1, output
-    assert "no_such_env exited with code 2: restarting it (1 of 1)" in output
+    assert re.search(r"unservable exited with code \d+: restarting it \(1 of 1\)", output), output
     assert re.search(
-        r"no_such_env exited with code 2, restarted once \(--max-restarts 1\); the last lines of \S+\.log:",
+        r"unservable exited with code \d+, restarted once \(--max-restarts 1\); the last lines of \S+\.log:",
         output,
     )
-    assert "tests.envs.no_such_env" in output.split("the last lines of")[1]  # the server's own error
+    assert "refuses to be served" in output.split("the last lines of")[1]  # the server's own error
     assert not any(alive(p["pid"]) for p in recorded(out).values())
 
 
