@@ -351,7 +351,8 @@ OPENENV_ERROR_CODES: dict[ErrorCode, OpenEnvErrorCode] = {
 
 class OpenEnvMessage(_Strict):
     """A client's message on `/ws`: `type` is `reset`, `step`, `state` or `close`; `data` is a reset's
-    `OpenEnvReset` or a step's `OpenEnvAction`."""
+    `OpenEnvReset` or a step's `OpenEnvAction`. Send it with `exclude_defaults=True`: OpenEnv's own server
+    refuses a `state` or `close` message with any `data`."""
 
     model_config = _BUILT_AT_FIRST_USE
 
@@ -393,10 +394,21 @@ class OpenEnvObservation(Observation):
     info: dict[str, Any] = Field(default_factory=dict)
     message: Message | None = None
 
-    def answer(self) -> dict[str, Any]:
-        """The `data` of an `observation` answer: `{"observation": {...}, "reward": ..., "done": ...}`."""
+    def result(self) -> OpenEnvResult:
+        """This observation as the data of an `observation` answer."""
         fields = self.model_dump(mode="json", exclude={"done", "reward"}, exclude_none=True)
-        return {"observation": fields, "reward": self.reward, "done": self.done}
+        return OpenEnvResult(observation=fields, reward=self.reward, done=self.done)
+
+
+class OpenEnvResult(BaseModel):
+    """An `observation` answer's data, as every OpenEnv server sends it: the observation's own fields, the
+    turn's reward (none at a reset) and whether the episode is done."""
+
+    model_config = _BUILT_AT_FIRST_USE
+
+    observation: dict[str, Any]
+    reward: float | None = None
+    done: bool = False
 
 
 class OpenEnvState(BaseModel):

@@ -167,7 +167,7 @@ class OpenEnvSocket:
         await self._end_session()
         answer = (await self.manager.reset(request)).typed(ResetResponse)
         self.session_id, self.format = answer.session_id, request.format
-        return OpenEnvReply(type="observation", data=_observation(answer).answer())
+        return _observed(answer)
 
     async def _step(self, data: dict[str, Any]) -> OpenEnvReply:
         """Step the socket's session with the action: the response text, or a tool call."""
@@ -177,7 +177,7 @@ class OpenEnvSocket:
         fields = action.model_dump(exclude={"metadata"}, exclude_none=True)
         request = StepRequest.model_validate({**fields, "session_id": self.session_id, "format": self.format})
         answer = (await self.manager.step(self.tool_actions.resolve(request))).typed(StepResponse)
-        return OpenEnvReply(type="observation", data=_observation(answer).answer())
+        return _observed(answer)
 
     async def _state(self, data: dict[str, Any]) -> OpenEnvReply:
         """The socket's session: its id, its steps so far and whether it is done."""
@@ -212,11 +212,12 @@ class OpenEnvSocket:
                 await self.manager.close(session_id)
 
 
-def _observation(answer: ResetResponse | StepResponse) -> OpenEnvObservation:
-    """A reset's or a step's answer in OpenEnv's shape (a reset's with no reward)."""
+def _observed(answer: ResetResponse | StepResponse) -> OpenEnvReply:
+    """A reset's or a step's answer as an `observation` answer (a reset's with no reward)."""
     turn = (
         answer.model_dump(include={"reward", "done", "truncated"}) if isinstance(answer, StepResponse) else {}
     )
-    return OpenEnvObservation(
+    observation = OpenEnvObservation(
         **answer.observation.model_dump(), **turn, info=answer.info, message=answer.message
     )
+    return OpenEnvReply(type="observation", data=observation.result().model_dump(mode="json"))

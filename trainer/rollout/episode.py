@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from trainer.config import RolloutConfig
 from trainer.rollout.engines.base import Engine, GenerateRequest, GenerateResult
 from trainer.rollout.engines.sglang_api import SamplingParams
-from trainer.rollout.env_handle import EnvError, EnvHandle
+from trainer.rollout.env_handle import EnvError, EpisodeEnv
 from trainer.rollout.job import EpisodeJob
 from trainer.rollout.processor import VLProcessor
 from trainer.rollout.rewards import RewardFn, env_reward
@@ -79,7 +79,7 @@ def episode_settings(
 class _Episode:
     """One running episode: its token tracks, env rewards and info, finish reasons and timings."""
 
-    env: EnvHandle
+    env: EpisodeEnv
     engine: Engine
     encoder: TurnEncoder
     config: RolloutConfig
@@ -213,7 +213,7 @@ async def _generate(engine: Engine, request: GenerateRequest) -> GenerateResult:
 
 
 async def run_episode(
-    env: EnvHandle,
+    env: EpisodeEnv,
     engine: Engine,
     processor: VLProcessor | TurnEncoder,
     config: RolloutConfig,
