@@ -116,7 +116,7 @@ def test_vistarl_train_runs_grpo_steps_against_an_openenv_server(
         },
         "algo": {"advantage_estimator": "grpo"},
         "train": {"steps": 2, "micro_batch_tokens": 2048, "save_samples": 4, "run_dir": str(run_dir)},
-        "log": {"tensorboard": False},
+        "logging": {"tensorboard": False},
     }
     (tmp_path / "colors.yaml").write_text(yaml.safe_dump(config))
     done = subprocess.run(

@@ -419,11 +419,20 @@ class SFTConfig(_Section):
     )
 
 
-class LogConfig(_Section):
-    """Where metrics go: TensorBoard under the run directory and, optionally, Weights & Biases."""
+class WandbConfig(_Section):
+    """Weights & Biases (`trainer/wandb_sink.py`): off unless `mode` is online or offline (offline writes the
+    run under the run directory's `wandb/`, for `wandb sync`, with no network)."""
+
+    project: str = Field(default="vistarl", min_length=1)
+    name: str | None = Field(default=None, description="the W&B run's name; None: the run directory's name")
+    mode: Literal["disabled", "online", "offline"] = "disabled"
+
+
+class LoggingConfig(_Section):
+    """Where a run's logs go besides its run directory's files: TensorBoard, and Weights & Biases."""
 
     tensorboard: bool = True
-    wandb_project: str | None = None
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
 
 
 class TrainConfig(_Section):
@@ -437,7 +446,7 @@ class TrainConfig(_Section):
     train: TrainLoopConfig = Field(default_factory=TrainLoopConfig)
     sync: SyncConfig = Field(default_factory=SyncConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
-    log: LogConfig = Field(default_factory=LogConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @property
     def mini_batch_size(self) -> int:
