@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -133,6 +136,22 @@ async def test_generic_env_client_plays_geo3k_to_its_final_answer_with_tool_call
     assert [info["outcome"] for *_, info in turns[:2]] == ["wrong", "correct"]
     assert turns[-1][:2] == (1.0, True) and turns[-1][3]["episode_reward"] == 1.0
     assert turns == http_rewards(geo3k, {"seed": 31}, actions)
+
+
+def test_the_openenv_script_of_the_docs_plays_an_episode(sokoban: str, tmp_path: Path) -> None:
+    doc = (Path(__file__).parents[1] / "docs" / "agents.md").read_text()
+    blocks = [block.split("```", 1)[0] for block in doc.split("```python\n")[1:]]
+    script = tmp_path / "openenv_play.py"
+    script.write_text(next(block for block in blocks if "GenericEnvClient" in block))
+    run = subprocess.run(
+        [sys.executable, str(script), sokoban, "--seed", "3", "--turns", "4"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("turn: reward") == 4 and "episode reward" in run.stdout
+    assert httpx.get(f"{sokoban}/ready").json()["active_sessions"] == 0
 
 
 async def test_every_answer_parses_as_openenv_cores_own_models(sokoban: str) -> None:
