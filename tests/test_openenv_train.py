@@ -2,7 +2,8 @@
 openenv-core server (`tests/envs/openenv_colors.py`: a text field, an image field, a reward) through an
 `openenv+ws://` env URL, and every trajectory is token-exact, with the rewards the env gave. Failures on
 the OpenEnv side (an error answer, a closed socket, a schema the adapter does not fit, a stall) end the
-episode FAILED with the env's message, within the env timeout (docs/training.md, "OpenEnv envs")."""
+episode FAILED with the env's message, within the env timeout; a vistarl server is an OpenEnv server too
+(docs/training.md, "OpenEnv envs")."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from PIL import Image
 
 from clients.images import encode_image
 from tests.envs.openenv_colors import COLORS, color_of, prompt, reward, square
+from tests.envs.serving import served_process
 from tests.servers import free_port, running_process, vistarl_cmd
 from tests.test_rollout_hf import generated_runs
 from trainer.config import ConfigError, OpenEnvAdapter, load_config
@@ -218,14 +220,36 @@ async def test_openenv_side_failures_end_the_episode_failed_with_the_envs_messag
     assert trajectory.status is Status.FAILED and error in (trajectory.error or ""), trajectory.error
 
 
-async def test_a_closed_socket_and_a_stalled_env_fail_the_episode_within_the_timeout(
+async def test_a_stalled_env_fails_the_episode_within_the_timeout(
+    colors: str, processor: VLProcessor
+) -> None:
+    stalled = await play(processor, colors, ["stall"], timeout_s=1.0)
+    assert stalled.status is Status.FAILED and stalled.error == "env step timed out"
+
+
+async def test_a_vistarl_server_is_an_openenv_server_and_its_closed_socket_fails_the_episode(
     processor: VLProcessor,
 ) -> None:
-    with colors_server() as url:
-        stalled = await play(processor, url, ["stall"], timeout_s=2.0)
-        assert stalled.status is Status.FAILED and stalled.error == "env step timed out"
-        closed = await play(processor, url, ["vanish"])
-    assert closed.status is Status.FAILED and "ConnectionClosed" in (closed.error or ""), closed.error
+    """`vistarl serve sokoban` played as an OpenEnv server through its own `/ws`; killed under the second
+    turn, its socket closes, and the episode fails with that."""
+    adapter = OpenEnvAdapter(text_fields=["text"], image_fields=["images"], action_field="action")
+    with served_process("sokoban", "--env-workers", "0") as (url, server):
+
+        def kill_before_the_second_turn(index: int, _: object) -> str:
+            if index == 1:
+                server.kill()
+                server.wait()
+            return "<answer>Up</answer>"
+
+        runner = RolloutRunner(ScriptedEngine(processor, kill_before_the_second_turn), processor, envs=Envs())
+        try:
+            trajectory = await runner(group_jobs(spec(url, adapter), [{"seed": 5}], 1)[0])
+        finally:
+            await runner.aclose()
+    assert len(trajectory.turn_rewards) == 1 and len(trajectory.images) == 2  # the first turn went through
+    assert trajectory.status is Status.FAILED and "ConnectionClosed" in (trajectory.error or ""), (
+        trajectory.error
+    )
 
 
 def test_the_adapter_travels_in_the_env_url_and_the_config_checks_it() -> None:

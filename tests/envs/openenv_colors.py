@@ -4,9 +4,8 @@
 
 An episode shows a square of one of `COLORS` (the reset's seed picks it) as a bare base64 PNG in `image`,
 and asks which colour it is in `prompt`. A reply scores `reward(reply, colour)`; the episode ends when a
-reply names the colour, or after `TURNS` turns. Three replies misbehave on purpose: `crash` makes the env
-raise (OpenEnv's error answer), `vanish` ends the server process (a closed socket), and `stall` sleeps
-longer than any test waits.
+reply names the colour, or after `TURNS` turns. Two replies misbehave on purpose: `crash` makes the env
+raise (OpenEnv's error answer), and `stall` sleeps `STALL_S` before answering, longer than a test waits.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from __future__ import annotations
 import argparse
 import base64
 import io
-import os
 import time
 from typing import Any
 
@@ -28,7 +26,7 @@ from pydantic import Field
 COLORS = {"red": (220, 30, 30), "green": (30, 180, 60), "blue": (40, 70, 220)}
 SIZE = 56  # two 28-px patches a side: 4 image tokens after the merge
 TURNS = 2
-STALL_S = 600.0
+STALL_S = 5.0
 
 
 def color_of(seed: int | None) -> str:
@@ -88,8 +86,6 @@ class ColorEnv(Environment[ColorAction, ColorObservation, State]):
     def step(self, action: ColorAction, timeout_s: float | None = None, **kwargs: Any) -> ColorObservation:
         if action.message == "crash":
             raise RuntimeError("the colour env crashed on purpose")
-        if action.message == "vanish":
-            os._exit(0)
         if action.message == "stall":
             time.sleep(STALL_S)
         self._state.step_count += 1
