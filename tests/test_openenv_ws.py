@@ -179,21 +179,22 @@ async def test_every_answer_parses_as_openenv_cores_own_models(sokoban: str) -> 
 @pytest.mark.parametrize(
     ("message", "code", "error_code"),
     [
-        ("{not json", "INVALID_JSON", None),
-        ({"type": "render"}, "UNKNOWN_TYPE", None),
+        ("{not json", "INVALID_JSON", "bad_request"),
+        ({"type": "render"}, "UNKNOWN_TYPE", "bad_request"),
+        ({"kind": "reset"}, "VALIDATION_ERROR", "validation_error"),
         ({"type": "step", "data": {"action": "<answer>Up</answer>"}}, "SESSION_ERROR", "session_not_found"),
         ({"type": "reset", "data": {"seed": 1, "session_id": "x"}}, "VALIDATION_ERROR", "validation_error"),
         ({"type": "reset", "data": {"options": {"num_boxes": 9}}}, "VALIDATION_ERROR", "invalid_options"),
     ],
 )
 async def test_a_bad_message_is_an_error_answer_and_the_socket_stays_open(
-    sokoban: str, message: Any, code: str, error_code: str | None
+    sokoban: str, message: Any, code: str, error_code: str
 ) -> None:
     async with connect(ws_url(sokoban)) as socket:
         await socket.send(message if isinstance(message, str) else json.dumps(message))
         error = json.loads(await socket.recv(decode=True))
         assert error["type"] == "error" and error["data"]["code"] == code
-        assert error["data"].get("error_code") == error_code
+        assert error["data"]["error_code"] == error_code
         assert (await ask(socket, {"type": "reset", "data": {"seed": 2}}))["type"] == "observation"
 
 

@@ -141,25 +141,31 @@ class OpenEnvSocket:
         try:
             message = OpenEnvMessage.model_validate_json(raw)
         except ValidationError as exc:
-            invalid_json = any(error["type"] == "json_invalid" for error in exc.errors())
-            code = OpenEnvErrorCode.INVALID_JSON if invalid_json else OpenEnvErrorCode.VALIDATION_ERROR
-            return self._error(code, describe_validation_errors(exc.errors(include_url=False)))
+            errors = exc.errors(include_url=False)
+            if any(error["type"] == "json_invalid" for error in errors):
+                return self._error(
+                    OpenEnvErrorCode.INVALID_JSON, ErrorCode.BAD_REQUEST, str(errors[0]["msg"])
+                )
+            return self._error(
+                OpenEnvErrorCode.VALIDATION_ERROR,
+                ErrorCode.VALIDATION_ERROR,
+                describe_validation_errors(errors),
+            )
         if message.type == "close":
             return None
         handlers = {"reset": self._reset, "step": self._step, "state": self._state}
         handler = handlers.get(message.type)
         if handler is None:
             known = ", ".join([*handlers, "close"])
-            return self._error(
-                OpenEnvErrorCode.UNKNOWN_TYPE, f"unknown message type {message.type!r}; the types are {known}"
-            )
+            unknown = f"unknown message type {message.type!r}; the types are {known}"
+            return self._error(OpenEnvErrorCode.UNKNOWN_TYPE, ErrorCode.BAD_REQUEST, unknown)
         try:
             return await handler(message.data)
         except ValidationError as exc:
-            message_text = describe_validation_errors(exc.errors(include_url=False), prefix="data")
-            return self._error(OpenEnvErrorCode.VALIDATION_ERROR, message_text, ErrorCode.VALIDATION_ERROR)
+            invalid = describe_validation_errors(exc.errors(include_url=False), prefix="data")
+            return self._error(OpenEnvErrorCode.VALIDATION_ERROR, ErrorCode.VALIDATION_ERROR, invalid)
         except ServiceError as exc:
-            return self._error(OPENENV_ERROR_CODES[exc.code], exc.message, exc.code)
+            return self._error(OPENENV_ERROR_CODES[exc.code], exc.code, exc.message)
 
     async def _reset(self, data: dict[str, Any]) -> OpenEnvReply:
         """Start a session from the reset's task (ending the socket's previous session)."""
@@ -187,13 +193,10 @@ class OpenEnvSocket:
             state = OpenEnvState(episode_id=self.session_id, step_count=seen.version, done=seen.done)
         return OpenEnvReply(type="state", data=state.model_dump(mode="json"))
 
-    def _error(
-        self, code: OpenEnvErrorCode, message: str, error_code: ErrorCode | None = None
-    ) -> OpenEnvReply:
-        """An error answer, counted with the HTTP API's errors (by vistarl's code, where there is one)."""
-        counted = error_code or ErrorCode.BAD_REQUEST
-        self.service.metrics.errors.labels(code=counted.value).inc()
-        error = OpenEnvError(message=message, code=code, error_code=error_code and error_code.value)
+    def _error(self, code: OpenEnvErrorCode, error_code: ErrorCode, message: str) -> OpenEnvReply:
+        """An error answer with OpenEnv's code and the one HTTP would answer, counted with HTTP's errors."""
+        self.service.metrics.errors.labels(code=error_code.value).inc()
+        error = OpenEnvError(message=message, code=code, error_code=error_code.value)
         return OpenEnvReply(type="error", data=error.model_dump(mode="json"))
 
     async def _refuse(self, exc: ServiceError) -> None:

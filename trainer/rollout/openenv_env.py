@@ -64,7 +64,7 @@ class OpenEnvServer:
 
     url: str
     adapter: OpenEnvAdapter
-    action_schema: Draft202012Validator
+    action_validator: Draft202012Validator
 
     def observation(self, fields: Mapping[str, Any]) -> Observation:
         """An OpenEnv observation as vistarl's: its image fields' images, its text fields' text."""
@@ -87,7 +87,7 @@ class OpenEnvServer:
         action = _last_json_object(reply)
         if action is None:
             return "the reply holds no JSON object"
-        errors = sorted(self.action_schema.iter_errors(action), key=str)
+        errors = sorted(self.action_validator.iter_errors(action), key=str)
         if errors:
             return f"the reply's JSON action does not fit the env's action schema: {errors[0].message}"
         return action
