@@ -6,6 +6,7 @@ goes on through another replica after its own is killed (docs/agents.md, "OpenEn
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import random
 import subprocess
@@ -28,6 +29,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from clients.http import EnvClient
+from clients.protocol import OPENENV_CORE_VERSION
 from services.geo3k.generator import generate
 from services.sokoban.game import Level
 from services.sokoban.solver import solve
@@ -155,6 +157,7 @@ def test_the_openenv_script_of_the_docs_plays_an_episode(sokoban: str, tmp_path:
 
 
 async def test_every_answer_parses_as_openenv_cores_own_models(sokoban: str) -> None:
+    assert importlib.metadata.version("openenv-core") == OPENENV_CORE_VERSION  # the release checked here
     async with connect(ws_url(sokoban)) as socket:
         observation = WSObservationResponse.model_validate(
             await ask(socket, {"type": "reset", "data": {"seed": 1}})
