@@ -117,9 +117,7 @@ async def test_an_episode_cut_by_the_step_cap_is_truncated_as_over_http(sokoban:
     assert turns[-1][1] and turns[-1][2]  # the cap, not a solve, ended it
 
 
-async def test_generic_env_client_plays_geo3k_to_its_final_answer_with_tool_calls(
-    geo3k: str, geo3k_graders: None
-) -> None:
+async def test_generic_env_client_plays_geo3k_to_its_final_answer_with_tool_calls(geo3k: str) -> None:
     answer = generate(31).answer
     actions: list[dict[str, Any]] = [
         {"tool_call": {"name": "calc_score", "arguments": {"answer": f"{answer} + 1"}}},
