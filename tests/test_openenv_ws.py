@@ -6,6 +6,7 @@ goes on through another replica after its own is killed (docs/agents.md, "OpenEn
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import json
 import random
@@ -26,7 +27,7 @@ from openenv.core.env_server.types import (
 )
 from openenv.core.generic_client import GenericEnvClient
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidStatus
 
 from clients.http import EnvClient
 from clients.protocol import OPENENV_CORE_VERSION
@@ -218,8 +219,9 @@ async def test_a_socket_session_is_a_vistarl_session_that_ends_with_the_socket(s
     assert httpx.post(f"{sokoban}/step", json=body).status_code == 404  # the socket's close ended it
 
 
-async def test_the_servers_session_and_body_limits_apply_to_sockets() -> None:
-    with served("sokoban", "--max-sessions", "1", "--max-body-bytes", "2048", "--env-workers", "0") as url:
+async def test_the_servers_session_body_and_idle_limits_apply_to_sockets() -> None:
+    limits = ("--max-sessions", "1", "--max-body-bytes", "2048", "--session-ttl", "2")
+    with served("sokoban", *limits, "--env-workers", "0") as url:
         async with GenericEnvClient(base_url=url) as first, connect(ws_url(url)) as second:
             await first.reset(seed=1)
             refused = await ask(second, {"type": "reset", "data": {"seed": 2}})
@@ -232,6 +234,10 @@ async def test_the_servers_session_and_body_limits_apply_to_sockets() -> None:
             with pytest.raises(ConnectionClosed) as closed:
                 await ask(second, {"type": "step", "data": {"action": "x" * 4096}})
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+        async with connect(ws_url(url)) as idle:
+            with pytest.raises(ConnectionClosedOK):  # nothing sent for the session TTL: the server closes it
+                async with asyncio.timeout(60):
+                    await idle.recv()
 
 
 async def test_the_bearer_token_guards_the_handshake_and_rides_in_the_url_for_openenvs_client() -> None:
