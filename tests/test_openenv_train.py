@@ -77,10 +77,12 @@ def user(color: str, turn: int) -> dict[str, Any]:
 def check_played(trajectory: Trajectory, image_dir: Path, processor: VLProcessor) -> None:
     """The trajectory is what the token rules make of the env's observations and the generated ids, and its
     rewards are the env's for the replies it was sent."""
-    pixels = Image.open(image_dir / "image-00.png").convert("RGB").getpixel((0, 0))
-    color = next(name for name, rgb in COLORS.items() if rgb == pixels)
-    for name in (image_dir / f"image-{i:02d}.png" for i in range(len(trajectory.images))):
-        assert Image.open(name).convert("RGB").tobytes() == square(color).tobytes()
+    shown = []
+    for index in range(len(trajectory.images)):
+        with Image.open(image_dir / f"image-{index:02d}.png") as image:
+            shown.append(image.convert("RGB"))
+    color = next(name for name, rgb in COLORS.items() if rgb == shown[0].getpixel((0, 0)))
+    assert all(image.tobytes() == square(color).tobytes() for image in shown)
     runs = generated_runs(trajectory)
     replies = [processor.tokenizer.decode(run, skip_special_tokens=True) for run in runs]
     assert len(trajectory.turn_rewards) in (len(runs), len(runs) - 1)  # a reply cut by its limit is not sent
