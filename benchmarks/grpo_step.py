@@ -147,7 +147,7 @@ def prepared_config(args: argparse.Namespace, tmp: Path) -> TrainConfig:
         "train.save_samples=0",
         "train.max_time_s=null",
         f"train.run_dir={tmp / 'run'}",
-        "log.tensorboard=false",
+        "logging.tensorboard=false",
     ]
     if args.tiny:
         settings.append(f"model.path={write_tiny_checkpoint(tmp / 'model', shape=SHAPES['tiny'])}")

@@ -20,7 +20,13 @@ if TYPE_CHECKING:
 
 
 def rollout(
-    env: Annotated[str, typer.Option(help="Env server URL, registered env name, or env import path.")],
+    env: Annotated[
+        str,
+        typer.Option(
+            help="Env server URL, registered env name, env import path, or an OpenEnv server's "
+            "openenv+ws://HOST:PORT?text_fields=...&image_fields=... (docs/training.md, 'OpenEnv envs')."
+        ),
+    ],
     engine: Annotated[
         str,
         typer.Option(help="hf:DIR (in-process transformers), hf:URL (vistarl engine serve) or sglang:URL."),

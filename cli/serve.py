@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
@@ -105,13 +106,23 @@ def serve(
         port=settings.port,
         loop="uvloop",
         http="httptools",
-        ws="none",  # no websocket routes: a start does not import the websockets protocol
+        ws=cast("type[asyncio.Protocol]", websocket_protocol),
+        ws_max_size=settings.max_body_bytes,
         log_level=settings.log_level,
         access_log=settings.access_log,
         server_header=False,
         timeout_keep_alive=settings.keep_alive_s,
         timeout_graceful_shutdown=int(settings.shutdown_timeout_s),
     )
+
+
+def websocket_protocol(**connection: Any) -> asyncio.Protocol:
+    """uvicorn's WebSocket protocol (on websockets' sans-I/O core, uvicorn's own default) for one upgraded
+    connection, imported at the first: a server that no WebSocket client asks (`/ws`) starts without the
+    websockets package."""
+    from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+    return WebSocketsSansIOProtocol(**connection)
 
 
 def settings_from(flags: dict[str, Any]) -> ServerSettings:

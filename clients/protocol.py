@@ -366,3 +366,166 @@ class ErrorResponse(BaseModel):
     @classmethod
     def of(cls, code: ErrorCode | str, message: str) -> ErrorResponse:
         return cls(error=ErrorDetail(code=ErrorCode(code).value, message=message))
+
+
+# --- OpenEnv's WebSocket session protocol: /ws, /schema, /metadata ----------------------------
+
+OPENENV_CORE_VERSION = "0.3.0"
+"""The `openenv-core` release whose protocol `/ws`, `/schema` and `/metadata` speak (its `EnvClient`,
+`GenericEnvClient` and `env_server.types`; the `openenv` extra pins it)."""
+_BUILT_AT_FIRST_USE = ConfigDict(defer_build=True)
+"""The OpenEnv models are built when first used, not at import: a server that no OpenEnv client asks
+starts without paying for them (docs/benchmarks.md, "Start-up")."""
+
+
+class OpenEnvErrorCode(str, Enum):
+    """OpenEnv's error codes (its `WSErrorCode`), the `code` of an error answer on `/ws`."""
+
+    INVALID_JSON = "INVALID_JSON"
+    UNKNOWN_TYPE = "UNKNOWN_TYPE"
+    VALIDATION_ERROR = "VALIDATION_ERROR"
+    EXECUTION_ERROR = "EXECUTION_ERROR"
+    CAPACITY_REACHED = "CAPACITY_REACHED"
+    FACTORY_ERROR = "FACTORY_ERROR"
+    SESSION_ERROR = "SESSION_ERROR"
+
+
+OPENENV_ERROR_CODES: dict[ErrorCode, OpenEnvErrorCode] = {
+    ErrorCode.BAD_REQUEST: OpenEnvErrorCode.VALIDATION_ERROR,
+    ErrorCode.INVALID_OPTIONS: OpenEnvErrorCode.VALIDATION_ERROR,
+    ErrorCode.VALIDATION_ERROR: OpenEnvErrorCode.VALIDATION_ERROR,
+    ErrorCode.INVALID_IMAGE: OpenEnvErrorCode.VALIDATION_ERROR,
+    ErrorCode.INVALID_SAMPLE: OpenEnvErrorCode.VALIDATION_ERROR,
+    ErrorCode.TASK_NOT_FOUND: OpenEnvErrorCode.VALIDATION_ERROR,
+    ErrorCode.PAYLOAD_TOO_LARGE: OpenEnvErrorCode.VALIDATION_ERROR,
+    ErrorCode.REQUEST_ID_REUSED: OpenEnvErrorCode.VALIDATION_ERROR,
+    ErrorCode.AT_CAPACITY: OpenEnvErrorCode.CAPACITY_REACHED,
+    ErrorCode.DRAINING: OpenEnvErrorCode.CAPACITY_REACHED,
+    ErrorCode.UNAUTHORIZED: OpenEnvErrorCode.SESSION_ERROR,
+    ErrorCode.FORBIDDEN: OpenEnvErrorCode.SESSION_ERROR,
+    ErrorCode.MISDIRECTED: OpenEnvErrorCode.SESSION_ERROR,
+    ErrorCode.NOT_FOUND: OpenEnvErrorCode.SESSION_ERROR,
+    ErrorCode.SESSION_NOT_FOUND: OpenEnvErrorCode.SESSION_ERROR,
+    ErrorCode.SESSION_EXISTS: OpenEnvErrorCode.SESSION_ERROR,
+    ErrorCode.EPISODE_DONE: OpenEnvErrorCode.SESSION_ERROR,
+    ErrorCode.SESSION_BUSY: OpenEnvErrorCode.SESSION_ERROR,
+    ErrorCode.STORE_UNAVAILABLE: OpenEnvErrorCode.SESSION_ERROR,
+    ErrorCode.INTERNAL: OpenEnvErrorCode.EXECUTION_ERROR,
+}
+"""The OpenEnv code of each vistarl error code; the error answer carries both (`OpenEnvError`)."""
+
+
+class OpenEnvMessage(_Strict):
+    """A client's message on `/ws`: `type` is `reset`, `step`, `state` or `close`; `data` is a reset's
+    `OpenEnvReset` or a step's `OpenEnvAction`. Send it with `exclude_defaults=True`: OpenEnv's own server
+    refuses a `state` or `close` message with any `data`."""
+
+    model_config = _BUILT_AT_FIRST_USE
+
+    type: str
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class OpenEnvReset(ResetRequest):
+    """A `reset` message's data: `ResetRequest`'s task fields, with OpenEnv's `episode_id` as the session
+    id to choose (`session_id` is not taken here)."""
+
+    model_config = _BUILT_AT_FIRST_USE
+
+    session_id: str | None = Field(default=None, min_length=1, max_length=128, validation_alias="episode_id")
+
+
+class OpenEnvAction(_Strict):
+    """A `step` message's data, the action: the response text as `action`, or a `tool_call` of the env's
+    tools instead; `request_id` as `/step` takes it; `metadata` is OpenEnv's `Action` field, not used."""
+
+    model_config = _BUILT_AT_FIRST_USE
+
+    action: str | None = None
+    tool_call: ToolCall | None = None
+    request_id: str | None = Field(default=None, min_length=1, max_length=128)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class OpenEnvObservation(Observation):
+    """An observation in OpenEnv's shape: vistarl's own (`text`, `images` as PNG data URLs, `metadata`) with
+    the turn's `truncated`, `info` and, after a reset with `format`, the chat `message`. On `/ws` its `done`
+    and `reward` travel beside the other fields, as OpenEnv serializes an observation."""
+
+    model_config = _BUILT_AT_FIRST_USE
+
+    done: bool = False
+    reward: float | None = None
+    truncated: bool = False
+    info: dict[str, Any] = Field(default_factory=dict)
+    message: Message | None = None
+
+    def result(self) -> OpenEnvResult:
+        """This observation as the data of an `observation` answer."""
+        fields = self.model_dump(mode="json", exclude={"done", "reward"}, exclude_none=True)
+        return OpenEnvResult(observation=fields, reward=self.reward, done=self.done)
+
+
+class OpenEnvResult(BaseModel):
+    """An `observation` answer's data, as every OpenEnv server sends it: the observation's own fields, the
+    turn's reward (none at a reset) and whether the episode is done."""
+
+    model_config = _BUILT_AT_FIRST_USE
+
+    observation: dict[str, Any]
+    reward: float | None = None
+    done: bool = False
+
+
+class OpenEnvState(BaseModel):
+    """A `state` answer's data: OpenEnv's `State` (`episode_id`: the vistarl session id; `step_count`)
+    and whether the episode is done."""
+
+    model_config = _BUILT_AT_FIRST_USE
+
+    episode_id: str | None = None
+    step_count: int = 0
+    done: bool = False
+
+
+class OpenEnvError(BaseModel):
+    """An `error` answer's data: OpenEnv's `message` and `code`, and vistarl's own `error_code` (the code
+    `/reset` or `/step` would answer over HTTP)."""
+
+    model_config = _BUILT_AT_FIRST_USE
+
+    message: str
+    code: OpenEnvErrorCode
+    error_code: str | None = None
+
+
+class OpenEnvReply(BaseModel):
+    """A server's answer on `/ws`: `observation`, `state` or `error`, with its data."""
+
+    model_config = _BUILT_AT_FIRST_USE
+
+    type: Literal["observation", "state", "error"]
+    data: dict[str, Any]
+
+
+class OpenEnvSchema(BaseModel):
+    """`GET /schema`: the JSON schemas of the action, the observation and the state."""
+
+    model_config = _BUILT_AT_FIRST_USE
+
+    action: dict[str, Any]
+    observation: dict[str, Any]
+    state: dict[str, Any]
+
+
+class OpenEnvMetadata(BaseModel):
+    """`GET /metadata`: OpenEnv's `EnvironmentMetadata`."""
+
+    model_config = _BUILT_AT_FIRST_USE
+
+    name: str
+    description: str
+    readme_content: str | None = None
+    version: str | None = None
+    author: str | None = None
+    documentation_url: str | None = None

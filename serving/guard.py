@@ -4,10 +4,16 @@ It runs before routing and before the body is parsed, so an unauthenticated or o
 the server almost nothing, and it reads the headers of every request once. Its refusals are
 `ErrorResponse` bodies like every other error, counted by code. Each server names the paths that need
 no token (its probes, say).
+
+A WebSocket handshake needs the token too. Since OpenEnv's client sends no headers of its own, there the
+token may also come as the password of HTTP Basic credentials, which a WebSocket client sends for the
+user part of its URL (`ws://user:TOKEN@host:port`).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 
 from starlette.exceptions import HTTPException
@@ -46,7 +52,8 @@ class RequestGuard:
         self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        kind = scope["type"]
+        if kind not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         authorization = declared = b""
@@ -55,27 +62,39 @@ class RequestGuard:
                 authorization = value
             elif name == b"content-length":
                 declared = value
-        if not self._authorized(scope["path"], authorization):
+        if not self._authorized(scope["path"], authorization, websocket=kind == "websocket"):
             refusal = refusal_of(
                 self.metrics,
                 ErrorCode.UNAUTHORIZED,
                 "missing or invalid bearer token",
                 {"WWW-Authenticate": "Bearer"},
             )
+        elif kind == "websocket":  # no body: the server bounds each message (uvicorn's ws_max_size)
+            await self.app(scope, receive, send)
+            return
         elif declared.isdigit() and int(declared) > self.max_bytes:
             too_large = self._too_large(f"{declared.decode()} bytes")
             refusal = refusal_of(self.metrics, ErrorCode.PAYLOAD_TOO_LARGE, too_large)
         else:
             await self.app(scope, receive if declared.isdigit() else self._counting(receive), send)
             return
+        if kind == "websocket" and "websocket.http.response" not in scope.get("extensions", {}):
+            await send({"type": "websocket.close", "code": 1008, "reason": "missing or invalid bearer token"})
+            return
         await refusal(scope, receive, send)
 
-    def _authorized(self, path: str, authorization: bytes) -> bool:
-        """Whether the request may pass: no token is set, the path is open, or it carries the token."""
+    def _authorized(self, path: str, authorization: bytes, *, websocket: bool = False) -> bool:
+        """Whether the request may pass: no token is set, the path is open, or it carries the token (a
+        WebSocket handshake: as a bearer token, or as the password of Basic credentials)."""
         if self.expected is None or path in self.open_paths:
             return True
         scheme, _, credentials = authorization.partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(b" "), self.expected)
+        scheme, credentials = scheme.lower(), credentials.strip(b" ")
+        if websocket and scheme == b"basic":
+            credentials = _basic_password(credentials)
+        elif scheme != b"bearer":
+            return False
+        return hmac.compare_digest(credentials, self.expected)
 
     def _counting(self, receive: Receive) -> Receive:
         """`receive`, raising 413 once the body read so far exceeds `max_bytes`."""
@@ -106,3 +125,12 @@ def refusal_of(
     """An `ErrorResponse` that middleware answers instead of calling the app, counted by code."""
     metrics.errors.labels(code=code.value).inc()
     return error_response(code, message, headers, status)
+
+
+def _basic_password(credentials: bytes) -> bytes:
+    """The password of HTTP Basic credentials (`base64(user:password)`); empty when they are malformed."""
+    try:
+        decoded = base64.b64decode(credentials, validate=True)
+    except (binascii.Error, ValueError):
+        return b""
+    return decoded.partition(b":")[2]

@@ -35,6 +35,7 @@ SLOW_FIRST = (
     "test_tiny_checkpoint.py",
     "test_documented_commands.py",
     "test_train_loop.py",
+    "test_openenv_train.py",
     "test_rollout_hf.py",
     "test_fsdp_models.py",
     "test_vision_passes.py",

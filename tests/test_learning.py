@@ -87,7 +87,7 @@ def learning_config(checkpoint: Path, run_dir: Path, steps: int) -> TrainConfig:
                 "micro_batch_tokens": 2048,
                 "run_dir": str(run_dir),
             },
-            "log": {"tensorboard": False},
+            "logging": {"tensorboard": False},
         }
     )
 

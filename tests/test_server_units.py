@@ -143,7 +143,7 @@ NOT_AT_START = (
     "jsonschema",  # a tool call's arguments, checked from the first /step with one
     "mcp",  # the MCP SDK: the first /mcp request
     "rich",  # other commands' tables and progress bars
-    "websockets",  # no websocket routes
+    "websockets",  # the WebSocket protocol of /ws: the first upgrade (cli/serve.py)
     "cli.data",  # the other command groups
     "cli.train",
 )

@@ -85,7 +85,7 @@ def test_sft_lowers_the_loss_and_its_checkpoint_loads_as_the_policy(
         "sft.batch_size=8",
         "sft.lr=1e-3",
         f"train.run_dir={tmp_path / 'sft'}",
-        "log.tensorboard=false",
+        "logging.tensorboard=false",
         "algo.kl_loss_coef=0.05",  # a curriculum's RL terms, which SFT leaves out
         "algo.entropy_coef=0.01",
     ]

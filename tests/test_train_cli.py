@@ -36,7 +36,7 @@ def test_one_step_of_the_tiny_sokoban_config_leaves_a_complete_run_directory(
         f"train.run_dir={run_dir}",
         "train.steps=3",
         "train.max_time_s=0.001",  # so it stops, and saves, after its first step
-        "log.tensorboard=true",
+        "logging.tensorboard=true",
     ]
     command = vistarl_cmd("train", "--config", str(CONFIG), *(arg for o in overrides for arg in ("--set", o)))
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
@@ -171,7 +171,7 @@ def test_a_run_whose_env_server_dies_stops_naming_it_and_counts_no_step_without_
         "rollout.n_samples_per_prompt=2",
         "rollout.max_turns=1",
         "rollout.env_outage_s=1",
-        "log.tensorboard=false",
+        "logging.tensorboard=false",
         f"env.url={url}",
     ]
     command = vistarl_cmd("train", "--config", str(CONFIG), *(arg for o in overrides for arg in ("--set", o)))

@@ -49,7 +49,7 @@ def scripted_config(checkpoint: Path, run_dir: Path, steps: int) -> TrainConfig:
                 "save_samples": 0,
                 "run_dir": str(run_dir),
             },
-            "log": {"tensorboard": False},
+            "logging": {"tensorboard": False},
         }
     )
 

@@ -9,6 +9,7 @@ the key instead of a silently ignored setting. `load_config` turns pydantic's er
 from __future__ import annotations
 
 import re
+import urllib.parse
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,6 +28,13 @@ GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "dr_grpo"})
 
 _ENGINE_RE = re.compile(r"^(?P<kind>hf|sglang)(?::(?P<url>https?://\S+))?$")
 _IMPORT_PATH_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*([.:][A-Za-z_]\w*)$")
+OPENENV_SCHEMES = ("openenv+ws://", "openenv+wss://")
+"""The schemes of an OpenEnv server's env URL: its WebSocket URL (`ws://`, `wss://`) behind `openenv+`."""
+
+
+def is_openenv(spec: str) -> bool:
+    """Whether an env spec (a URL, a name or an import path) names an OpenEnv server."""
+    return spec.startswith(OPENENV_SCHEMES)
 
 
 class ConfigError(ValueError):
@@ -69,11 +77,64 @@ class ModelConfig(_Section):
     )
 
 
+class OpenEnvAdapter(_Section):
+    """How an OpenEnv server's episodes meet the model (`env.url: openenv+ws://HOST:PORT`; docs/training.md,
+    "OpenEnv envs"): which observation fields make the chat message, and where the reply goes in the action.
+    It travels with each job as the query of the env URL (`spec`), so a rollout worker anywhere reads it."""
+
+    text_fields: list[str] = Field(
+        default_factory=list,
+        description="observation fields shown as the message's text, in order (other values than strings "
+        "as JSON)",
+    )
+    image_fields: list[str] = Field(
+        default_factory=list,
+        description="observation fields holding an image or a list of images: base64 (PNG, JPEG or WebP) or "
+        "data URLs",
+    )
+    action_field: str = Field(default="message", min_length=1, description="the action field the reply fills")
+    json_action: bool = Field(
+        default=False,
+        description="the action is instead the reply's (last) JSON object, checked against the env's action "
+        "schema; a reply without a valid one ends the episode with a turn reward of 0",
+    )
+    system_prompt: str = Field(default="", description="the system message of every episode")
+
+    def check(self) -> OpenEnvAdapter:
+        """This adapter, or a ValueError when it shows the model no field of the observation."""
+        if not self.text_fields and not self.image_fields:
+            raise ValueError("an OpenEnv env needs text_fields or image_fields, the fields the model sees")
+        return self
+
+    def spec(self, url: str) -> str:
+        """The env a job names: `url` (`openenv+ws://...`) with this adapter as its query."""
+        return f"{url}?{urllib.parse.urlencode(self.model_dump(exclude_defaults=True), doseq=True)}"
+
+    @classmethod
+    def parse(cls, spec: str) -> tuple[str, OpenEnvAdapter]:
+        """The server's WebSocket base URL and the adapter of an env `spec`; a ValueError says what is bad."""
+        parts = urllib.parse.urlsplit(spec)
+        if not is_openenv(spec) or not parts.netloc:
+            raise ValueError(f"{spec!r} is not an OpenEnv env URL like openenv+ws://HOST:PORT")
+        query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
+        lists = {"text_fields", "image_fields"}
+        fields = {key: values if key in lists else values[-1] for key, values in query.items()}
+        adapter = cls.model_validate(fields).check()
+        scheme = parts.scheme.removeprefix("openenv+")
+        return urllib.parse.urlunsplit((scheme, parts.netloc, parts.path.rstrip("/"), "", "")), adapter
+
+
 class EnvConfig(_Section):
     """Which environment to train against: a running server (`url`), or `name` served on this machine."""
 
     name: str = Field(default="sokoban", min_length=1, description="registered env name or import path")
-    url: str | None = Field(default=None, pattern=r"^https?://\S+$")
+    url: str | None = Field(
+        default=None,
+        pattern=r"^(https?|openenv\+wss?)://[^\s?]+$",
+        description="an env server (http:// or https://), or an OpenEnv server (openenv+ws:// or "
+        "openenv+wss://, adapted by env.openenv)",
+    )
+    openenv: OpenEnvAdapter = Field(default_factory=OpenEnvAdapter)
     serve: bool = Field(
         default=True, description="without url: run `vistarl serve NAME` on a loopback port (else in process)"
     )
@@ -108,10 +169,31 @@ class EnvConfig(_Section):
 
     @model_validator(mode="after")
     def _one_task_source(self) -> EnvConfig:
-        """Training tasks come from seeds, a parquet of samples or an env split (not both of the last two)."""
+        """Training tasks come from seeds, a parquet of samples or an env split (not both of the last two);
+        an OpenEnv env takes seeds alone, and the adapter of `env.openenv` applies to it alone."""
         if self.dataset is not None and self.task_split is not None:
             raise ValueError("give env.dataset or env.task_split, not both")
+        if not self.is_openenv:
+            if self.openenv != OpenEnvAdapter():
+                raise ValueError(
+                    "env.openenv adapts an OpenEnv server: set env.url to openenv+ws://HOST:PORT"
+                )
+            return self
+        self.openenv.check()
+        splits = [key for key in ("dataset", "task_split", "eval_split") if getattr(self, key) is not None]
+        if splits:
+            raise ValueError(f"an OpenEnv env plays seeds: it takes no env.{' or env.'.join(splits)}")
         return self
+
+    @property
+    def is_openenv(self) -> bool:
+        """Whether `url` names an OpenEnv server."""
+        return self.url is not None and is_openenv(self.url)
+
+    @property
+    def remote(self) -> str | None:
+        """The env that jobs name when it runs elsewhere: `url`, an OpenEnv server's with its adapter."""
+        return self.openenv.spec(self.url) if self.url is not None and self.is_openenv else self.url
 
     @property
     def eval_seed_range(self) -> range:
@@ -362,11 +444,20 @@ class SFTConfig(_Section):
     )
 
 
-class LogConfig(_Section):
-    """Where metrics go: TensorBoard under the run directory and, optionally, Weights & Biases."""
+class WandbConfig(_Section):
+    """Weights & Biases (`trainer/wandb_sink.py`): off unless `mode` is online or offline (offline writes the
+    run under the run directory's `wandb/`, for `wandb sync`, with no network)."""
+
+    project: str = Field(default="vistarl", min_length=1)
+    name: str | None = Field(default=None, description="the W&B run's name; None: the run directory's name")
+    mode: Literal["disabled", "online", "offline"] = "disabled"
+
+
+class LoggingConfig(_Section):
+    """Where a run's logs go besides its run directory's files: TensorBoard, and Weights & Biases."""
 
     tensorboard: bool = True
-    wandb_project: str | None = None
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
 
 
 class TrainConfig(_Section):
@@ -380,7 +471,7 @@ class TrainConfig(_Section):
     train: TrainLoopConfig = Field(default_factory=TrainLoopConfig)
     sync: SyncConfig = Field(default_factory=SyncConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
-    log: LogConfig = Field(default_factory=LogConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @property
     def mini_batch_size(self) -> int:

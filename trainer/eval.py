@@ -66,12 +66,8 @@ async def evaluate(
     if out_dir is not None:
         for trajectory in trajectories:
             save_trajectory(trajectory, out_dir / f"episode-{order[trajectory.episode_id]:03d}")
-    factory = load_env_factory(cfg.env.name)
-    return {
-        **summarize(trajectories),
-        **benchmark_scores(trajectories, factory),
-        "eval/missing": float(gathered.missing),
-    }
+    benchmark = {} if cfg.env.is_openenv else benchmark_scores(trajectories, load_env_factory(cfg.env.name))
+    return {**summarize(trajectories), **benchmark, "eval/missing": float(gathered.missing)}
 
 
 def summarize(trajectories: list[Trajectory]) -> dict[str, float]:

@@ -11,7 +11,8 @@ Everything lives under the run directory:
   pay every time; `draw_curve` redraws it from `metrics.jsonl`);
 - `tensorboard/`: the same scalars for TensorBoard;
 - `samples/step-NNNNNN/<episode>/`: a few trajectories per step as `trajectory.json` plus their images;
-- Weights & Biases, when `WANDB_API_KEY` is set and the `wandb` package is installed.
+- Weights & Biases, with `logging.wandb.mode` online or offline: the config, the same metrics, the curve
+  and the samples (`trainer/wandb_sink.py`), its run under `wandb/`.
 
 Only rank 0 logs; other ranks never build a `RunLogger`.
 """
@@ -19,9 +20,7 @@ Only rank 0 logs; other ranks never build a `RunLogger`.
 from __future__ import annotations
 
 import json
-import logging
 import math
-import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -34,9 +33,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch.utils.tensorboard import SummaryWriter
 
 from clients.images import decode_image
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, WandbConfig
 from trainer.rollout.trajectory import Trajectory
 from trainer.stack import ENV_SERVER_LOG
+from trainer.wandb_sink import WandbSink
 
 __all__ = [
     "CURVE_FILE",
@@ -47,8 +47,6 @@ __all__ = [
     "read_metrics",
     "save_trajectory",
 ]
-
-log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 CURVE_FILE = "reward_curve.png"
@@ -125,7 +123,8 @@ def save_trajectory(trajectory: Trajectory, out_dir: Path) -> Path:
 
 
 class RunLogger:
-    """Rank 0's sinks for one run: files, TensorBoard, optional wandb, and a rich progress display."""
+    """Rank 0's sinks for one run: files, TensorBoard, optional Weights & Biases, and a rich progress
+    display."""
 
     def __init__(
         self,
@@ -135,7 +134,7 @@ class RunLogger:
         total_steps: int,
         start_step: int = 0,
         tensorboard: bool = True,
-        wandb_project: str | None = None,
+        wandb: WandbConfig | None = None,
         console: Console | None = None,
     ) -> None:
         self.run_dir = run_dir
@@ -146,7 +145,7 @@ class RunLogger:
         self._curve_due = 0.0  # the first step draws
         self._rewrite_metrics()
         self.tensorboard = SummaryWriter(str(run_dir / "tensorboard")) if tensorboard else None
-        self.wandb = _start_wandb(run_dir, config, wandb_project)
+        self.wandb = WandbSink(run_dir, config, wandb) if wandb and wandb.mode != "disabled" else None
         self.progress = Progress(
             TextColumn("[bold]step"),
             BarColumn(),
@@ -172,7 +171,7 @@ class RunLogger:
                 self.tensorboard.add_scalar(name, value, step)
             self.tensorboard.flush()
         if self.wandb is not None:
-            self.wandb.log(dict(metrics), step=step)
+            self.wandb.log_metrics(step, metrics)
         if any(k.startswith("eval/") for k in metrics) or time.monotonic() >= self._curve_due:
             self.draw_curve()
         self._show(step, metrics)
@@ -182,13 +181,18 @@ class RunLogger:
     def draw_curve(self) -> Path:
         """Redraw `reward_curve.png` from this run's history."""
         self._curve_due = time.monotonic() + CURVE_EVERY_S
-        return draw_curve(self.history, self.run_dir / CURVE_FILE)
+        path = draw_curve(self.history, self.run_dir / CURVE_FILE)
+        if self.wandb is not None and self.history:
+            self.wandb.log_curve(self.history[-1]["step"], path)
+        return path
 
     def save_samples(self, step: int, trajectories: Sequence[Trajectory], limit: int) -> None:
         """Keep the first `limit` trajectories of a step, with their images, under `samples/`."""
         root = self.run_dir / "samples" / f"step-{step:06d}"
         for trajectory in trajectories[:limit]:
             save_trajectory(trajectory, root / trajectory.episode_id)
+        if self.wandb is not None:
+            self.wandb.log_samples(step, trajectories[:limit])
 
     def note(self, message: str) -> None:
         """A line on the console above the progress bar."""
@@ -202,7 +206,7 @@ class RunLogger:
         if self.tensorboard is not None:
             self.tensorboard.close()
         if self.wandb is not None:
-            self.wandb.finish()
+            self.wandb.close()
 
     def _show(self, step: int, metrics: Mapping[str, float]) -> None:
         """Advance the progress bar and print the step's headline numbers."""
@@ -241,17 +245,3 @@ def _fmt(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value:.3g}" if abs(value) < 1e4 else f"{value:.0f}"
-
-
-def _start_wandb(run_dir: Path, config: Mapping[str, Any], project: str | None) -> Any:
-    """A wandb run when `WANDB_API_KEY` is set and wandb is installed; None otherwise."""
-    if not os.environ.get("WANDB_API_KEY"):
-        return None
-    try:
-        import wandb
-    except ImportError:
-        log.warning("WANDB_API_KEY is set but wandb is not installed (pip install wandb); not logging to it")
-        return None
-    return wandb.init(
-        project=project or "vistarl", name=run_dir.name, dir=str(run_dir), config=dict(config), resume="allow"
-    )

@@ -130,8 +130,8 @@ def run_sft(cfg: TrainConfig, *, name: str = "sft", console: Console | None = No
             run_dir,
             cfg.model_dump(mode="json"),
             total_steps=total,
-            tensorboard=cfg.log.tensorboard,
-            wandb_project=cfg.log.wandb_project,
+            tensorboard=cfg.logging.tensorboard,
+            wandb=cfg.logging.wandb,
             console=console or Console(),
         )
         logger.note(f"SFT on {len(data)} trajectories from {data_path}; run directory: {run_dir}")

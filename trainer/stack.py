@@ -5,8 +5,9 @@ served by `vistarl serve NAME` on a free loopback port (real HTTP), episodes go 
 in-memory queue to in-process rollout workers (`RolloutRunner`, the default runner), and those
 generate with an in-process `HFEngine` loaded from the checkpoint, which shares nothing with the
 trainer's model and receives its weights after every step. Each URL given replaces its part: `env.url`
-an env server, `rollout.queue` Redis (with `rollout.local_workers: 0`, the workers are external),
-`rollout.engine: sglang:URL` or `hf:URL` an engine server.
+an env server (or an OpenEnv server, with `env.openenv`'s adapter in the URL its jobs carry),
+`rollout.queue` Redis (with `rollout.local_workers: 0`, the workers are external), `rollout.engine:
+sglang:URL` or `hf:URL` an engine server.
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ async def open_stack(
     `engine` replaces the configured engine (e.g. a scripted policy); it is closed on exit too.
     """
     async with contextlib.AsyncExitStack() as stack:
-        env = cfg.env.url or cfg.env.name
+        env = cfg.env.remote or cfg.env.name
         if cfg.env.url is None and cfg.env.serve:
             env = stack.enter_context(serve_env(cfg.env.name, run_dir / ENV_SERVER_LOG))
         if engine is None:

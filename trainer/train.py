@@ -86,8 +86,8 @@ class _Lead:
             cfg.model_dump(mode="json"),
             total_steps=cfg.train.steps,
             start_step=self.state.step,
-            tensorboard=cfg.log.tensorboard,
-            wandb_project=cfg.log.wandb_project,
+            tensorboard=cfg.logging.tensorboard,
+            wandb=cfg.logging.wandb,
             console=console,
         )
 

@@ -1,12 +1,13 @@
 """The environment server: `create_app(env_factory, settings)` serves one env over the wire protocol.
 
 Endpoints (see docs/server.md): POST /reset, POST /step, POST /format, DELETE /sessions/{id},
-GET /info, GET /health, GET /ready, GET /metrics; MCP at /mcp; the browser playground at GET /play and
-GET /play/replay. The sessions and what runs them come from `embedded` (session rules in `sessions`,
-tasks in `tasks`, where envs run in `env_pool`); the open paths and CORS in `security`, what the OpenAPI
-schema adds in `openapi`, the lean path of the env endpoints in `json_route`, tool calls as actions in
-`tool_calls`, the MCP tools in `mcp_tools`, the pages in `play` (all in `services.server`); error shapes
-and the request guard (auth, the body limit) come from `serving`, shared with the engine server. This
+GET /info, GET /health, GET /ready, GET /metrics; MCP at /mcp; OpenEnv's WebSocket sessions at /ws, with
+GET /schema and GET /metadata; the browser playground at GET /play and GET /play/replay. The sessions
+and what runs them come from `embedded` (session rules in `sessions`, tasks in `tasks`, where envs run in
+`env_pool`); the open paths and CORS in `security`, what the OpenAPI schema adds in `openapi`, the lean
+path of the env endpoints in `json_route`, tool calls as actions in `tool_calls`, the MCP tools in
+`mcp_tools`, OpenEnv's protocol in `openenv_ws`, the pages in `play` (all in `services.server`); error
+shapes and the request guard (auth, the body limit) come from `serving`, shared with the engine server. This
 module only wires them together.
 """
 
@@ -34,6 +35,7 @@ from services.server.embedded import EnvService
 from services.server.json_route import JSONRoute, LeanRoutes
 from services.server.mcp_route import LazyMCP
 from services.server.openapi import METRICS_RESPONSES, READY_RESPONSES, errors, guarded_router
+from services.server.openenv_ws import OpenEnvRoutes
 from services.server.play import PLAY_PATHS, play_routes
 from services.server.security import OPEN_PATHS, cors_options
 from services.server.settings import ServerSettings
@@ -108,6 +110,11 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
     async def get_info() -> InfoResponse:
         """What this env is, how to talk to it, the tasks it holds and the server's limits."""
         return service.info
+
+    openenv = OpenEnvRoutes(service, tool_actions)
+    guarded.get("/schema")(openenv.schema)
+    guarded.get("/metadata")(openenv.metadata)
+    app.add_api_websocket_route("/ws", openenv.socket)
 
     @app.get("/ready", responses=READY_RESPONSES)
     async def ready(response: Response) -> ReadyResponse:

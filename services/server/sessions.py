@@ -49,7 +49,14 @@ from services.server.local_sessions import LocalSessions
 from services.server.metrics import ServerMetrics
 from services.server.settings import ServerSettings
 from services.server.store import create_store
-from services.server.store.base import Commit, SessionStore, StepRecord, StoredAnswer, action_digest
+from services.server.store.base import (
+    Commit,
+    SessionStore,
+    Snapshot,
+    StepRecord,
+    StoredAnswer,
+    action_digest,
+)
 from services.server.tasks import TaskCatalog
 from serving.errors import ServiceError, describe_validation_errors
 
@@ -131,6 +138,13 @@ class SessionManager:
         if answer is None:
             raise _not_found(session_id)
         return answer
+
+    async def progress(self, session_id: str) -> Snapshot:
+        """The session's steps so far (its version) and whether it is done, from the store; 404 if unknown."""
+        seen = await self.store.snapshot(session_id, None)
+        if seen is None:
+            raise _not_found(session_id)
+        return seen
 
     async def close(self, session_id: str) -> None:
         """End a session (live or finished) and close its env here (after any step in flight); 404 if

@@ -1,4 +1,4 @@
-"""One interface to an episode's environment, whether it runs behind an env server or in this process.
+"""One interface to an episode's environment (`EpisodeEnv`), wherever and whatever it runs.
 
 An env is named by an `http(s)://` URL (an env server, reached through a shared `AsyncEnvClient`) or by a
 registered name or import path (`sokoban`, `services.sokoban`: the same server code, run in this process
@@ -6,7 +6,8 @@ by `services.sessions_api.open_in_process`). Either way an episode speaks the wi
 through one contract, `services.sessions_api.EnvSessions`: a job's task becomes a `ResetRequest` (seed,
 task id, sample, options), each reply a `StepRequest` with a request id, and the answers carry the env's
 own chat messages (image parts as PNG data URLs). So the episode loop cannot tell the two apart, and a
-task reaches the env the same way in process, over HTTP and through the queue.
+task reaches the env the same way in process, over HTTP and through the queue. An `openenv+ws://` URL
+names an OpenEnv server instead, played by `trainer.rollout.openenv_env.OpenEnvHandle`.
 Every env failure (an exception, a timeout, an unreachable or failing server) surfaces as `EnvError`.
 """
 
@@ -17,14 +18,28 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from clients.http import AsyncEnvClient, RetryPolicy
 from clients.protocol import InfoResponse, Message, ResetRequest, ResetResponse, StepRequest, StepResponse
 from services.sessions_api import EnvSessions, InProcessSessions, open_in_process
+from trainer.config import is_openenv
 from trainer.rollout.job import EpisodeJob
 
-__all__ = ["EnvError", "EnvHandle", "Envs", "describe_env", "is_url", "split_size"]
+if TYPE_CHECKING:
+    from trainer.rollout.openenv_env import OpenEnvServer
+
+__all__ = [
+    "EnvError",
+    "EnvHandle",
+    "Envs",
+    "EpisodeEnv",
+    "describe_env",
+    "env_errors",
+    "is_openenv",
+    "is_url",
+    "split_size",
+]
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +48,28 @@ class EnvError(RuntimeError):
     """The environment failed: it raised, overran its timeout, or its server failed or is unreachable."""
 
 
+class EpisodeEnv(Protocol):
+    """What an episode plays: one session of an env, reset from the job, stepped with each reply, closed at
+    the end. `system_prompt` is valid once `reset` has returned."""
+
+    system_prompt: str
+
+    async def reset(self, job: EpisodeJob) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Start the job's task: the first observation as a user message, and the env's info."""
+        ...
+
+    async def step(self, text: str) -> tuple[dict[str, Any], StepResponse]:
+        """Send the model's reply: the next observation's message, and the turn (reward, done, info)."""
+        ...
+
+    async def close(self) -> None:
+        """End the session; never raises, safe to call twice."""
+        ...
+
+
 def is_url(spec: str) -> bool:
     """Whether an env spec names a remote server rather than an env module."""
-    return spec.startswith(("http://", "https://"))
+    return spec.startswith(("http://", "https://")) or is_openenv(spec)
 
 
 class RemoteSessions:
@@ -69,7 +103,8 @@ class RemoteSessions:
 
 
 class Envs:
-    """The envs one process plays: a shared client per env server URL, in-process sessions per env module.
+    """The envs one process plays: a shared client per env server URL, in-process sessions per env module,
+    and each OpenEnv server's adapter, checked once against its schema (a socket per episode).
 
     `timeout_s` bounds one env call (an attempt, for a server); `outage_s` how long a call to an env
     server keeps retrying through an outage (connection refused, 503) before the episode fails.
@@ -81,19 +116,33 @@ class Envs:
         self.retry = RetryPolicy.outage(outage_s, base_delay=0.2)
         self._remote: dict[str, RemoteSessions] = {}
         self._local: dict[str, InProcessSessions] = {}
+        self._openenv: dict[str, OpenEnvServer] = {}
         self._starting = asyncio.Lock()
 
-    async def open(self, spec: str) -> EnvHandle:
+    async def open(self, spec: str) -> EpisodeEnv:
         """A handle for one episode of the env `spec` names (a URL, a registered name or an import path)."""
+        if not is_openenv(spec):
+            return EnvHandle(await self.sessions(spec))
+        from trainer.rollout.openenv_env import OpenEnvHandle, open_server  # openenv-core, on first use
+
+        async with self._starting:
+            if spec not in self._openenv:
+                self._openenv[spec] = await open_server(spec, self.timeout_s)
+        return OpenEnvHandle(self._openenv[spec], self.timeout_s)
+
+    async def sessions(self, spec: str) -> EnvSessions:
+        """The sessions of the vistarl env `spec` names: an env server's, or this process's."""
+        if is_openenv(spec):
+            raise EnvError(f"{spec} is an OpenEnv server, whose sessions are its sockets")
         if is_url(spec):
-            return EnvHandle(self._remote_sessions(spec.rstrip("/")))
+            return self._remote_sessions(spec.rstrip("/"))
         async with self._starting:
             if spec not in self._local:
                 try:
                     self._local[spec] = await open_in_process(spec, self.timeout_s)
                 except ValueError as exc:
                     raise EnvError(str(exc)) from exc
-        return EnvHandle(self._local[spec])
+        return self._local[spec]
 
     def _remote_sessions(self, url: str) -> RemoteSessions:
         if url not in self._remote:
@@ -115,7 +164,7 @@ async def describe_env(spec: str) -> InfoResponse:
     """The `/info` of the env `spec` names (its tasks, limits, prompts), from the server or in process."""
     envs = Envs()
     try:
-        return await (await envs.open(spec)).sessions.describe()
+        return await (await envs.sessions(spec)).describe()
     finally:
         await envs.aclose()
 
@@ -142,7 +191,7 @@ class EnvHandle:
         request = ResetRequest(
             seed=job.seed, task_id=job.task_id, sample=job.sample, options=job.options, format=True
         )
-        with _env_errors("reset"):
+        with env_errors("reset"):
             self.system_prompt = (await self.sessions.describe()).system_prompt
             first = await self.sessions.reset(request)
         self.session_id = first.session_id
@@ -159,7 +208,7 @@ class EnvHandle:
         request = StepRequest(
             session_id=self.session_id, action=text, request_id=uuid.uuid4().hex, format=True
         )
-        with _env_errors("step"):
+        with env_errors("step"):
             result = await self.sessions.step(request)
         return _required_message(result.message, "step"), result
 
@@ -169,17 +218,19 @@ class EnvHandle:
         if session_id is None:
             return
         try:
-            with _env_errors("close"):
+            with env_errors("close"):
                 await self.sessions.close(session_id)
         except EnvError as exc:
             log.warning("could not close session %s: %s", session_id, exc)
 
 
 @contextlib.contextmanager
-def _env_errors(what: str) -> Iterator[None]:
+def env_errors(what: str) -> Iterator[None]:
     """Re-raise any failure of an env call (but not cancellation) as `EnvError` naming the call."""
     try:
         yield
+    except EnvError:
+        raise
     except TimeoutError as exc:
         raise EnvError(f"env {what} timed out") from exc
     except Exception as exc:

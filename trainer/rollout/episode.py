@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from trainer.config import RolloutConfig
 from trainer.rollout.engines.base import Engine, GenerateRequest, GenerateResult, policy_version_of
-from trainer.rollout.env_handle import EnvError, EnvHandle
+from trainer.rollout.env_handle import EnvError, EpisodeEnv
 from trainer.rollout.job import EpisodeJob, EpisodeSettings
 from trainer.rollout.processor import VLProcessor
 from trainer.rollout.rewards import RewardFn, env_reward
@@ -51,7 +51,7 @@ class _Ended(Exception):
 class _Episode:
     """One running episode: its token tracks, env rewards and info, finish reasons and timings."""
 
-    env: EnvHandle
+    env: EpisodeEnv
     engine: Engine
     encoder: TurnEncoder
     settings: EpisodeSettings
@@ -185,7 +185,7 @@ async def _generate(engine: Engine, request: GenerateRequest) -> GenerateResult:
 
 
 async def run_episode(
-    env: EnvHandle,
+    env: EpisodeEnv,
     engine: Engine,
     processor: VLProcessor | TurnEncoder,
     config: RolloutConfig,

@@ -71,7 +71,9 @@ class EpisodeJob(BaseModel):
 
     episode_id: str = Field(min_length=1)
     group_id: str = Field(min_length=1)
-    env: str = Field(min_length=1, description="registered env name, import path, or http(s) URL")
+    env: str = Field(
+        min_length=1, description="registered env name, import path, http(s) URL, or openenv+ws(s) URL"
+    )
     seed: int | None = None
     task_id: str | None = Field(default=None, description="a row of a split the env holds: SPLIT/INDEX")
     options: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,226 @@
+"""OpenEnv's WebSocket session protocol on every env server: `/ws`, `/schema` and `/metadata`, as the
+`openenv-core` release of `clients.protocol.OPENENV_CORE_VERSION` defines them, so that OpenEnv's
+`EnvClient` (and TRL, which drives envs through it) plays a vistarl env (docs/agents.md, "OpenEnv and TRL").
+
+A socket holds one vistarl session at a time, run by the same `SessionManager` as `/reset` and `/step`:
+the same limits, task rules, metrics and session store. A `reset` message starts a session (ending the
+socket's previous one), `step` steps it, `state` reports it, `close` ends it and the socket. Every answer
+is `{"type": "observation" | "state" | "error", "data": ...}` (`clients.protocol.OpenEnvReply`); an error
+leaves the socket open, as OpenEnv's server does.
+
+The session ends with the socket when the client ends it (a `close` message or a close frame). When the
+server shuts down, or the connection drops without a close frame, the session stays until its idle TTL,
+and a new socket continues it: `/ws?session_id=ID`, on this replica or, with a shared store, on any
+other. A step resent there with the same `request_id` is answered once. A socket idle for the session
+TTL is closed. The bearer token and the message size limit are checked at the handshake and by uvicorn
+(`serving.guard.RequestGuard`, `cli/serve.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any
+
+import anyio
+from pydantic import ValidationError
+from starlette.websockets import WebSocket
+
+from clients.protocol import (
+    OPENENV_ERROR_CODES,
+    ErrorCode,
+    OpenEnvAction,
+    OpenEnvError,
+    OpenEnvErrorCode,
+    OpenEnvMessage,
+    OpenEnvMetadata,
+    OpenEnvObservation,
+    OpenEnvReply,
+    OpenEnvReset,
+    OpenEnvSchema,
+    OpenEnvState,
+    ResetResponse,
+    StepRequest,
+    StepResponse,
+)
+from services.server.embedded import EnvService
+from services.server.tool_calls import ToolActions
+from serving.errors import ServiceError, describe_validation_errors, error_response
+
+__all__ = ["OpenEnvRoutes"]
+
+KEPT_ON_DISCONNECT = frozenset({1005, 1006, 1012})
+"""Disconnect codes that leave the session to its TTL: no close frame (1005, 1006: the connection was
+lost) and the server's own shutdown (1012); any close frame from the client ends it."""
+
+
+class OpenEnvRoutes:
+    """The endpoints of one env service in OpenEnv's protocol: `socket` for `/ws`, `schema`, `metadata`."""
+
+    def __init__(self, service: EnvService, tool_actions: ToolActions) -> None:
+        self.service = service
+        self.tool_actions = tool_actions
+
+    async def socket(self, websocket: WebSocket) -> None:
+        """Serve one `/ws` connection until it closes."""
+        await OpenEnvSocket(websocket, self.service, self.tool_actions).serve()
+
+    async def schema(self) -> OpenEnvSchema:
+        """The JSON schemas of this env's actions, observations and states on `/ws`."""
+        return _schema()
+
+    async def metadata(self) -> OpenEnvMetadata:
+        """The env's name, version and description; how to play it as the readme."""
+        factory = self.service.factory
+        return OpenEnvMetadata(
+            name=factory.name,
+            description=factory.description,
+            version=factory.version,
+            readme_content=f"{factory.system_prompt}\n\nActions: {factory.action_format}",
+        )
+
+
+@functools.cache
+def _schema() -> OpenEnvSchema:
+    return OpenEnvSchema(
+        action=OpenEnvAction.model_json_schema(),
+        observation=OpenEnvObservation.model_json_schema(),
+        state=OpenEnvState.model_json_schema(),
+    )
+
+
+class OpenEnvSocket:
+    """One `/ws` connection: its messages answered in order, over at most one session at a time."""
+
+    def __init__(self, websocket: WebSocket, service: EnvService, tool_actions: ToolActions) -> None:
+        self.websocket = websocket
+        self.service = service
+        self.manager = service.manager
+        self.tool_actions = tool_actions
+        self.session_id: str | None = None
+        self.format = False
+
+    async def serve(self) -> None:
+        """Accept (attaching to the session `?session_id=` names, 404 at the handshake if unknown), answer
+        each message, then end the session unless the connection was lost (`KEPT_ON_DISCONNECT`)."""
+        attach = self.websocket.query_params.get("session_id")
+        if attach is not None:
+            try:
+                await self.manager.progress(attach)
+            except ServiceError as exc:
+                await self._refuse(exc)
+                return
+            self.session_id = attach
+        await self.websocket.accept()
+        lost: int | None = None
+        try:
+            lost = await self._converse()
+        finally:
+            if lost not in KEPT_ON_DISCONNECT:
+                await self._end_session()
+        if lost is None:
+            await self.websocket.close(1000)
+
+    async def _converse(self) -> int | None:
+        """Answer messages until a `close`, the session TTL without one (None: the socket is still open),
+        or the client's disconnect (its code)."""
+        while True:
+            with anyio.move_on_after(self.service.settings.session_ttl_s) as idle:
+                message = await self.websocket.receive()
+            if idle.cancelled_caught:
+                return None
+            if message["type"] == "websocket.disconnect":
+                return int(message.get("code", 1000))
+            reply = await self.answer(message.get("text") or message.get("bytes") or "")
+            if reply is None:
+                return None
+            await self.websocket.send_text(reply.model_dump_json())
+
+    async def answer(self, raw: str | bytes) -> OpenEnvReply | None:
+        """The answer to one message; None for `close`."""
+        try:
+            message = OpenEnvMessage.model_validate_json(raw)
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False)
+            if any(error["type"] == "json_invalid" for error in errors):
+                return self._error(
+                    OpenEnvErrorCode.INVALID_JSON, ErrorCode.BAD_REQUEST, str(errors[0]["msg"])
+                )
+            return self._error(
+                OpenEnvErrorCode.VALIDATION_ERROR,
+                ErrorCode.VALIDATION_ERROR,
+                describe_validation_errors(errors),
+            )
+        if message.type == "close":
+            return None
+        handlers = {"reset": self._reset, "step": self._step, "state": self._state}
+        handler = handlers.get(message.type)
+        if handler is None:
+            known = ", ".join([*handlers, "close"])
+            unknown = f"unknown message type {message.type!r}; the types are {known}"
+            return self._error(OpenEnvErrorCode.UNKNOWN_TYPE, ErrorCode.BAD_REQUEST, unknown)
+        try:
+            return await handler(message.data)
+        except ValidationError as exc:
+            invalid = describe_validation_errors(exc.errors(include_url=False), prefix="data")
+            return self._error(OpenEnvErrorCode.VALIDATION_ERROR, ErrorCode.VALIDATION_ERROR, invalid)
+        except ServiceError as exc:
+            return self._error(OPENENV_ERROR_CODES[exc.code], exc.code, exc.message)
+
+    async def _reset(self, data: dict[str, Any]) -> OpenEnvReply:
+        """Start a session from the reset's task (ending the socket's previous session)."""
+        request = OpenEnvReset.model_validate(data)
+        await self._end_session()
+        answer = (await self.manager.reset(request)).typed(ResetResponse)
+        self.session_id, self.format = answer.session_id, request.format
+        return _observed(answer)
+
+    async def _step(self, data: dict[str, Any]) -> OpenEnvReply:
+        """Step the socket's session with the action: the response text, or a tool call."""
+        action = OpenEnvAction.model_validate(data)
+        if self.session_id is None:
+            raise ServiceError(ErrorCode.SESSION_NOT_FOUND, "no session on this socket: send a reset first")
+        fields = action.model_dump(exclude={"metadata"}, exclude_none=True)
+        request = StepRequest.model_validate({**fields, "session_id": self.session_id, "format": self.format})
+        answer = (await self.manager.step(self.tool_actions.resolve(request))).typed(StepResponse)
+        return _observed(answer)
+
+    async def _state(self, data: dict[str, Any]) -> OpenEnvReply:
+        """The socket's session: its id, its steps so far and whether it is done."""
+        state = OpenEnvState()
+        if self.session_id is not None:
+            seen = await self.manager.progress(self.session_id)
+            state = OpenEnvState(episode_id=self.session_id, step_count=seen.version, done=seen.done)
+        return OpenEnvReply(type="state", data=state.model_dump(mode="json"))
+
+    def _error(self, code: OpenEnvErrorCode, error_code: ErrorCode, message: str) -> OpenEnvReply:
+        """An error answer with OpenEnv's code and the one HTTP would answer, counted with HTTP's errors."""
+        self.service.metrics.errors.labels(code=error_code.value).inc()
+        error = OpenEnvError(message=message, code=code, error_code=error_code.value)
+        return OpenEnvReply(type="error", data=error.model_dump(mode="json"))
+
+    async def _refuse(self, exc: ServiceError) -> None:
+        """Refuse the handshake with the HTTP error answer, or close it where the server cannot send one."""
+        self.service.metrics.errors.labels(code=exc.code.value).inc()
+        if "websocket.http.response" in self.websocket.scope.get("extensions", {}):
+            await self.websocket.send_denial_response(error_response(exc.code, exc.message))
+        else:
+            await self.websocket.close(1008, exc.message[:120])
+
+    async def _end_session(self) -> None:
+        """End the socket's session, if any; one already gone is no error."""
+        session_id, self.session_id = self.session_id, None
+        if session_id is not None:
+            with contextlib.suppress(ServiceError):
+                await self.manager.close(session_id)
+
+
+def _observed(answer: ResetResponse | StepResponse) -> OpenEnvReply:
+    """A reset's or a step's answer as an `observation` answer (a reset's with no reward)."""
+    turn = (
+        answer.model_dump(include={"reward", "done", "truncated"}) if isinstance(answer, StepResponse) else {}
+    )
+    observation = OpenEnvObservation(
+        **answer.observation.model_dump(), **turn, info=answer.info, message=answer.message
+    )
+    return OpenEnvReply(type="observation", data=observation.result().model_dump(mode="json"))
