@@ -7,7 +7,6 @@
 # Exit 0 when both work; else 1, with the reason on stderr.
 set -euo pipefail
 next_suite=${DEBIAN_NEXT_SUITE:-trixie}  # the Debian release whose docker-compose is v2
-daemon_package=docker.io  # the name of Debian's package of dockerd (a package, not a host)
 plugin_dir=/usr/libexec/docker/cli-plugins
 log=${DOCKERD_LOG:-/var/log/dockerd-vistarl.log}
 
@@ -33,11 +32,19 @@ install_compose_plugin() {
     rm -rf "$tmp"
 }
 
+daemon_package() {
+    # Debian's package of dockerd, as its docker-compose package names it (its first recommendation).
+    apt-cache show docker-compose 2>/dev/null | sed -n 's/^Recommends: \([^ ,(]*\).*/\1/p' | head -n 1
+}
+
 if ! command -v dockerd >/dev/null 2>&1; then
-    can_install || { echo "error: no dockerd, and not root with apt-get to install $daemon_package" >&2; exit 1; }
-    echo "dockerd is missing: installing $daemon_package with apt-get" >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$daemon_package" >/dev/null \
-        || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$daemon_package" >/dev/null; }
+    can_install || { echo "error: no dockerd, and not root with apt-get to install it" >&2; exit 1; }
+    package=$(daemon_package)
+    [ -n "$package" ] || { apt-get update -qq && package=$(daemon_package); }
+    [ -n "$package" ] || { echo "error: apt knows no package of dockerd (docker-compose's recommendation)" >&2; exit 1; }
+    echo "dockerd is missing: installing $package with apt-get" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package" >/dev/null \
+        || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package" >/dev/null; }
 fi
 if ! docker compose version >/dev/null 2>&1; then
     can_install || { echo "error: no docker compose v2 plugin, and not root with apt-get to install one" >&2; exit 1; }
