@@ -238,6 +238,19 @@ def served(checkpoint: str, args: argparse.Namespace) -> Iterator[str]:
         stop_process(proc)
 
 
+def shape_parser(doc: str | None, rows: int) -> argparse.ArgumentParser:
+    """The command line of a benchmark of one shape's engine (`engine_profile`, `engine_parity`): the shape,
+    where its checkpoints are kept, the device, and `--rows` requests of `--new-tokens` each."""
+    parser = benchmark_parser(doc)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    parser.add_argument("--checkpoints", help="where the shapes' checkpoints are kept (default: scratch)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--rows", type=int, default=rows)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.set_defaults(engine=None, model=None)
+    return parser
+
+
 def checkpoint_for(args: argparse.Namespace) -> str:
     """The checkpoint directory to measure: `--engine hf:DIR`, the `--shape`'s (written if missing), or a
     tiny one written to a scratch directory."""

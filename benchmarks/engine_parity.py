@@ -19,9 +19,7 @@ import asyncio
 
 import torch
 
-from benchmarks.engine_generate import PROMPTS, checkpoint_for
-from benchmarks.harness import benchmark_parser
-from devtools.model_shapes import SHAPES
+from benchmarks.engine_generate import PROMPTS, checkpoint_for, shape_parser
 from trainer.learner.logprobs import sequence_logprobs
 from trainer.rollout.engines.base import GenerateRequest, GenerateResult
 from trainer.rollout.engines.hf import HFEngine
@@ -81,15 +79,9 @@ async def compare(checkpoint: str, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = benchmark_parser(__doc__)
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
-    parser.add_argument("--checkpoints", help="where the shapes' checkpoints are kept (default: scratch)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--rows", type=int, default=32)
-    parser.add_argument("--new-tokens", type=int, default=64)
+    parser = shape_parser(__doc__, rows=32)
     parser.add_argument("--judged", type=int, default=4, help="rows of each kind the trainer recomputes")
     args = parser.parse_args()
-    args.engine = args.model = None
     asyncio.run(compare(checkpoint_for(args), args))
 
 

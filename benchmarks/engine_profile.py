@@ -33,9 +33,7 @@ from typing import Any
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from benchmarks.engine_generate import TEXT_PROMPT, checkpoint_for
-from benchmarks.harness import benchmark_parser
-from devtools.model_shapes import SHAPES
+from benchmarks.engine_generate import TEXT_PROMPT, checkpoint_for, shape_parser
 from trainer.rollout.engines.base import GenerateRequest
 from trainer.rollout.engines.hf import HFEngine
 from trainer.rollout.engines.sglang_api import SamplingParams
@@ -182,15 +180,9 @@ async def graph_steps(checkpoint: str, args: argparse.Namespace) -> float:
 
 
 def main() -> None:
-    parser = benchmark_parser(__doc__)
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
-    parser.add_argument("--checkpoints", help="where the shapes' checkpoints are kept (default: scratch)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--rows", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=64)
+    parser = shape_parser(__doc__, rows=128)
     parser.add_argument("--cache-len", type=int, default=4096, help="the eager pass's static cache")
     args = parser.parse_args()
-    args.engine = args.model = None
     checkpoint = checkpoint_for(args)
     kernels_ms = asyncio.run(eager_profile(checkpoint, args))
     wall_ms = asyncio.run(graph_steps(checkpoint, args))

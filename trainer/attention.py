@@ -137,16 +137,14 @@ def sequence_sdpa_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
     scaling: float | None = None,
-    sliding_window: int | None = None,
     is_causal: bool | None = None,
     packed_cu_seqlens: torch.Tensor | None = None,
-    **_: object,
+    **options: object,
 ) -> tuple[torch.Tensor, None]:
     """HF attention function: what `varlen_attention` computes for a packed row with `packed_*` bounds, as
     SDPA once per sequence, on any device and dtype. `[1, H, T, D]` q/k/v to `[1, T, H, D]`."""
-    if attention_mask is not None or dropout or sliding_window is not None or packed_cu_seqlens is None:
+    if attention_mask is not None or packed_cu_seqlens is None or _unsupported(options):
         raise ValueError(f"{SEQUENCE_SDPA_ATTENTION} takes packed rows with their bounds only, and no mask")
     causal = bool(getattr(module, "is_causal", False)) if is_causal is None else is_causal
     grouped = key.shape[1] != query.shape[1]
@@ -173,10 +171,7 @@ def grouped_decode_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    sliding_window: int | None = None,
-    **_: object,
+    **options: object,
 ) -> tuple[torch.Tensor, None]:
     """HF attention function for one decode token a row: `[B, H, 1, D]` queries against `[B, Hkv, L, D]`
     keys and values under `attention_mask` `[B, 1, 1, L]` (True where a row attends), to `[B, 1, H, D]`.
@@ -184,12 +179,18 @@ def grouped_decode_attention(
     Query head h uses kv head h // (H / Hkv), as `repeat_kv` pairs them, so the `[B, Hkv, H / Hkv, D]` view
     of the queries is SDPA's query length per kv head: the same sums, without the copies."""
     batch, heads, length, dim = query.shape
-    if length != 1 or dropout or sliding_window is not None:
+    if length != 1 or _unsupported(options):
         raise ValueError(f"{GROUPED_DECODE_ATTENTION} takes one query token a row, no dropout or window")
     kv_heads = key.shape[1]
     grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
+    scaling = cast(float | None, options.get("scaling"))
     out = F.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask, scale=scaling)
     return out.reshape(batch, 1, heads, dim), None
+
+
+def _unsupported(options: dict[str, object]) -> bool:
+    """Whether HF asked for dropout or a sliding window, which the per-sequence and decode paths never run."""
+    return bool(options.get("dropout")) or options.get("sliding_window") is not None
 
 
 _PACKED = {VARLEN_ATTENTION: varlen_attention, SEQUENCE_SDPA_ATTENTION: sequence_sdpa_attention}
