@@ -69,8 +69,9 @@ class BatchRun:
     finish: Finish
 
     def run(self, jobs: list[Job], rows: DecodeRows) -> None:
-        """Decode `jobs` and every job that joins them until none is left or the engine closes (`close`
-        aborts every job by then). A failure ends the batch with every unfinished job aborted."""
+        """Decode `jobs` and every job that joins them while some are running, until none is left or the
+        engine closes (`close` aborts every job by then). A failure ends the batch with every unfinished
+        job aborted."""
         batch: list[Job] = []
         live: list[Job] = []
         launched: tuple[list[Job], Step] | None = None
@@ -90,6 +91,8 @@ class BatchRun:
                 if launched is not None:
                     live = self._settle(live, *launched)
                 launched = step
+                if not live:  # every row finished: what arrives next starts a batch of its own
+                    return
                 joining = self.admit(len(live))
         except Exception as exc:  # a failed forward pass ends its batch, never the engine
             log.exception("generation failed for a batch of %d rows", len(live))
