@@ -12,10 +12,10 @@ from transformers import PreTrainedModel
 
 from devtools.tiny_checkpoint import ARCHS
 from tests.vl_samples import mixed_samples
-from trainer import attention
 from trainer.learner.logprobs import token_logprobs
 from trainer.learner.models import ActorModel, load_lm
 from trainer.learner.packing import PackedBatch, pack_sequences
+from trainer.modeling import attention
 from trainer.modeling.attention import (
     SDPA_ATTENTION,
     SEQUENCE_SDPA_ATTENTION,

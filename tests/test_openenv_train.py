@@ -20,9 +20,10 @@ import yaml
 from PIL import Image
 
 from clients.images import encode_image
+from devtools.servers import running_process, vistarl_cmd
+from serving.launch import free_port
 from tests.envs.openenv_colors import COLORS, color_of, prompt, reward, square
 from tests.envs.serving import served_process
-from tests.servers import free_port, running_process, vistarl_cmd
 from tests.test_rollout_hf import generated_runs
 from trainer.config import ConfigError, OpenEnvAdapter, load_config
 from trainer.rollout.engines.scripted import ScriptedEngine
