@@ -6,7 +6,7 @@
     .venv/bin/python -m benchmarks.grpo_step --tiny                                    # CPU, in seconds
     .venv/bin/python -m benchmarks.grpo_step --config ... --profile out/              # torch.profiler tables
 
-Runs `run_training` (`trainer/train.py`) for `--warmup` + `--steps` + 1 steps with no evaluation and no
+Runs `run_training` (`trainer/run/train.py`) for `--warmup` + `--steps` + 1 steps with no evaluation and no
 checkpoint but the last (whose save is left out of the figures), and reads the timings the loop logs
 (`metrics.jsonl`). The checkpoint of `model.path` is written first if missing (`vistarl model tiny
 --shape medium`, the GPU demo's model); `--tiny` writes a `tiny` one to a temporary directory and runs
@@ -50,8 +50,8 @@ from trainer.config import TrainConfig, load_config
 from trainer.learner.fsdp import rank_device
 from trainer.rollout.engines.hf import HFEngine
 from trainer.rollout.processor import VLProcessor
-from trainer.stack import build_engine
-from trainer.train import run_training
+from trainer.run.stack import build_engine
+from trainer.run.train import run_training
 
 PARTS = {
     "rollout": "time/rollout",

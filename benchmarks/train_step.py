@@ -52,13 +52,13 @@ from benchmarks.harness import add_shape_argument, benchmark_parser
 from devtools.model_shapes import REAL_SHAPES, SHAPES, Arch, qwen_vl_config
 from devtools.tiny_checkpoint import write_tiny_checkpoint
 from serving.launch import free_port
-from trainer.attention import SDPA_ATTENTION, use_attention
 from trainer.learner.fsdp import init_distributed, rank_device, set_last_micro_batch, shard_model
 from trainer.learner.logprobs import token_logprobs
 from trainer.learner.models import ActorModel
 from trainer.learner.packing import PackedBatch, SequenceSample, pack_sequences, plan_micro_batches
 from trainer.learner.update import clip_gradients
 from trainer.learner.vision_passes import VisionPasses
+from trainer.modeling.attention import SDPA_ATTENTION, use_attention
 from trainer.rollout.processor import VLProcessor
 
 TEXT_VOCAB = 150_000

@@ -8,7 +8,7 @@ an engine, through the bucketed GPU-direct path the trainer runs after each upda
     .venv/bin/python -m benchmarks.weight_sync --tiny --transports nccl disk in_process   # CPU, gloo
 
 Every rank holds its FSDP2 shards of a randomly initialised actor and runs `WeightSync.push`, as
-`trainer.train` does: bucket by bucket (`--bucket-mb`, the config's `sync.bucket_mb`) the shards are cast
+`trainer.run.train` does: bucket by bucket (`--bucket-mb`, the config's `sync.bucket_mb`) the shards are cast
 to bf16 and all-gathered on the GPU, and rank 0 sends each bucket on while the next is gathered, by one of
 
 - `nccl`: `DistributedSync`, SGLang's protocol, into `vistarl engine serve` in its own process on
@@ -199,7 +199,7 @@ def _engine_device(args: argparse.Namespace, device: torch.device) -> str:
 
 @contextlib.contextmanager
 def _engine_loop() -> Iterator[EngineCalls]:
-    """An event loop on its own thread for the engines' calls, as `trainer.train`'s main loop is."""
+    """An event loop on its own thread for the engines' calls, as `trainer.run.train`'s main loop is."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="engines", daemon=True)
     thread.start()

@@ -52,8 +52,8 @@ def train(
     ] = False,
 ) -> None:
     """Train a policy as the config says; with no URLs in it, the whole stack runs on this machine."""
-    from trainer.run_dir import run_name
-    from trainer.train import run_training
+    from trainer.run.directory import run_name
+    from trainer.run.train import run_training
 
     cfg = _load(config, set_)
     _quiet_logs()
@@ -71,7 +71,7 @@ def train(
 
 def sft(config: ConfigOption, set_: SetOption = None) -> None:
     """Supervised fine-tuning on `sft.data` (demonstrations or trajectories), through the RL learner."""
-    from trainer.run_dir import run_name
+    from trainer.run.directory import run_name
     from trainer.sft import run_sft
 
     cfg = _load(config, set_)
@@ -116,8 +116,8 @@ def eval_command(
     from trainer.eval import baseline_policy, evaluate
     from trainer.rollout.engines.scripted import ScriptedEngine
     from trainer.rollout.processor import VLProcessor
-    from trainer.run_dir import run_name
-    from trainer.stack import open_stack
+    from trainer.run.directory import run_name
+    from trainer.run.stack import open_stack
 
     cfg = _load(config, [*([f"env.name={env}"] if env else []), *(set_ or [])])
     _quiet_logs()

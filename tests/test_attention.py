@@ -12,8 +12,11 @@ from transformers import PreTrainedModel
 
 from devtools.tiny_checkpoint import ARCHS
 from tests.vl_samples import mixed_samples
-from trainer import attention
-from trainer.attention import (
+from trainer.learner.logprobs import token_logprobs
+from trainer.learner.models import ActorModel, load_lm
+from trainer.learner.packing import PackedBatch, pack_sequences
+from trainer.modeling import attention
+from trainer.modeling.attention import (
     SDPA_ATTENTION,
     SEQUENCE_SDPA_ATTENTION,
     VARLEN_ATTENTION,
@@ -22,9 +25,6 @@ from trainer.attention import (
     sequence_bounds,
     use_attention,
 )
-from trainer.learner.logprobs import token_logprobs
-from trainer.learner.models import ActorModel, load_lm
-from trainer.learner.packing import PackedBatch, pack_sequences
 from trainer.rollout.processor import VLProcessor
 
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="the varlen kernel runs on CUDA only")

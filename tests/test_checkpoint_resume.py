@@ -33,8 +33,8 @@ from trainer.rollout.engines.base import GenerateRequest, GenerateResult
 from trainer.rollout.engines.hf import HFEngine
 from trainer.rollout.engines.sglang_api import SamplingParams
 from trainer.rollout.tokenization import TurnEncoder
-from trainer.run_logging import read_metrics
-from trainer.train import run_training
+from trainer.run.outputs import read_metrics
+from trainer.run.train import run_training
 
 
 def resume_config(checkpoint: Path, run_dir: Path, steps: int) -> TrainConfig:

@@ -1,4 +1,4 @@
-"""The trainer keeps its shape: `trainer/train.py` reads in one sitting (at most 250 lines, no function
+"""The trainer keeps its shape: `trainer/run/train.py` reads in one sitting (at most 250 lines, no function
 over 40 statements), `sft.py` takes nothing from the RL loop, and the queue's private methods stay
 inside the queue's backends.
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from tests.test_layers import imported_modules
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN = ROOT / "trainer" / "train.py"
+TRAIN = ROOT / "trainer" / "run" / "train.py"
 QUEUE_BACKENDS = {ROOT / "trainer" / "queue" / name for name in ("base.py", "memory.py", "redis.py")}
 CODE = ("trainer", "services", "clients", "cli", "benchmarks", "devtools")
 MAX_LINES = 250
@@ -43,12 +43,12 @@ def statement_counts(source: str) -> dict[str, int]:
 
 def test_train_py_holds_at_most_250_lines() -> None:
     lines = len(TRAIN.read_text().splitlines())
-    assert lines <= MAX_LINES, f"trainer/train.py has {lines} lines; move what is not the loop out of it"
+    assert lines <= MAX_LINES, f"trainer/run/train.py has {lines} lines; move what is not the loop out of it"
 
 
 def test_no_function_in_train_py_has_over_40_statements() -> None:
     counts = statement_counts(TRAIN.read_text())
-    assert counts, "no function found in trainer/train.py"
+    assert counts, "no function found in trainer/run/train.py"
     too_long = {name: n for name, n in counts.items() if n > MAX_STATEMENTS}
     assert too_long == {}, f"functions over {MAX_STATEMENTS} statements: {too_long}"
 
@@ -69,7 +69,7 @@ def test_statements_are_counted_at_every_depth_and_in_nested_functions() -> None
 
 
 def test_sft_imports_nothing_from_the_rl_loop() -> None:
-    loop = [m for m in imported_modules(ROOT / "trainer" / "sft.py") if m.startswith("trainer.train")]
+    loop = [m for m in imported_modules(ROOT / "trainer" / "sft.py") if m.startswith("trainer.run.train")]
     assert loop == []
 
 

@@ -13,7 +13,7 @@ import yaml
 from services.env_api import load_env_factory
 from trainer.config import ConfigError, TrainConfig, load_config
 from trainer.overrides import parse_override
-from trainer.run_dir import run_name
+from trainer.run.directory import run_name
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"

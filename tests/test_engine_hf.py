@@ -15,8 +15,8 @@ from transformers import AutoModelForImageTextToText, PreTrainedModel
 
 from clients.images import encode_image
 from tests.vl_samples import noise_image
-from trainer import attention
 from trainer.learner.logprobs import sequence_logprobs
+from trainer.modeling import attention
 from trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
 from trainer.rollout.engines.hf import HFEngine
 from trainer.rollout.engines.sglang_api import SamplingParams

@@ -3,8 +3,15 @@
 imports the trainer; `clients/` (what an external agent installs) imports no torch; `benchmarks/` and
 `devtools/` import nothing from the tests (tests may import them); `serving/` (the HTTP
 plumbing both servers share) imports neither side; and the learner and the rollout side meet only in
-what both may import (`trainer.weights`, the processor, `Trajectory`), never in each other's code.
-Relative imports count as the absolute names they resolve to."""
+what both may import (`trainer.weights`, `trainer.modeling`, the processor, `Trajectory`), never in each
+other's code.
+
+Inside `trainer/` the rooms show the design, and at most 8 modules stay at its top. `trainer/run/`, the
+run driver, may import every room; the rooms (`learner`, `rollout`, `queue`, `weights`, `modeling`)
+import no driver (`trainer.run`, nor `sft`, `curriculum` or `eval` at the top); `trainer/modeling/`,
+how the models run for the learner and the HF engine alike, imports nothing else of `trainer/`; and
+the basics at the top (`config`, `overrides`, `seeds`, `imports`) import nothing of `trainer/` but
+each other. Relative imports count as the absolute names they resolve to."""
 
 from __future__ import annotations
 
@@ -17,6 +24,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+ROOMS = ("learner", "rollout", "queue", "weights", "modeling")
+"""`trainer/`'s subpackages below the run driver (`run`), which imports them all."""
+DRIVERS = ("trainer.run", "trainer.sft", "trainer.curriculum", "trainer.eval")
+"""What runs a training, an SFT run, a curriculum or an evaluation: none of the rooms imports it."""
+BASICS = ("config", "overrides", "seeds", "imports")
+"""`trainer/`'s top-level modules that every room may import: the typed config and small helpers."""
+MAX_TOP_MODULES = 8
+
 FORBIDDEN: list[tuple[str, str, frozenset[str]]] = [
     ("trainer", "services.server", frozenset()),
     ("services", "trainer", frozenset()),
@@ -27,10 +42,15 @@ FORBIDDEN: list[tuple[str, str, frozenset[str]]] = [
     ("serving", "trainer", frozenset()),
     ("trainer/rollout", "trainer.learner", frozenset()),
     ("trainer/learner", "trainer.rollout.engines", frozenset()),
+    ("trainer/queue", "trainer.learner", frozenset()),
     ("trainer/weights", "trainer.learner", frozenset()),
     ("trainer/weights", "trainer.rollout", frozenset({"trainer.rollout.engines.sglang_api"})),
+    ("trainer/modeling", "trainer", frozenset({"trainer.modeling"})),
+    *((f"trainer/{room}", driver, frozenset()) for room in ROOMS for driver in DRIVERS),
+    *((f"trainer/{basic}.py", "trainer", frozenset(f"trainer.{b}" for b in BASICS)) for basic in BASICS),
 ]
-"""(a folder of the repository, a module prefix its files must not import, the modules allowed anyway)."""
+"""(a folder or file of the repository, a module prefix its files must not import, the modules allowed
+anyway)."""
 
 
 def imported_modules(path: Path, root: Path = ROOT) -> set[str]:
@@ -57,14 +77,17 @@ def absolute_module(path: Path, root: Path, level: int, module: str | None) -> s
     return ".".join([*base, module] if module else base)
 
 
-def violations(folder: str, prefix: str, allowed: frozenset[str]) -> list[str]:
-    """`file: module` for each import of `prefix` (or below it) by a file under `folder`."""
+def violations(folder: str, prefix: str, allowed: frozenset[str], root: Path = ROOT) -> list[str]:
+    """`file: module` for each import of `prefix` (or below it) by `folder` (a file, or the files under a
+    folder) that no module of `allowed` covers."""
+    place = root / folder
+    paths = [place] if place.is_file() else sorted(place.rglob("*.py"))
     found = []
-    for path in sorted((ROOT / folder).rglob("*.py")):
-        for module in sorted(imported_modules(path)):
+    for path in paths:
+        for module in sorted(imported_modules(path, root)):
             inside = module == prefix or module.startswith(prefix + ".")
             if inside and not any(module == a or module.startswith(a + ".") for a in allowed):
-                found.append(f"{path.relative_to(ROOT)}: {module}")
+                found.append(f"{path.relative_to(root)}: {module}")
     return found
 
 
@@ -72,8 +95,43 @@ def violations(folder: str, prefix: str, allowed: frozenset[str]) -> list[str]:
     ("folder", "prefix", "allowed"), FORBIDDEN, ids=[f"{f}-{p}" for f, p, _ in FORBIDDEN]
 )
 def test_folder_does_not_import_the_other_side(folder: str, prefix: str, allowed: frozenset[str]) -> None:
-    assert (ROOT / folder).is_dir()
+    assert (ROOT / folder).exists()
     assert violations(folder, prefix, allowed) == []
+
+
+def test_the_rules_find_a_room_that_imports_the_driver_or_modeling_that_imports_the_config(
+    tmp_path: Path,
+) -> None:
+    for folder, source in {
+        "trainer/learner": "from ..run import train\n",
+        "trainer/modeling": "from trainer.config import TrainConfig\nfrom . import device\n",
+    }.items():
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "bad.py").write_text(source)
+    found = [v for rule in FORBIDDEN if rule[0].startswith("trainer/") for v in violations(*rule, tmp_path)]
+    assert sorted(set(found)) == [
+        "trainer/learner/bad.py: trainer.run",
+        "trainer/learner/bad.py: trainer.run.train",
+        "trainer/modeling/bad.py: trainer.config",
+        "trainer/modeling/bad.py: trainer.config.TrainConfig",
+    ]
+
+
+def test_trainer_keeps_at_most_8_modules_at_its_top() -> None:
+    top = sorted(p.name for p in (ROOT / "trainer").glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= MAX_TOP_MODULES, f"{len(top)} modules directly in trainer/: {top}; give them a room"
+    assert {f"{basic}.py" for basic in BASICS} <= set(top)
+
+
+def test_every_room_of_the_trainer_has_its_place_in_the_rules() -> None:
+    rooms = {p.parent.name for p in (ROOT / "trainer").glob("*/__init__.py")}
+    assert rooms == {"run", *ROOMS}, "a new room of trainer/ takes its place in ROOMS (or is the driver's)"
+
+
+def test_modeling_is_shared_by_the_learner_and_the_engine() -> None:
+    for user in ("trainer/learner", "trainer/rollout/engines"):
+        uses = {m for p in (ROOT / user).rglob("*.py") for m in imported_modules(p)}
+        assert any(m.startswith("trainer.modeling.") for m in uses), f"{user} no longer uses trainer/modeling"
 
 
 def test_the_walk_sees_imports_inside_functions(tmp_path: Path) -> None:

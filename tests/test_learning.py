@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from services.env_api import Env, EnvFactory, EnvObservation, StepResult
 from trainer.config import TrainConfig
-from trainer.train import run_training
+from trainer.run.train import run_training
 
 
 def even_token_reward(turn_rewards: Sequence[float], info: Mapping[str, Any]) -> float:

@@ -33,7 +33,7 @@ from tests.test_learning import ENV_FACTORY as ONE_TURN_FACTORY
 from tests.test_learning import OneTurnEnv, even_token_reward, learning_config
 from tests.test_train_loop import with_changes
 from trainer.config import TrainConfig
-from trainer.train import TrainResult, run_training
+from trainer.run.train import TrainResult, run_training
 
 TURNS = 2
 GAIN = 0.4

@@ -27,7 +27,7 @@ from trainer.rollout.episode import run_episode
 from trainer.rollout.job import EpisodeJob
 from trainer.rollout.processor import VLProcessor
 from trainer.rollout.trajectory import Trajectory
-from trainer.run_logging import save_trajectory
+from trainer.run.outputs import save_trajectory
 
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = [

@@ -17,8 +17,8 @@ import pytest
 
 from serving.launch import free_port
 from trainer.learner.checkpoint import TrainerState
-from trainer.rank_commands import Push, Stop, Train, decode, encode
 from trainer.rollout.trajectory import Status, Trajectory
+from trainer.run.rank_commands import Push, Stop, Train, decode, encode
 
 REPO = Path(__file__).resolve().parent.parent
 

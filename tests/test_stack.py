@@ -11,7 +11,7 @@ from trainer.queue.memory import MemoryQueue
 from trainer.rollout.engines.scripted import ScriptedEngine
 from trainer.rollout.job import EpisodeJob
 from trainer.rollout.processor import VLProcessor
-from trainer.stack import Stack, StalePolicyError
+from trainer.run.stack import Stack, StalePolicyError
 
 
 def jobs(versions: range) -> list[EpisodeJob]:

@@ -22,7 +22,7 @@ from serving.launch import free_port
 from tests.servers import wait_until
 from trainer.config import load_config
 from trainer.rollout.engines.base import EngineUnavailableError
-from trainer.run_logging import draw_curve, failure_places
+from trainer.run.outputs import draw_curve, failure_places
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "sokoban_tiny.yaml"
 

@@ -22,13 +22,14 @@ ENV_ONLY = ("moderngl", "mcp", "math_verify")
 
 CHECK = f"""
 import importlib.util, sys
-import trainer.train, trainer.stack, trainer.sft, trainer.curriculum, trainer.eval, trainer.queue.worker
+import trainer.run.train, trainer.run.stack, trainer.sft, trainer.curriculum, trainer.eval
+import trainer.queue.worker
 import cli.main
 present = [name for name in {ENV_ONLY!r} if importlib.util.find_spec(name) is not None]
 assert not present, f"installed with vistarl[train]: {{present}}"
 envs = sorted(m for m in sys.modules if m.startswith(("services.sokoban", "services.geo3k", "services.vsi")))
 assert not envs, f"the trainer imports env packages: {{envs}}"
-print("trainer imported from", trainer.train.__file__)
+print("trainer imported from", trainer.run.train.__file__)
 """
 
 

@@ -13,11 +13,11 @@ from rich.console import Console
 
 from trainer.config import TrainConfig
 from trainer.eval import eval_starts
-from trainer.prompts import PromptSource
 from trainer.rollout.engines.base import GenerateRequest, GenerateResult
 from trainer.rollout.engines.scripted import ScriptedEngine
 from trainer.rollout.processor import VLProcessor
-from trainer.train import run_training
+from trainer.run.prompts import PromptSource
+from trainer.run.train import run_training
 
 
 def odd_seeds_count(index: int, request: GenerateRequest) -> str:

@@ -10,8 +10,8 @@ import torch
 from devtools.tiny_checkpoint import ARCHS
 from tests.vl_samples import mixed_samples
 from trainer.learner.models import load_lm
+from trainer.modeling.vision_inputs import vision_inputs
 from trainer.rollout.processor import VLProcessor
-from trainer.vision_inputs import vision_inputs
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -10,11 +10,11 @@ import torch
 
 from devtools.tiny_checkpoint import ARCHS
 from tests.vl_samples import make_sample
-from trainer.image_features import ImageFeatures, encode_images
 from trainer.learner.logprobs import token_logprobs, token_values
 from trainer.learner.models import ActorModel, CriticModel, load_actor, load_critic
 from trainer.learner.packing import PackedBatch, pack_sequences
 from trainer.learner.vision_passes import VisionPasses
+from trainer.modeling.image_features import ImageFeatures, encode_images
 from trainer.rollout.processor import VLProcessor
 
 TEMPERATURE = 0.8

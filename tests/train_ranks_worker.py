@@ -22,7 +22,7 @@ from trainer.config import TrainConfig
 from trainer.learner.fsdp import init_distributed
 from trainer.rollout.engines.scripted import ScriptedEngine
 from trainer.rollout.processor import VLProcessor
-from trainer.train import run_training
+from trainer.run.train import run_training
 
 
 def main(checkpoint: Path, out_dir: Path) -> None:

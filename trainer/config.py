@@ -419,7 +419,7 @@ class SyncConfig(_Section):
         default=2.0,
         ge=0,
         description="seconds between checks that an engine server serves the trainer's weights (one that "
-        "restarted is pushed them again, trainer/weight_keeper.py); 0: never",
+        "restarted is pushed them again, trainer/run/weight_keeper.py); 0: never",
     )
     engine_return_s: float = Field(
         default=600.0,
@@ -445,8 +445,8 @@ class SFTConfig(_Section):
 
 
 class WandbConfig(_Section):
-    """Weights & Biases (`trainer/wandb_sink.py`): off unless `mode` is online or offline (offline writes the
-    run under the run directory's `wandb/`, for `wandb sync`, with no network)."""
+    """Weights & Biases (`trainer/run/wandb_sink.py`): off unless `mode` is online or offline (offline
+    writes the run under the run directory's `wandb/`, for `wandb sync`, with no network)."""
 
     project: str = Field(default="vistarl", min_length=1)
     name: str | None = Field(default=None, description="the W&B run's name; None: the run directory's name")

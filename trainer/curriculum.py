@@ -6,7 +6,7 @@ held-out evaluation before, between and after.
 1. evaluates `model.path` greedily on the held-out tasks (`trainer.eval`: `env.eval_split`, else
    `env.eval_seeds`, which training never plays);
 2. fine-tunes it on `sft.data` (`trainer.sft`), and evaluates the result;
-3. trains it with the configured RL algorithm (`trainer.train`), and evaluates the result.
+3. trains it with the configured RL algorithm (`trainer.run.train`), and evaluates the result.
 
 Each stage has its own directory under `root` (`eval-before/`, `sft/`, `eval-sft/`, `rl/`, `eval-rl/`)
 with its metrics, curves and saved episodes; `rl/reward_curve.png` shows reward and success per RL step.
@@ -24,9 +24,9 @@ from trainer.config import TrainConfig
 from trainer.eval import evaluate
 from trainer.learner.checkpoint import latest_checkpoint
 from trainer.rollout.processor import VLProcessor
+from trainer.run.stack import open_stack
+from trainer.run.train import run_training
 from trainer.sft import run_sft
-from trainer.stack import open_stack
-from trainer.train import run_training
 
 __all__ = ["CurriculumResult", "evaluate_checkpoint", "run_curriculum"]
 

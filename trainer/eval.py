@@ -24,8 +24,8 @@ from trainer.rollout.env_handle import split_size
 from trainer.rollout.job import EpisodeSettings, group_jobs
 from trainer.rollout.processor import VLProcessor
 from trainer.rollout.trajectory import Trajectory
-from trainer.run_logging import save_trajectory
-from trainer.stack import Stack
+from trainer.run.outputs import save_trajectory
+from trainer.run.stack import Stack
 
 __all__ = ["baseline_policy", "eval_starts", "evaluate", "summarize"]
 

@@ -34,12 +34,12 @@ from trainer.learner.fsdp import init_distributed, is_distributed, rank_device
 from trainer.learner.imitation import imitate
 from trainer.learner.models import Models, load_actor
 from trainer.learner.update import PolicyTrainer
-from trainer.ranks import current_rank
 from trainer.rollout.processor import VLProcessor
 from trainer.rollout.tokenization import TokenTrackError, TokenTracks, TurnEncoder
 from trainer.rollout.trajectory import Status, Trajectory
-from trainer.run_dir import agreed_run_dir
-from trainer.run_logging import RunLogger
+from trainer.run.directory import agreed_run_dir
+from trainer.run.outputs import RunLogger
+from trainer.run.ranks import current_rank
 from trainer.seeds import permutation
 
 __all__ = ["SFTResult", "load_sft_data", "run_sft"]

@@ -1,2 +1,2 @@
 """The learner: models and FSDP sharding, packing, logprobs, advantages, losses, the PPO-family update
-(`update`), weight sync to the engine, and checkpoints."""
+(`update`), SFT's step (`imitation`), and checkpoints. Weights reach the engines through `trainer.weights`."""

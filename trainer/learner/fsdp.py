@@ -8,7 +8,7 @@ decoder layer's work per micro-batch, so per-block gathers, reduces and hooks ke
 the host through the whole tower (measured in docs/fsdp.md); gathered whole it is 1.3 GB of bf16.
 
 On GPU, parameters are kept in float32 and gathered as bfloat16 for compute, with gradients reduced
-in float32, and packed rows run on FlashAttention (`trainer.attention`); on CPU everything stays
+in float32, and packed rows run on FlashAttention (`trainer.modeling.attention`); on CPU everything stays
 float32 with SDPA. Without a process group the model stays a plain module.
 
 With `keep_gathered` (the trainer's choice on one rank, where a shard is the whole model) a unit keeps
@@ -35,10 +35,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
-from trainer.attention import VARLEN_ATTENTION, use_attention
 from trainer.learner.activation_checkpointing import CheckpointScope, enable_gradient_checkpointing
 from trainer.learner.models import ActorModel, CriticModel, blocks, freeze_vision
 from trainer.learner.vision_mlp import align_gated_mlps
+from trainer.modeling.attention import VARLEN_ATTENTION, use_attention
 
 DEFAULT_TIMEOUT = timedelta(minutes=10)
 Model = TypeVar("Model", ActorModel, CriticModel)

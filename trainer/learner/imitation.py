@@ -9,9 +9,9 @@ import functools
 import time
 from collections.abc import Sequence
 
-from trainer.image_features import ImageFeatures
 from trainer.learner.logprobs import token_logprobs
 from trainer.learner.update import Micro, PolicyTrainer, Sums
+from trainer.modeling.image_features import ImageFeatures
 from trainer.rollout.trajectory import Trajectory
 
 __all__ = ["imitate"]

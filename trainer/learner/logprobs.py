@@ -24,9 +24,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
-from trainer.image_features import ImageFeatures
 from trainer.learner.models import ActorModel
 from trainer.learner.packing import PackedBatch, SequenceSample, pack_sequences, scored_positions
+from trainer.modeling.image_features import ImageFeatures
 from trainer.rollout.processor import ImageLike, VLProcessor
 
 DEFAULT_CHUNK_SIZE = 1024

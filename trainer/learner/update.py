@@ -42,8 +42,6 @@ from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from trainer.config import AlgoConfig, TrainConfig
-from trainer.device import host_to_device
-from trainer.image_features import ImageFeatures
 from trainer.learner.advantages import compute_advantages
 from trainer.learner.checkpoint import Schedule
 from trainer.learner.entropy_control import EntropyControl
@@ -58,6 +56,8 @@ from trainer.learner.packing import (
     plan_micro_batches,
 )
 from trainer.learner.vision_passes import VisionPasses
+from trainer.modeling.device import host_to_device
+from trainer.modeling.image_features import ImageFeatures
 from trainer.rollout.processor import VLProcessor
 from trainer.rollout.trajectory import Trajectory
 from trainer.seeds import generator, permutation

@@ -24,9 +24,9 @@ from typing import cast
 
 import torch
 
-from trainer.image_features import ImageFeatures
 from trainer.learner.models import ActorModel, CriticModel
 from trainer.learner.packing import PackedBatch
+from trainer.modeling.image_features import ImageFeatures
 
 
 class VisionPasses:

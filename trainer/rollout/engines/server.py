@@ -15,7 +15,7 @@ optional bearer token (`VISTARL_API_TOKEN`) and the error bodies are those of th
 With `await_weights` (`vistarl engine serve --await-weights`, as `vistarl up` starts it) the server
 generates nothing until a weight update completes: `/generate` requests wait, `/health_generate` answers
 503, and `/model_info` reports `STARTING_VERSION`, which is no push's version. So a server restarted
-under a running trainer serves only the weights the trainer pushes it (`trainer.weight_keeper`).
+under a running trainer serves only the weights the trainer pushes it (`trainer.run.weight_keeper`).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from typing import ClassVar
 import torch
 from transformers import PreTrainedModel
 
-from trainer.attention import SEQUENCE_SDPA_ATTENTION, VARLEN_ATTENTION, use_attention
+from trainer.modeling.attention import SEQUENCE_SDPA_ATTENTION, VARLEN_ATTENTION, use_attention
 from trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
 from trainer.rollout.engines.hf.batch import BatchRun, Job
 from trainer.rollout.engines.hf.loading import eos_ids, load_model, static_decoder

@@ -14,7 +14,7 @@ import torch
 
 from trainer.config import TrainConfig
 from trainer.learner.checkpoint import latest_checkpoint
-from trainer.ranks import broadcast_bytes, current_rank
+from trainer.run.ranks import broadcast_bytes, current_rank
 
 __all__ = ["agreed_run_dir", "resolve_run_dir", "run_name"]
 

@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 import torch
 
 from trainer.rollout.trajectory import Status
-from trainer.stack import Gathered, Stack
+from trainer.run.stack import Gathered, Stack
 
 __all__ = ["left_out", "outcomes", "rollout_metrics", "throughput"]
 

@@ -23,8 +23,8 @@ from pydantic import TypeAdapter
 
 from trainer.learner.checkpoint import TrainerState
 from trainer.learner.fsdp import is_distributed
-from trainer.ranks import broadcast_bytes, current_rank
 from trainer.rollout.trajectory import Trajectory
+from trainer.run.ranks import broadcast_bytes, current_rank
 
 __all__ = ["Push", "RankCommand", "Stop", "Train", "decode", "encode", "share_command"]
 

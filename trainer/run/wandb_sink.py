@@ -1,6 +1,6 @@
 """Weights & Biases as a sink of a run's logs (`logging.wandb`; docs/training.md, "Weights & Biases").
 
-`RunLogger` (`trainer/run_logging.py`) hands it what the run directory gets: the resolved config at the
+`RunLogger` (`trainer/run/outputs.py`) hands it what the run directory gets: the resolved config at the
 start, every step's metrics as they reach `metrics.jsonl`, the reward curve each time it is drawn, and the
 step's sample trajectories. A sample is logged as `samples/<k>/images`, its images captioned with the
 episode, its status and its reward, and `samples/<k>/conversation`, its messages as HTML (`k` counts the

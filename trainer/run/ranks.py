@@ -1,7 +1,7 @@
 """What rank 0 tells the other ranks of a torchrun job: its bytes on every rank, by a tensor broadcast.
 
-The RL loop sends its rank commands this way (`trainer.rank_commands`), and both loops the run
-directory they agree on (`trainer.run_dir`). Outside torchrun there is one rank and nothing is sent.
+The RL loop sends its rank commands this way (`trainer.run.rank_commands`), and both loops the run
+directory they agree on (`trainer.run.directory`). Outside torchrun there is one rank and nothing is sent.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Everything lives under the run directory:
 - `tensorboard/`: the same scalars for TensorBoard;
 - `samples/step-NNNNNN/<episode>/`: a few trajectories per step as `trajectory.json` plus their images;
 - Weights & Biases, with `logging.wandb.mode` online or offline: the config, the same metrics, the curve
-  and the samples (`trainer/wandb_sink.py`), its run under `wandb/`.
+  and the samples (`trainer/run/wandb_sink.py`), its run under `wandb/`.
 
 Only rank 0 logs; other ranks never build a `RunLogger`.
 """
@@ -35,8 +35,8 @@ from torch.utils.tensorboard import SummaryWriter
 from clients.images import decode_image
 from trainer.config import TrainConfig, WandbConfig
 from trainer.rollout.trajectory import Trajectory
-from trainer.stack import ENV_SERVER_LOG
-from trainer.wandb_sink import WandbSink
+from trainer.run.stack import ENV_SERVER_LOG
+from trainer.run.wandb_sink import WandbSink
 
 __all__ = [
     "CURVE_FILE",

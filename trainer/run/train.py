@@ -24,9 +24,9 @@ overlap training; trajectories over `rollout.max_staleness` versions old are dro
 
 Under torchrun, every rank trains its share of each mini-batch (FSDP2) and gathers its share of each
 weight push (`trainer.weights`); rank 0 alone drives the queue, the engine and the logs, and sends the
-other ranks typed commands (`trainer.rank_commands`: a step's update with its trajectories, a push,
-stop) that every rank's `RankLearner` (`trainer.rank_learner`) carries out. Steps 3-5 are
-`trainer.learner.update.PolicyTrainer.update`; what a step plays comes from `trainer.prompts`.
+other ranks typed commands (`trainer.run.rank_commands`: a step's update with its trajectories, a push,
+stop) that every rank's `RankLearner` (`trainer.run.rank_learner`) carries out. Steps 3-5 are
+`trainer.learner.update.PolicyTrainer.update`; what a step plays comes from `trainer.run.prompts`.
 """
 
 from __future__ import annotations
@@ -47,15 +47,15 @@ from trainer.config import TrainConfig
 from trainer.eval import evaluate
 from trainer.learner.checkpoint import TrainerState, latest_checkpoint
 from trainer.learner.fsdp import init_distributed, rank_device
-from trainer.prompts import PromptSource, step_jobs
-from trainer.rank_commands import Stop, Train
-from trainer.rank_learner import RankLearner
 from trainer.rollout.engines.base import Engine
-from trainer.rollout_metrics import left_out, outcomes, rollout_metrics, throughput
-from trainer.run_dir import agreed_run_dir
-from trainer.run_logging import RunLogger, failure_places
-from trainer.stack import Gathered, Stack, open_stack
-from trainer.weight_keeper import WeightKeeper
+from trainer.run.directory import agreed_run_dir
+from trainer.run.outputs import RunLogger, failure_places
+from trainer.run.prompts import PromptSource, step_jobs
+from trainer.run.rank_commands import Stop, Train
+from trainer.run.rank_learner import RankLearner
+from trainer.run.rollout_metrics import left_out, outcomes, rollout_metrics, throughput
+from trainer.run.stack import Gathered, Stack, open_stack
+from trainer.run.weight_keeper import WeightKeeper
 
 __all__ = ["TrainResult", "run_training"]
 

@@ -2,7 +2,7 @@
 
 `RankLearner` loads the actor (and reference, critic) from the configured model or from the
 checkpoint being resumed, with their optimizers, schedulers and RNG states, and carries out rank 0's
-`RankCommand`s (`trainer.rank_commands`). Every collective runs on one dedicated compute thread, so
+`RankCommand`s (`trainer.run.rank_commands`). Every collective runs on one dedicated compute thread, so
 rank 0's event loop (workers, engine, HTTP) keeps going while the model trains.
 """
 
@@ -30,11 +30,11 @@ from trainer.learner.checkpoint import (
 from trainer.learner.fsdp import init_distributed, rank_device
 from trainer.learner.models import Models, load_actor, load_critic, load_reference
 from trainer.learner.update import PolicyTrainer
-from trainer.rank_commands import Push, RankCommand, Stop, Train, share_command
-from trainer.ranks import current_rank
 from trainer.rollout.engines.base import Engine
 from trainer.rollout.processor import VLProcessor
-from trainer.stack import DTYPES
+from trainer.run.rank_commands import Push, RankCommand, Stop, Train, share_command
+from trainer.run.ranks import current_rank
+from trainer.run.stack import DTYPES
 from trainer.weights.sync import WeightSync, weight_sync
 
 __all__ = ["RankLearner"]

@@ -1,7 +1,7 @@
 """Which weights the engine serves during a run: the trainer's current version, and no other.
 
 `WeightKeeper` is how a run's weights reach its engine. `push` sends a version (every rank gathers, rank
-0 sends: `trainer.rank_commands.Push`) and records it as the stack's `policy_version`, against which
+0 sends: `trainer.run.rank_commands.Push`) and records it as the stack's `policy_version`, against which
 `Stack.lag` judges every trajectory. An engine server that died and came back serves its checkpoint
 again, and says so: its `/model_info` reports another version (SGLang's `default`, or `0`). The keeper
 asks before every push, and every `sync.watch_s` seconds between pushes (`watch`); an engine serving a
@@ -23,11 +23,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import Protocol, runtime_checkable
 
 from trainer.config import SyncConfig
-from trainer.rank_commands import Push
-from trainer.rank_learner import RankLearner
 from trainer.rollout.engines.base import UNKNOWN_VERSION, EngineError
 from trainer.rollout.engines.sglang_api import ModelInfo
-from trainer.stack import Stack
+from trainer.run.rank_commands import Push
+from trainer.run.rank_learner import RankLearner
+from trainer.run.stack import Stack
 
 __all__ = ["PUSH_ATTEMPTS", "WeightKeeper"]
 
