@@ -183,7 +183,7 @@ class BatchRun:
         settings = [job.sampling for job in jobs]
         logits = self.model.lm_head(out.last_hidden_state[0, to_device(ends - 1)])
         mode = max(setting.mode for setting in settings)
-        first = torch.zeros(len(jobs), dtype=torch.long, device=device)
-        tokens, logprobs = sample(logits, SamplingRows.of(settings, device), first, mode)
+        index = torch.zeros(len(jobs), dtype=torch.long, device=device)  # each row draws its token 0
+        tokens, logprobs = sample(logits, SamplingRows.of(settings, device), index, mode)
         rows.join(Prefill(out.past_key_values, lengths, next_positions), jobs, settings, tokens)
         return self._advance(jobs, *Ready(tokens, logprobs).results())

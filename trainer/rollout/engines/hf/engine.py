@@ -2,7 +2,7 @@
 
 Requests queue up; one background task takes up to `max_batch_size` of them at once and decodes them
 together (`batch.py`): one prompt pass over the prompts packed in one row, then one token per step for every
-live row from a shared KV cache (`rows.py`: grown per step, or static in CUDA graphs on a GPU), each row
+live row from a shared KV cache (`rows.py`: grown per step, or static on a GPU), each row
 with its own sampling params (`sampling.py`). Rows leave the batch as they finish, and requests that arrive
 meanwhile join it between steps, up to `max_batch_size` rows, unless a weight update is waiting for the
 batch to end. Before a batch starts, the loop waits while requests keep arriving (every `batch_wait_s`, up
@@ -64,7 +64,7 @@ class EngineStats:
     batches: int = 0
     rows: int = 0
     largest_batch: int = 0
-    static_batches: int = 0  # batches decoded from the static KV cache (CUDA graphs on a GPU)
+    static_batches: int = 0  # batches decoded from the static KV cache (always on a GPU)
 
 
 class HFEngine:

@@ -13,14 +13,18 @@ import torch.nn.functional as F
 from torch import nn
 
 
-@contextlib.contextmanager
-def fused_norms(model: nn.Module) -> Iterator[None]:
-    """Run every Qwen RMSNorm inside `model` as torch's `rms_norm` for the body of the `with`: one fused
-    kernel, where HF's forward launches eight (fp32 cast, square, mean, add, rsqrt, product, cast, weight).
-    The same sums, rounded once at the end instead of before the weight, within bf16's tolerance."""
-    norms = [
+def rms_norms(model: nn.Module) -> list[nn.Module]:
+    """The Qwen RMSNorms inside `model`, found once: a decode step should not walk the model's modules."""
+    return [
         m for m in model.modules() if type(m).__name__.endswith("RMSNorm") and hasattr(m, "variance_epsilon")
     ]
+
+
+@contextlib.contextmanager
+def fused_norms(norms: list[nn.Module]) -> Iterator[None]:
+    """Run the RMSNorms `norms` as torch's `rms_norm` for the body of the `with`: one fused kernel, where
+    HF's forward launches eight (fp32 cast, square, mean, add, rsqrt, product, cast, weight). The same
+    sums, rounded once at the end instead of before the weight, within bf16's tolerance."""
     for norm in norms:
         norm.forward = functools.partial(_rms_norm, norm)
     try:

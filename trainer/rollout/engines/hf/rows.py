@@ -33,7 +33,7 @@ from transformers import PreTrainedModel
 
 from trainer.modeling.attention import GROUPED_DECODE_ATTENTION, attention_for
 from trainer.modeling.device import host_to_device
-from trainer.rollout.engines.hf.fused import fused_norms
+from trainer.rollout.engines.hf.fused import fused_norms, rms_norms
 from trainer.rollout.engines.hf.sampling import Mode, RowSampling, SamplingRows, sample
 
 
@@ -280,7 +280,8 @@ class StaticDecoder:
     model's parameters in place, so weight updates that copy into them need no new capture).
 
     Per slot, on the device: its length (the next write index), its next position, the index of the token
-    it draws next, its last token, its sampling settings, and the last step's pick. On the host: each
+    it draws next, its last token (the last step's pick), that token's logprob, and its sampling settings.
+    On the host: each
     slot's length and sampling mode, which choose a step's bucket without asking the device.
     """
 
@@ -301,8 +302,8 @@ class StaticDecoder:
         self.index = zeros(slots)
         self.input_ids = zeros(slots, 1)
         self.sampling = SamplingRows.empty(slots, self.device)
-        self.tokens = zeros(slots)
-        self.logprobs = zeros(slots, dtype=torch.float32)
+        self.logprobs = zeros(slots, dtype=torch.float32)  # the last step's; its tokens are `input_ids`
+        self._norms = rms_norms(model.model.language_model)
         self._picks = [_Picks.allocate(slots, self.device) for _ in range(2)]  # read one, fill the other
         self._turn = 0
         self._host_lengths = [0] * slots
@@ -364,7 +365,7 @@ class StaticDecoder:
             self._host_lengths[slot] = min(self._host_lengths[slot] + 1, self.cache_len - 1)
         picks = self._picks[self._turn]
         self._turn ^= 1
-        picks.tokens[:rows].copy_(self.tokens[:rows], non_blocking=True)
+        picks.tokens[:rows].copy_(self.input_ids[:rows, 0], non_blocking=True)
         picks.logprobs[:rows].copy_(self.logprobs[:rows], non_blocking=True)
         if picks.ready is not None:
             picks.ready.record()
@@ -384,7 +385,7 @@ class StaticDecoder:
         lengths = self.lengths[:rows]
         mask = torch.arange(view.length, device=self.device)[None, :] <= lengths[:, None]
         text_model = self.model.model.language_model
-        with attention_for(text_model, GROUPED_DECODE_ATTENTION), fused_norms(text_model):
+        with attention_for(text_model, GROUPED_DECODE_ATTENTION), fused_norms(self._norms):
             out = text_model(
                 input_ids=self.input_ids[:rows],
                 attention_mask=mask[:, None, None, :],
@@ -394,7 +395,6 @@ class StaticDecoder:
             )
         logits = self.model.lm_head(out.last_hidden_state[:, -1])
         tokens, logprobs = sample(logits, self.sampling.head(rows), self.index[:rows], mode)
-        self.tokens[:rows] = tokens
         self.logprobs[:rows] = logprobs
         self.input_ids[:rows, 0] = tokens
         lengths.add_(1).clamp_(max=self.cache_len - 1)  # a row that ran past its budget writes in place

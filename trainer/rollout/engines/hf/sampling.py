@@ -9,6 +9,7 @@ so a seeded request draws the same tokens in any batch, at any step of it.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import random
 from collections.abc import Sequence
@@ -92,15 +93,12 @@ class SamplingRows:
 
     def write(self, index: torch.Tensor, rows: SamplingRows) -> None:
         """Set the rows at `index` to `rows`, in place (the addresses a captured graph reads stay)."""
-        for name in _FIELDS:
-            getattr(self, name)[index] = getattr(rows, name)
+        for field in dataclasses.fields(self):
+            getattr(self, field.name)[index] = getattr(rows, field.name)
 
     def head(self, count: int) -> SamplingRows:
         """The first `count` rows, as views."""
-        return SamplingRows(**{name: getattr(self, name)[:count] for name in _FIELDS})
-
-
-_FIELDS = ("temperature", "greedy", "top_k", "top_p", "min_p", "seed")
+        return SamplingRows(**{f.name: getattr(self, f.name)[:count] for f in dataclasses.fields(self)})
 
 
 def sample(
