@@ -207,18 +207,11 @@ async def test_batched_multimodal_requests_equal_one_at_a_time(
     assert singles[2].prompt_tokens > len(requests[2].engine_ids)  # the pads were expanded
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
-async def test_the_static_kv_cache_decodes_as_the_dynamic_one(
-    request: pytest.FixtureRequest, arch: str
-) -> None:
-    """Rows in the slots of a static KV cache (the fast path a GPU captures in CUDA graphs; eager here) get
-    the tokens and logprobs of HF's dynamic cache: rows of different lengths, with and without images,
-    greedy and sampled, one long enough to cross the attended length's buckets (128, 192, 256), rows that
-    finish early and free their slots for queued requests that join mid-batch; a request too long for a
-    slot decodes on the dynamic cache."""
-    model, processor = request.getfixturevalue("qwen25" if arch == "qwen2_5_vl" else "qwen3")
+def mixed_requests(processor: VLProcessor) -> list[GenerateRequest]:
+    """Rows of different lengths, with and without images, greedy, sampled and top-p; the first long enough
+    to cross the attended length's buckets (128, 192, 256) in a cache of 300 positions."""
     pics = images(2, (56, 84), (112, 56))
-    requests = [
+    return [
         GenerateRequest(
             engine_ids=user_turn(processor, "a long answer to a long question:" + " why" * 140),
             sampling=sampled(120, 9).model_copy(update={"ignore_eos": True}),
@@ -229,6 +222,19 @@ async def test_the_static_kv_cache_decodes_as_the_dynamic_one(
         GenerateRequest(engine_ids=user_turn(processor, "again", 1), images=pics[1:], sampling=sampled(7, 3)),
         GenerateRequest(engine_ids=user_turn(processor, "last"), sampling=sampled(4, 4, top_p=0.9)),
     ]
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+async def test_the_static_kv_cache_decodes_as_the_dynamic_one(
+    request: pytest.FixtureRequest, arch: str
+) -> None:
+    """Rows in the slots of a static KV cache (the fast path a GPU captures in CUDA graphs; eager here) get
+    the tokens and logprobs of HF's dynamic cache: rows of different lengths, with and without images,
+    greedy and sampled, one long enough to cross the attended length's buckets (128, 192, 256), rows that
+    finish early and free their slots for queued requests that join mid-batch; a request too long for a
+    slot decodes on the dynamic cache."""
+    model, processor = request.getfixturevalue("qwen25" if arch == "qwen2_5_vl" else "qwen3")
+    requests = mixed_requests(processor)
     too_long = GenerateRequest(
         engine_ids=user_turn(processor, "too long for a slot:" + " word" * 250),
         sampling=sampled(40, 5).model_copy(update={"ignore_eos": True}),
@@ -250,6 +256,32 @@ async def test_the_static_kv_cache_decodes_as_the_dynamic_one(
         assert static.output_ids == dynamic.output_ids
         assert static.finish_reason == dynamic.finish_reason
         np.testing.assert_allclose(static.logprobs, dynamic.logprobs, atol=ATOL)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+async def test_captured_steps_replay_as_eager_ones_across_batches_and_joins(
+    request: pytest.FixtureRequest, arch: str
+) -> None:
+    """On a GPU, decode steps captured in CUDA graphs give the tokens and logprobs of the same steps run
+    eagerly: in a second batch, whose prompt pass runs after the graphs were captured, and when queued rows
+    join the slots that finished rows freed."""
+    model, processor = request.getfixturevalue("qwen25" if arch == "qwen2_5_vl" else "qwen3")
+    on_gpu = copy.deepcopy(model).cuda()
+    requests = mixed_requests(processor)
+    results = {}
+    for graphs in (False, True):
+        engine = HFEngine(on_gpu, processor, max_batch_size=3, batch_wait_s=0.0, cuda_graphs=graphs)
+        results[graphs] = [
+            result
+            for _ in range(2)
+            for result in await asyncio.gather(*(engine.generate(r) for r in requests))
+        ]
+        await engine.close()
+        assert engine.stats.batches >= 2 and engine.stats.static_batches == engine.stats.batches
+    for eager, captured in zip(results[False], results[True], strict=True):
+        assert captured.output_ids == eager.output_ids
+        np.testing.assert_allclose(captured.logprobs, eager.logprobs, atol=ATOL)
 
 
 @pytest.mark.parametrize("cache_len", [None, 200])

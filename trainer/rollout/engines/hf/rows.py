@@ -428,7 +428,7 @@ class StaticDecoder:
             (self.lengths, self.positions, self.index, self.input_ids), state, strict=True
         ):
             live[:rows] = saved
-        return graph.replay
+        return _Replay(graph, step)
 
 
 @dataclass
