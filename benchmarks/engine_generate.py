@@ -228,6 +228,7 @@ def served(checkpoint: str, args: argparse.Namespace) -> Iterator[str]:
     command = [sys.executable, "-m", "cli.main", "engine", "serve", "--model", checkpoint]
     command += ["--host", "127.0.0.1", "--port", str(port), "--device", args.device]
     command += ["--max-batch-size", str(args.max_batch_size), "--log-level", "warning"]
+    command += ["--cuda-graphs" if args.cuda_graphs else "--no-cuda-graphs"]
     log = Path(tempfile.mkdtemp()) / "engine-serve.log"
     with log.open("wb") as sink:
         proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
@@ -274,7 +275,9 @@ async def run(args: argparse.Namespace) -> None:
         finally:
             await engine.close()
         return
-    engine = HFEngine.from_pretrained(checkpoint, device=args.device, max_batch_size=args.max_batch_size)
+    engine = HFEngine.from_pretrained(
+        checkpoint, device=args.device, max_batch_size=args.max_batch_size, cuda_graphs=args.cuda_graphs
+    )
     on_gpu = engine.device.type == "cuda"
     floor = Floor.of(engine.model, engine.device) if on_gpu else None
     if floor is not None:
@@ -315,6 +318,12 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--max-batch-size", type=int, default=16)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="capture each decode step in a CUDA graph (GPU); --no-cuda-graphs: eager steps",
+    )
     parser.add_argument("--hf-generate", action="store_true", help="add transformers' generate")
     parser.add_argument("--serve", action="store_true", help="add the same load over vistarl engine serve")
     args = parser.parse_args()

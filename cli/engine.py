@@ -33,6 +33,14 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    cuda_graphs: Annotated[
+        bool | None,
+        typer.Option(
+            help="On a GPU, capture each decode step in a CUDA graph; off: eager steps. [default: on] "
+            "(env VISTARL_CUDA_GRAPHS)",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Serve a checkpoint with the HF engine over SGLang's /generate API. VISTARL_API_TOKEN sets a token."""
     import uvicorn
@@ -50,13 +58,19 @@ def serve(
         "max_body_bytes": max_body_bytes,
         "log_level": log_level,
         "await_weights": await_weights,
+        "cuda_graphs": cuda_graphs,
     }
     try:
         settings = EngineServerSettings(**{name: value for name, value in flags.items() if value is not None})
     except ValidationError as exc:
         raise typer.BadParameter(str(exc)) from None
     log_to_stderr(settings.log_level)
-    engine = HFEngine.from_pretrained(model, device=settings.device, max_batch_size=settings.max_batch_size)
+    engine = HFEngine.from_pretrained(
+        model,
+        device=settings.device,
+        max_batch_size=settings.max_batch_size,
+        cuda_graphs=settings.cuda_graphs,
+    )
     signal.signal(signal.SIGTERM, _exit_cleanly)
     app = create_app(engine, settings)
     uvicorn.run(

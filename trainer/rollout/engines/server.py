@@ -78,6 +78,7 @@ class EngineServerSettings(BaseSettings):
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="Request body limit (413).")
     api_token: SecretStr | None = Field(default=None, description="Bearer token required on all but health.")
     await_weights: bool = Field(default=False, description="Generate nothing before the first weight update.")
+    cuda_graphs: bool = Field(default=True, description="Capture each decode step in a CUDA graph (GPU).")
 
 
 def create_app(engine: HFEngine, settings: EngineServerSettings | None = None) -> FastAPI:

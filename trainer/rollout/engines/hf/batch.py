@@ -6,7 +6,8 @@ positions, and draw their first tokens from it. Then every live row decodes one 
 batch's rows (`rows.py`). Each step is launched before the last one is read: while the device runs step
 t + 1, the host reads step t, hands finished rows to their callers and takes the rows that go on into step
 t + 2. A row that finished at step t has run one step more, whose token nobody reads. Requests that arrive
-meanwhile join between steps, after the step in flight has been read.
+meanwhile join between steps, after the step in flight has been read, once their arrivals settle (the
+engine's `_admit`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +48,7 @@ class Job:
     logprobs: list[float] = field(default_factory=list)
     abort_message: str | None = None
     done: bool = False  # handed over; its rows' later tokens are not read
+    queued_at: float = field(default_factory=time.monotonic)
 
     @property
     def params(self) -> SamplingParams:

@@ -81,15 +81,13 @@ class HFEngine:
         batch_wait_s: float = 0.005,
         max_batch_wait_s: float = DEFAULT_MAX_BATCH_WAIT_S,
         model_path: str | None = None,
-        cuda_graphs: bool = False,
+        cuda_graphs: bool = True,
         static_cache_len: int | None = None,
     ) -> None:
         """On a GPU the engine decodes from a static KV cache of `static_cache_len` positions a row
-        (default: the context, at most 4,096); `cuda_graphs` captures each step in a CUDA graph. Graphs
-        are off by default: on the 3B shape a captured step failed (an index out of bounds on the
-        device) once a prompt pass had run after its capture (docs/benchmarks.md, "The HF engine's decode
-        step"). On the CPU a `static_cache_len` decodes from the same static cache; none: HF's eager
-        decode over a growing cache."""
+        (default: the context, at most 4,096); `cuda_graphs` captures each step in a CUDA graph and
+        replays it (off: eager steps). On the CPU a `static_cache_len` decodes from the same static cache,
+        eagerly; none: HF's eager decode over a growing cache."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model.eval()
@@ -116,6 +114,7 @@ class HFEngine:
         self._weight_version = "0"
         self._updates = 0
         self._queue: collections.deque[Job] = collections.deque()
+        self._queued_seen = 0  # the queue's length when the running batch last looked for joining jobs
         self._queue_lock = threading.Lock()
         self._jobs: dict[str, Job] = {}
         self._work = asyncio.Event()
@@ -135,7 +134,7 @@ class HFEngine:
         device: str = "cpu",
         dtype: torch.dtype | None = None,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
-        cuda_graphs: bool = False,
+        cuda_graphs: bool = True,
         static_cache_len: int | None = None,
     ) -> HFEngine:
         """Load model and processor from a checkpoint directory; fp32 on CPU, bf16 on GPU by default.
@@ -355,6 +354,8 @@ class HFEngine:
         """Run one batch to completion on the model thread, each job's result handed to its caller as
         soon as it finishes. The whole loop runs there, so no decode step waits for this event loop."""
         self.stats.batches += 1
+        with self._queue_lock:
+            self._queued_seen = len(self._queue)
         self.stats.rows += len(jobs)
         self.stats.largest_batch = max(self.stats.largest_batch, len(jobs))
         static = self.static is not None and all(self._fits_static(job) for job in jobs)
@@ -375,12 +376,27 @@ class HFEngine:
         """Queued jobs that join the running batch, up to `max_batch_size` rows, unless a weight update
         is waiting for the batch to end or generation is paused. A static batch takes them in order up to
         the first that does not fit its cache."""
-        if self._updates_waiting or not self._resumed.is_set():
+        if self._updates_waiting or not self._resumed.is_set() or not self._arrivals_settled():
             return []
         joining = self._take(self.max_batch_size - running, self._fits_static if static else None)
+        with self._queue_lock:
+            self._queued_seen = len(self._queue)
         self.stats.rows += len(joining)
         self.stats.largest_batch = max(self.stats.largest_batch, running + len(joining))
         return joining
+
+    def _arrivals_settled(self) -> bool:
+        """Whether queued jobs join the running batch now: none arrived since the last step, or the oldest
+        has waited `max_batch_wait_s`. Joining each request of a burst as it comes would run a prompt pass
+        per request, and each pass, Python-heavy, slows a server's event loop so the next request arrives
+        later still: 128 requests sent at once over HTTP trickled in over 2.5 s on a GPU."""
+        with self._queue_lock:
+            queued = len(self._queue)
+            oldest = self._queue[0].queued_at if queued else None
+        grew, self._queued_seen = queued > self._queued_seen, queued
+        if oldest is None:
+            return False
+        return not grew or time.monotonic() - oldest >= self.max_batch_wait_s
 
     def _fits_static(self, job: Job) -> bool:
         """Whether `job`'s prompt and token budget fit a row of the static KV cache."""
