@@ -39,6 +39,7 @@ from clients.calls import (
     step_call,
 )
 from clients.errors import EnvClientError, EnvConnectionError
+from clients.pool import LoopPool
 from clients.protocol import (
     HealthResponse,
     InfoResponse,
@@ -239,11 +240,13 @@ class AsyncEnvClient:
         self.base_url = self.base_urls[0]
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
-        self._headers = _default_headers(token, headers)
-        self._limits = limits or DEFAULT_LIMITS
-        self._session: aiohttp.ClientSession | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.closed = False
+        limits = limits or DEFAULT_LIMITS
+        self._pool = LoopPool(
+            "AsyncEnvClient",
+            max_connections=limits.max_connections or 0,
+            keepalive_s=limits.keepalive_expiry or 0.0,
+            headers=_default_headers(token, headers),
+        )
 
     async def reset(
         self,
@@ -316,11 +319,14 @@ class AsyncEnvClient:
             raise
         await ep.close()
 
+    @property
+    def closed(self) -> bool:
+        """Whether `shutdown` ran."""
+        return self._pool.closed
+
     async def shutdown(self) -> None:
         """Close the connection pool."""
-        self.closed = True
-        if self._session is not None:
-            await self._session.close()
+        await self._pool.close()
 
     async def __aenter__(self) -> AsyncEnvClient:
         return self
@@ -338,7 +344,7 @@ class AsyncEnvClient:
     async def _send(self, attempts: _Attempts[T]) -> T:
         """Run the attempts of one call until one is final; a session's call that succeeded tells on which
         replica the session lives."""
-        session = self._open_session()
+        session = self._pool.session()
         call = attempts.call
 
         async def attempt() -> Outcome:
@@ -362,21 +368,6 @@ class AsyncEnvClient:
         if call.session_id is not None:
             self._replicas.settle(call.session_id, attempts.replica)
         return result
-
-    def _open_session(self) -> aiohttp.ClientSession:
-        """The connection pool, made on first use because aiohttp ties it to the running event loop."""
-        loop = asyncio.get_running_loop()
-        if self.closed:
-            raise RuntimeError("this AsyncEnvClient is shut down")
-        if self._session is None:
-            connector = aiohttp.TCPConnector(
-                limit=self._limits.max_connections or 0, keepalive_timeout=self._limits.keepalive_expiry
-            )
-            self._session = aiohttp.ClientSession(connector=connector, headers=self._headers)
-            self._loop = loop
-        elif loop is not self._loop:
-            raise RuntimeError("an AsyncEnvClient serves the event loop of its first call; make one per loop")
-        return self._session
 
 
 class AsyncEpisode:

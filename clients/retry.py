@@ -1,8 +1,8 @@
 """The project's one retry policy: which failures are worth another attempt, when, and the loop that waits.
 
 `RetryPolicy` bounds every retry (attempts, backoff, deadline). `retry_delay` decides for an HTTP call,
-from a library-neutral `Reply` or the transport exception (aiohttp's, or httpx's for the SGLang engine,
-which still sends with httpx), so that every client decides the same way; docs/client.md, "Timeouts,
+from a library-neutral `Reply` or aiohttp's transport exception (every client sends with aiohttp,
+`clients.pool`), so that every client decides the same way; docs/client.md, "Timeouts,
 retries, auth", states the rules. `attempt_until_final` is the loop that the env client, the SGLang engine
 and the queue worker all run their attempts in.
 """
@@ -20,7 +20,6 @@ from datetime import datetime, timezone
 from typing import TypeVar
 
 import aiohttp
-import httpx
 
 from clients.calls import Outcome, Reply
 
@@ -41,19 +40,11 @@ OUTAGE_ATTEMPTS = 1_000_000
 
 # Failures before the request reached the server (no connection, or none free in time).
 _NOT_SENT: tuple[type[Exception], ...] = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.PoolTimeout,
     aiohttp.ConnectionTimeoutError,  # connect or pool wait; a subclass of TimeoutError, so listed first
     aiohttp.ClientConnectorError,  # DNS, refused, TLS handshake
 )
 # Failures after the request was (maybe partly) sent: the server may have acted on it.
 _MAYBE_APPLIED: tuple[type[Exception], ...] = (
-    httpx.ReadTimeout,
-    httpx.WriteTimeout,
-    httpx.ReadError,
-    httpx.WriteError,
-    httpx.RemoteProtocolError,
     asyncio.TimeoutError,  # aiohttp's read timeout, and its total timeout once connected
     aiohttp.ClientConnectionError,  # server disconnected, connection reset, broken pipe
     aiohttp.ClientPayloadError,  # the body was cut short
@@ -72,7 +63,7 @@ class Delivery(enum.Enum):
 
 
 def delivery(error: Exception) -> Delivery:
-    """Classify a transport exception of httpx or aiohttp by how far its request went."""
+    """Classify an aiohttp transport exception by how far its request went."""
     if isinstance(error, _NOT_SENT):
         return Delivery.NOT_SENT
     if isinstance(error, _MAYBE_APPLIED):

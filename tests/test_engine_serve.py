@@ -294,7 +294,7 @@ async def test_dead_engine_returns_an_abort_within_its_deadline(processor: VLPro
         GenerateRequest(engine_ids=user_turn(processor, "anyone?"), sampling=GREEDY)
     )
     elapsed = time.monotonic() - started
-    assert result.aborted and "ConnectError" in (result.finish_reason.message or "")
+    assert result.aborted and "ClientConnectorError" in (result.finish_reason.message or "")
     assert elapsed < 30  # bounded by the retry deadline, not by the /generate read timeout
     assert not await engine.health()
     with pytest.raises(EngineUnavailableError):
@@ -463,6 +463,6 @@ async def test_the_engine_client_lets_idle_connections_go_before_the_server_clos
     not resent (generation is not idempotent): the episode would end ABORTED. So the client's pool drops an
     idle connection before the server's keep-alive (SGLang's, and `vistarl engine serve`'s) runs out."""
     engine = SGLangEngine("http://127.0.0.1:9")
-    transport: Any = engine._client._transport  # httpx's, holding its connection pool
-    assert 0 < transport._pool._keepalive_expiry < SERVER_KEEP_ALIVE_S
+    connector: Any = engine._pool.session().connector  # aiohttp's, holding the idle connections
+    assert 0 < connector._keepalive_timeout < SERVER_KEEP_ALIVE_S
     await engine.close()

@@ -11,16 +11,19 @@ failing engine gives an abort result (see `trainer.rollout.engines.base`), never
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import time
 from typing import ClassVar, TypeVar
 
-import httpx
+import aiohttp
 from pydantic import BaseModel, ValidationError
 
-from clients.http import TOKEN_ENV_VAR, Reply
+from clients.calls import Reply, status_phrase
+from clients.http import TOKEN_ENV_VAR
+from clients.pool import LoopPool
 from clients.retry import RetryPolicy, attempt_until_final, retry_delay
 from trainer.rollout.engines.base import (
     UNKNOWN_VERSION,
@@ -87,15 +90,8 @@ class SGLangEngine:
         self.retry = RetryPolicy.outage(retry_deadline_s)
         api_key = os.environ.get(TOKEN_ENV_VAR) if api_key is None else api_key
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(
-            base_url=self.url,
-            headers=headers,
-            limits=httpx.Limits(
-                max_connections=max_connections,
-                max_keepalive_connections=max_connections,
-                keepalive_expiry=KEEPALIVE_EXPIRY_S,
-            ),
-            timeout=httpx.Timeout(control_timeout_s, connect=connect_timeout_s),
+        self._pool = LoopPool(
+            "SGLangEngine", max_connections=max_connections, keepalive_s=KEEPALIVE_EXPIRY_S, headers=headers
         )
         self._weight_version = UNKNOWN_VERSION
 
@@ -120,12 +116,12 @@ class SGLangEngine:
             response = await self._send("POST", "/generate", body, self.generate_timeout_s, idempotent=False)
         except EngineUnavailableError as exc:
             return GenerateResult.abort(request.rid, str(exc), self._weight_version)
-        if response.is_server_error or response.status_code in self.retry.retry_statuses:
-            message = f"{self.url}/generate answered {response.status_code}: {_error_message(response)}"
+        if response.status >= 500 or response.status in self.retry.retry_statuses:
+            message = f"{self.url}/generate answered {response.status}: {_error_message(response)}"
             return GenerateResult.abort(request.rid, message, self._weight_version)
         _raise_for_refusal(response, "/generate")
         try:
-            answer = GenerateResponse.model_validate_json(response.content)
+            answer = GenerateResponse.model_validate_json(response.body)
             return self._result(request.rid, answer, expected)
         except ValidationError as exc:
             message = f"{self.url}/generate answered a malformed body: {exc}"
@@ -173,11 +169,12 @@ class SGLangEngine:
     async def health(self) -> bool:
         """`GET /health_generate`, tried once: True when the server can generate."""
         try:
-            timeout = httpx.Timeout(self.control_timeout_s, connect=self.connect_timeout_s)
-            response = await self._client.get("/health_generate", timeout=timeout)
-        except httpx.HTTPError:
+            session = self._pool.session()
+            timeout = self._timeout(self.control_timeout_s)
+            async with session.get(f"{self.url}/health_generate", timeout=timeout) as response:
+                return 200 <= response.status < 300
+        except (aiohttp.ClientError, asyncio.TimeoutError):
             return False
-        return response.is_success
 
     async def model_info(self) -> ModelInfo:
         """`GET /model_info`; also refreshes `weight_version`."""
@@ -239,43 +236,55 @@ class SGLangEngine:
 
     async def close(self) -> None:
         """Close the connection pool."""
-        await self._client.aclose()
+        await self._pool.close()
 
     # --- transport --------------------------------------------------------------------------------
 
+    def _timeout(self, seconds: float) -> aiohttp.ClientTimeout:
+        """An attempt's timeouts: `connect_timeout_s` to get a connection, `seconds` of silence while the
+        answer is awaited (a generation answers only when done), and both together as a backstop."""
+        return aiohttp.ClientTimeout(
+            total=seconds + self.connect_timeout_s, connect=self.connect_timeout_s, sock_read=seconds
+        )
+
     async def _send(
         self, method: str, path: str, body: BaseModel | None, timeout: float, *, idempotent: bool = True
-    ) -> httpx.Response:
+    ) -> Reply:
         """One call with bounded retries: unsent requests and 429 / 503 answers are resent until the
         retry deadline; a lost answer is resent only when `idempotent`. Raises `EngineUnavailableError`."""
         content = None if body is None else body.model_dump_json(exclude_none=True)
         headers = {"content-type": "application/json"} if content is not None else None
         started = time.monotonic()
 
-        async def attempt() -> httpx.Response | httpx.TransportError:
+        url = self.url + path
+
+        async def attempt() -> Reply | Exception:
             try:
-                return await self._client.request(
+                session = self._pool.session()
+                async with session.request(
                     method,
-                    path,
-                    content=content,
+                    url,
+                    data=content,
                     headers=headers,
-                    timeout=httpx.Timeout(timeout, connect=self.connect_timeout_s),
-                )
-            except httpx.TransportError as exc:
+                    timeout=self._timeout(timeout),
+                    allow_redirects=False,
+                ) as response:
+                    body = await response.read()
+                return Reply(response.status, body, url, response.headers.get("retry-after"))
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 return exc
 
-        def next_delay(outcome: httpx.Response | httpx.TransportError, attempts: int) -> float | None:
-            seen = _reply(outcome) if isinstance(outcome, httpx.Response) else outcome
+        def next_delay(outcome: Reply | Exception, attempts: int) -> float | None:
             remaining = self.retry.deadline_s - (time.monotonic() - started)
             delay = retry_delay(
-                self.retry, seen, attempt=attempts, idempotent=idempotent, remaining=remaining
+                self.retry, outcome, attempt=attempts, idempotent=idempotent, remaining=remaining
             )
             if delay is not None:
                 log.info("%s %s: %s, retry %d in %.2fs", method, path, _describe(outcome), attempts, delay)
             return delay
 
         outcome, attempts = await attempt_until_final(attempt, next_delay)
-        if isinstance(outcome, httpx.Response):
+        if isinstance(outcome, Reply):
             return outcome
         elapsed = time.monotonic() - started
         raise EngineUnavailableError(
@@ -284,21 +293,16 @@ class SGLangEngine:
         ) from outcome
 
 
-def _reply(response: httpx.Response) -> Reply:
-    """The status line of an answer, as the shared retry rule of `clients.http` reads it."""
-    return Reply(response.status_code, b"", str(response.url), response.headers.get("retry-after"))
+def _describe(outcome: Reply | Exception) -> str:
+    return str(outcome.status) if isinstance(outcome, Reply) else type(outcome).__name__
 
 
-def _describe(outcome: httpx.Response | httpx.TransportError) -> str:
-    return str(outcome.status_code) if isinstance(outcome, httpx.Response) else type(outcome).__name__
-
-
-def _error_message(response: httpx.Response) -> str:
+def _error_message(response: Reply) -> str:
     """The message of an error answer: SGLang's `{"error": {"message"}}`, FastAPI's `detail`, or the text."""
     try:
-        body = response.json()
+        body = json.loads(response.body)
     except (json.JSONDecodeError, UnicodeDecodeError):
-        return response.text.strip()[:500] or response.reason_phrase
+        return response.text.strip()[:500] or status_phrase(response.status)
     if isinstance(body, dict):
         error = body.get("error")
         if isinstance(error, dict) and "message" in error:
@@ -309,16 +313,16 @@ def _error_message(response: httpx.Response) -> str:
     return response.text.strip()[:500]
 
 
-def _raise_for_refusal(response: httpx.Response, path: str) -> None:
+def _raise_for_refusal(response: Reply, path: str) -> None:
     """Raise `EngineRequestError` for any error status, with the server's message."""
-    if response.is_error:
-        raise EngineRequestError(f"{path} answered {response.status_code}: {_error_message(response)}")
+    if response.status >= 400:
+        raise EngineRequestError(f"{path} answered {response.status}: {_error_message(response)}")
 
 
-def _decode(response: httpx.Response, model: type[M], path: str) -> M:
+def _decode(response: Reply, model: type[M], path: str) -> M:
     """Validate a body into `model`; an error status without such a body raises `EngineRequestError`."""
     try:
-        return model.model_validate_json(response.content)
+        return model.model_validate_json(response.body)
     except ValidationError:
         _raise_for_refusal(response, path)
         raise EngineRequestError(f"{path} answered a body that is not a {model.__name__}") from None
