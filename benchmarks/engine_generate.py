@@ -318,12 +318,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--max-batch-size", type=int, default=16)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument(
-        "--cuda-graphs",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="capture each decode step in a CUDA graph (GPU); --no-cuda-graphs: eager steps",
-    )
+    graphs = "capture each decode step in a CUDA graph (GPU); --no-cuda-graphs: eager steps"
+    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True, help=graphs)
     parser.add_argument("--hf-generate", action="store_true", help="add transformers' generate")
     parser.add_argument("--serve", action="store_true", help="add the same load over vistarl engine serve")
     args = parser.parse_args()
