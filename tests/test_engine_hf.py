@@ -19,6 +19,7 @@ from trainer.learner.logprobs import sequence_logprobs
 from trainer.modeling import attention
 from trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
 from trainer.rollout.engines.hf import HFEngine
+from trainer.rollout.engines.hf.engine import arrivals_settled
 from trainer.rollout.engines.sglang_api import SamplingParams
 from trainer.rollout.processor import VLProcessor
 
@@ -126,6 +127,40 @@ async def test_requests_arriving_mid_batch_join_it_and_decode_as_alone(qwen25: L
     for single, result in zip(singles, results, strict=True):
         assert result.output_ids == single.output_ids
         assert result.logprobs == pytest.approx(single.logprobs, abs=ATOL)
+
+
+def test_queued_requests_join_a_running_batch_once_their_arrivals_settle() -> None:
+    """Requests still arriving wait for a step without a new arrival, or until the oldest has waited the
+    longest batch wait; then all that are queued join in one prompt pass."""
+    assert not arrivals_settled(0, 0, None, 0.1)  # nothing queued
+    assert not arrivals_settled(3, 1, 0.02, 0.1)  # two arrived during the last step: more may come
+    assert arrivals_settled(3, 3, 0.02, 0.1)  # none arrived since the last look
+    assert arrivals_settled(2, 3, 0.02, 0.1)  # fewer (some were aborted): nothing is arriving
+    assert arrivals_settled(9, 8, 0.1, 0.1)  # still arriving, but the oldest has waited long enough
+
+
+async def test_requests_sent_together_join_a_running_batch_in_one_prompt_pass(qwen25: Loaded) -> None:
+    """Eight requests sent together while a batch decodes join it in one prompt pass (`stats.joins`)."""
+    model, processor = qwen25
+    engine = HFEngine(model, processor, max_batch_size=16, batch_wait_s=0.0, max_batch_wait_s=30.0)
+    long = GenerateRequest(
+        engine_ids=user_turn(processor, "a long answer"),
+        sampling=greedy(300).model_copy(update={"ignore_eos": True}),
+    )
+    running = asyncio.create_task(engine.generate(long))
+    while engine.stats.batches == 0:
+        await asyncio.sleep(0.001)
+    burst = [
+        GenerateRequest(engine_ids=user_turn(processor, f"question {i}"), sampling=greedy(4))
+        for i in range(8)
+    ]
+    results = await asyncio.gather(*(engine.generate(r) for r in burst))
+    assert not running.done()  # the burst joined while the long request still decoded
+    await running
+    await engine.close()
+    assert all(len(result.output_ids) == 4 for result in results)
+    assert engine.stats.batches == 1 and engine.stats.largest_batch == 9
+    assert engine.stats.joins == 1
 
 
 async def test_stop_token_ids_end_at_the_first_match_and_keep_it(engine: HFEngine) -> None:

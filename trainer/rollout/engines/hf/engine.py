@@ -65,6 +65,7 @@ class EngineStats:
     rows: int = 0
     largest_batch: int = 0
     static_batches: int = 0  # batches decoded from the static KV cache (always on a GPU)
+    joins: int = 0  # prompt passes that added queued requests to a running batch
 
 
 class HFEngine:
@@ -382,21 +383,17 @@ class HFEngine:
         with self._queue_lock:
             self._queued_seen = len(self._queue)
         self.stats.rows += len(joining)
+        self.stats.joins += bool(joining)
         self.stats.largest_batch = max(self.stats.largest_batch, running + len(joining))
         return joining
 
     def _arrivals_settled(self) -> bool:
-        """Whether queued jobs join the running batch now: none arrived since the last step, or the oldest
-        has waited `max_batch_wait_s`. Joining each request of a burst as it comes would run a prompt pass
-        per request, and each pass, Python-heavy, slows a server's event loop so the next request arrives
-        later still: 128 requests sent at once over HTTP trickled in over 2.5 s on a GPU."""
+        """Whether queued jobs join the running batch now (`arrivals_settled`), from the queue as it is."""
         with self._queue_lock:
             queued = len(self._queue)
-            oldest = self._queue[0].queued_at if queued else None
-        grew, self._queued_seen = queued > self._queued_seen, queued
-        if oldest is None:
-            return False
-        return not grew or time.monotonic() - oldest >= self.max_batch_wait_s
+            waited = time.monotonic() - self._queue[0].queued_at if queued else None
+        seen, self._queued_seen = self._queued_seen, queued
+        return arrivals_settled(queued, seen, waited, self.max_batch_wait_s)
 
     def _fits_static(self, job: Job) -> bool:
         """Whether `job`'s prompt and token budget fit a row of the static KV cache."""
@@ -436,6 +433,16 @@ class HFEngine:
         if trim and isinstance(finish.matched, str):
             text = text[: text.find(finish.matched)] if finish.matched in text else text
         return text
+
+
+def arrivals_settled(queued: int, seen: int, oldest_waited_s: float | None, max_wait_s: float) -> bool:
+    """Whether `queued` jobs join a running batch now: none arrived since the last look (`seen` were
+    queued then), or the oldest has waited `max_wait_s`. Joining each request of a burst as it comes would
+    run a prompt pass per request, and each pass, Python-heavy, slows a server's event loop so the next
+    request arrives later still."""
+    if queued == 0 or oldest_waited_s is None:
+        return False
+    return queued <= seen or oldest_waited_s >= max_wait_s
 
 
 def _deliver(future: asyncio.Future[GenerateResult], result: GenerateResult) -> None:
