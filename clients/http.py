@@ -244,7 +244,7 @@ class AsyncEnvClient:
         self._pool = LoopPool(
             "AsyncEnvClient",
             max_connections=limits.max_connections or 0,
-            keepalive_s=limits.keepalive_expiry or 0.0,
+            keepalive_s=limits.keepalive_expiry,
             headers=_default_headers(token, headers),
         )
 

@@ -17,10 +17,11 @@ import aiohttp
 
 class LoopPool:
     """An aiohttp session made on first use, because aiohttp ties it to the running event loop; a call
-    from another loop, or after `close`, raises `RuntimeError` naming `owner`."""
+    from another loop, or after `close`, raises `RuntimeError` naming `owner`. `max_connections` 0 is no
+    limit; idle connections close after `keepalive_s` (None: never)."""
 
     def __init__(
-        self, owner: str, *, max_connections: int, keepalive_s: float, headers: Mapping[str, str]
+        self, owner: str, *, max_connections: int, keepalive_s: float | None, headers: Mapping[str, str]
     ) -> None:
         self.owner = owner
         self.max_connections = max_connections

@@ -254,9 +254,8 @@ class SGLangEngine:
         retry deadline; a lost answer is resent only when `idempotent`. Raises `EngineUnavailableError`."""
         content = None if body is None else body.model_dump_json(exclude_none=True)
         headers = {"content-type": "application/json"} if content is not None else None
-        started = time.monotonic()
-
         url = self.url + path
+        started = time.monotonic()
 
         async def attempt() -> Reply | Exception:
             try:
