@@ -15,27 +15,30 @@ latency of `step`, and CPU per step of this process (`time.process_time()`) and 
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from benchmarks.harness import add_load_arguments, benchmark_parser, process_cpu_s, served_env
+from benchmarks.harness import (
+    LoadFigures,
+    add_load_arguments,
+    benchmark_parser,
+    latency_percentiles_ms,
+    markdown_header,
+    ms_per_step,
+    process_cpu_s,
+    served_env,
+)
 from clients.http import AsyncEnvClient, EnvClient, RetryPolicy
 
 EPISODE_OPTIONS = {"target": 100, "image_size": 1}
 
 
-@dataclass(frozen=True)
-class Figures:
-    """One benchmark row."""
+@dataclass(frozen=True, kw_only=True)
+class Figures(LoadFigures):
+    """One benchmark row: the episodes run at once, and what the load measured."""
 
     concurrency: int
-    steps_per_s: float
-    p50_ms: float
-    p99_ms: float
-    client_cpu_ms: float
-    server_cpu_ms: float | None
 
 
 @dataclass
@@ -111,28 +114,29 @@ async def measure(
             await asyncio.gather(*(play(client, window) for _ in range(concurrency)))
     client_cpu, server_cpu = await cpu
     latencies = sorted(window.latencies)
-    cuts = statistics.quantiles(latencies, n=100)
+    p50_ms, p99_ms = latency_percentiles_ms(latencies)
     steps = max(window.steps, 1)
     return Figures(
-        concurrency,
-        window.steps / seconds,
-        cuts[49] * 1e3,
-        cuts[98] * 1e3,
-        client_cpu / steps * 1e3,
-        None if server_cpu is None else server_cpu / steps * 1e3,
+        concurrency=concurrency,
+        steps_per_s=window.steps / seconds,
+        cpu_ms_per_step=ms_per_step(server_cpu, steps),
+        p50_ms=p50_ms,
+        p99_ms=p99_ms,
+        client_cpu_ms_per_step=ms_per_step(client_cpu, steps),
     )
 
 
 def markdown(rows: list[Figures]) -> str:
     """The figures as a markdown table."""
     lines = [
-        "| concurrency | steps/s | p50 ms | p99 ms | client CPU ms/step | server CPU ms/step |",
-        "|---:|---:|---:|---:|---:|---:|",
+        markdown_header(
+            "concurrency", "steps/s", "p50 ms", "p99 ms", "client CPU ms/step", "server CPU ms/step"
+        )
     ]
     for r in rows:
-        server = "-" if r.server_cpu_ms is None else f"{r.server_cpu_ms:.2f}"
+        server = "-" if r.cpu_ms_per_step is None else f"{r.cpu_ms_per_step:.2f}"
         cells = [r.concurrency, f"{r.steps_per_s:.0f}", f"{r.p50_ms:.1f}", f"{r.p99_ms:.1f}"]
-        lines.append("| " + " | ".join(map(str, [*cells, f"{r.client_cpu_ms:.2f}", server])) + " |")
+        lines.append("| " + " | ".join(map(str, [*cells, f"{r.client_cpu_ms_per_step:.2f}", server])) + " |")
     return "\n".join(lines)
 
 

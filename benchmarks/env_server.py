@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import statistics
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -39,9 +38,11 @@ import redis
 
 from benchmarks.episodes import EPISODES, SOKOBAN_MOVES
 from benchmarks.harness import (
+    LoadFigures,
     add_load_arguments,
     benchmark_parser,
     cpu_between,
+    markdown_header,
     ms_per_step,
     process_cpu_s,
     process_tree_cpu_s,
@@ -56,19 +57,14 @@ from services.sokoban import SokobanEnv, SokobanOptions
 ACTIONS = SOKOBAN_MOVES
 
 
-@dataclass(frozen=True)
-class Figures:
-    """One benchmark row."""
+@dataclass(frozen=True, kw_only=True)
+class Figures(LoadFigures):
+    """One benchmark row: in process or over HTTP, with its env workers and session store."""
 
     mode: str
-    env_workers: int | None
-    store: str | None
-    concurrency: int
-    steps_per_s: float
-    cpu_ms_per_step: float | None
-    p50_ms: float | None = None
-    p99_ms: float | None = None
-    client_cpu_ms_per_step: float | None = None
+    env_workers: int | None = None
+    store: str | None = None
+    concurrency: int = 1
     server_process_cpu_ms_per_step: float | None = None
     store_cpu_ms_per_step: float | None = None
 
@@ -89,7 +85,9 @@ def in_process(seconds: float) -> Figures:
             env = SokobanEnv(options)
             env.reset()
     cpu_ms = 1e3 * (time.process_time() - cpu_started) / steps
-    return Figures("in-process", None, None, 1, steps / (time.perf_counter() - started), cpu_ms)
+    return Figures(
+        mode="in-process", steps_per_s=steps / (time.perf_counter() - started), cpu_ms_per_step=cpu_ms
+    )
 
 
 User = Callable[[AsyncEnvClient, float, float], Awaitable[list[float]]]
@@ -121,18 +119,18 @@ async def over_http(
         play = user or _user
         per_user = await asyncio.gather(*(play(client, measure_from, stop_at) for _ in range(concurrency)))
     latencies = sorted(latency for user in per_user for latency in user)
-    cuts = statistics.quantiles(latencies, n=100)
-    return Figures(
-        "HTTP",
-        *setting,
-        concurrency,
-        len(latencies) / seconds,
-        ms_per_step(await server_cpu, len(latencies)),
-        cuts[49] * 1e3,
-        cuts[98] * 1e3,
-        ms_per_step(await client_cpu, len(latencies)),
-        ms_per_step(await front_cpu, len(latencies)),
-        ms_per_step(await store_cpu, len(latencies)),
+    steps = len(latencies)
+    return Figures.from_window(
+        latencies,
+        seconds,
+        await server_cpu,
+        await client_cpu,
+        mode="HTTP",
+        env_workers=setting[0],
+        store=setting[1],
+        concurrency=concurrency,
+        server_process_cpu_ms_per_step=ms_per_step(await front_cpu, steps),
+        store_cpu_ms_per_step=ms_per_step(await store_cpu, steps),
     )
 
 
@@ -157,11 +155,9 @@ def markdown(rows: list[Figures], floor: float) -> str:
     def ms(value: float | None, digits: int = 1) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 
-    lines = [
-        "| mode | env workers | session store | concurrency | steps/s | % of floor | p50 ms | p99 ms "
-        "| CPU ms/step | of which server process | client CPU ms/step | Redis CPU ms/step |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    columns = ["mode", "env workers", "session store", "concurrency", "steps/s", "% of floor", "p50 ms"]
+    columns += ["p99 ms", "CPU ms/step", "of which server process", "client CPU ms/step", "Redis CPU ms/step"]
+    lines = [markdown_header(*columns, text=("mode", "session store"))]
     for r in rows:
         workers = "-" if r.env_workers is None else r.env_workers
         cells = [

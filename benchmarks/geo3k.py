@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 
 from benchmarks.env_server import Figures, markdown, over_http, serving
 from benchmarks.episodes import Task, tasks
-from benchmarks.harness import add_load_arguments, benchmark_parser, process_tree_cpu_s
+from benchmarks.harness import add_load_arguments, benchmark_parser, markdown_header, process_tree_cpu_s
 from clients.http import AsyncEnvClient
 from clients.images import encode_image
 from services.geo3k import Geo3kEnv
@@ -52,8 +52,9 @@ def grading_latency(all_tasks: list[Task]) -> list[str]:
         pool.close()
     timeouts = sum(verdict is Verdict.TIMEOUT for verdict, _ in through)
     rows = [
-        "| grading | answers | p50 ms | p99 ms | mean ms | max ms | timeouts |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        markdown_header(
+            "grading", "answers", "p50 ms", "p99 ms", "mean ms", "max ms", "timeouts", text=("grading",)
+        )
     ]
     for name, results, counted in (("grading process", through, timeouts), ("in process", direct, 0)):
         ms = sorted(1e3 * seconds for _, seconds in results)
@@ -90,7 +91,9 @@ def in_process(all_tasks: list[Task], seconds: float) -> Figures:
                 break
     cpu_ended = process_tree_cpu_s(os.getpid())
     cpu_ms = None if cpu_started is None or cpu_ended is None else 1e3 * (cpu_ended - cpu_started) / steps
-    return Figures("in-process", None, None, 1, steps / (time.perf_counter() - started), cpu_ms)
+    return Figures(
+        mode="in-process", steps_per_s=steps / (time.perf_counter() - started), cpu_ms_per_step=cpu_ms
+    )
 
 
 async def geo3k_user(

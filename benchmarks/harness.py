@@ -1,5 +1,5 @@
-"""What the benchmarks share: their command line, the env server they measure against, and the CPU time
-of a process read from /proc."""
+"""What the benchmarks share: their command line, the env server they measure against, the CPU time of a
+process read from /proc, and the markdown tables they print."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ import argparse
 import asyncio
 import contextlib
 import os
+import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from devtools.model_shapes import REAL_SHAPES
 from devtools.servers import running_process, vistarl_cmd
@@ -33,14 +35,74 @@ def add_shape_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_window_arguments(
+    parser: argparse.ArgumentParser,
+    seconds: float,
+    warmup_s: float,
+    seconds_help: str = "Measured seconds per row.",
+    warmup_help: str = "Unmeasured seconds of load first.",
+) -> None:
+    """`--seconds` and `--warmup`: the measured window of each row and the unmeasured load before it."""
+    parser.add_argument("--seconds", type=float, default=seconds, help=seconds_help)
+    parser.add_argument("--warmup", type=float, default=warmup_s, help=warmup_help)
+
+
 def add_load_arguments(
     parser: argparse.ArgumentParser, concurrency: list[int], warmup_s: float, warmup_help: str
 ) -> None:
     """`--seconds`, `--warmup` and `--concurrency`: the measured window of each row of a load benchmark,
     the unmeasured time before it, and the episodes run at once (one row each)."""
-    parser.add_argument("--seconds", type=float, default=10.0, help="Measured seconds per row.")
-    parser.add_argument("--warmup", type=float, default=warmup_s, help=warmup_help)
+    add_window_arguments(parser, 10.0, warmup_s, warmup_help=warmup_help)
     parser.add_argument("--concurrency", type=int, nargs="+", default=concurrency)
+
+
+def markdown_header(*columns: str, text: Sequence[str] = ()) -> str:
+    """A markdown table's header row and rule: the columns named in `text` aligned left, figures right."""
+    rule = "".join("|---" if column in text else "|---:" for column in columns)
+    return "| " + " | ".join(columns) + " |\n" + rule + "|"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadFigures:
+    """What a load benchmark measures of a row: steps/s, the server's CPU and the client's per step, and
+    the step latency's median and 99th percentile."""
+
+    steps_per_s: float
+    cpu_ms_per_step: float | None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    client_cpu_ms_per_step: float | None = None
+
+    @classmethod
+    def from_window(
+        cls: type[FiguresT],
+        latencies: Sequence[float],
+        seconds: float,
+        server_cpu_s: float | None,
+        client_cpu_s: float | None,
+        **fields: Any,
+    ) -> FiguresT:
+        """The figures of a measured window of `seconds` whose steps took `latencies` (seconds each), with
+        the CPU seconds the server and the client used in it; `fields` are the row's own."""
+        p50_ms, p99_ms = latency_percentiles_ms(latencies)
+        steps = len(latencies)
+        return cls(
+            steps_per_s=steps / seconds,
+            cpu_ms_per_step=ms_per_step(server_cpu_s, steps),
+            p50_ms=p50_ms,
+            p99_ms=p99_ms,
+            client_cpu_ms_per_step=ms_per_step(client_cpu_s, steps),
+            **fields,
+        )
+
+
+FiguresT = TypeVar("FiguresT", bound=LoadFigures)
+
+
+def latency_percentiles_ms(latencies: Sequence[float]) -> tuple[float, float]:
+    """The median and 99th percentile of step latencies given in seconds, in milliseconds."""
+    cuts = statistics.quantiles(latencies, n=100)
+    return cuts[49] * 1e3, cuts[98] * 1e3
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ import contextlib
 import itertools
 import json
 import os
-import statistics
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -26,26 +25,28 @@ from typing import Any
 import aiohttp
 
 from benchmarks.episodes import Episodes
-from benchmarks.harness import ServedEnv, cpu_between, ms_per_step, process_cpu_s, process_tree_cpu_s
+from benchmarks.harness import (
+    LoadFigures,
+    ServedEnv,
+    cpu_between,
+    ms_per_step,
+    process_cpu_s,
+    process_tree_cpu_s,
+)
 
 UserRun = Callable[[Iterator[int], float, float], Awaitable[list[float]]]
 """A virtual user: plays the episodes numbered by the iterator until the stop instant; returns its step
 latencies after the warm-up."""
 
 
-@dataclass(frozen=True)
-class Row:
-    """One server (or floor) measured on one env."""
+@dataclass(frozen=True, kw_only=True)
+class Row(LoadFigures):
+    """One server (or floor) measured on one env; `front_cpu_ms_per_step` is its first process's CPU."""
 
     server: str
     env: str
     load: float
-    steps_per_s: float
-    cpu_ms_per_step: float | None
-    p50_ms: float | None = None
-    p99_ms: float | None = None
     front_cpu_ms_per_step: float | None = None
-    client_cpu_ms_per_step: float | None = None
 
 
 async def measure(
@@ -64,18 +65,15 @@ async def measure(
     if len(latencies) < 2:
         raise RuntimeError(f"{server} answered {len(latencies)} steps of {env} in {seconds} s; run longer")
 
-    cuts = statistics.quantiles(latencies, n=100)
-    steps = len(latencies)
-    return Row(
-        server,
-        env,
-        load,
-        steps / seconds,
-        ms_per_step(await tree_cpu, steps),
-        cuts[49] * 1e3,
-        cuts[98] * 1e3,
-        ms_per_step(await front_cpu, steps),
-        ms_per_step(await client_cpu, steps),
+    return Row.from_window(
+        latencies,
+        seconds,
+        await tree_cpu,
+        await client_cpu,
+        server=server,
+        env=env,
+        load=load,
+        front_cpu_ms_per_step=ms_per_step(await front_cpu, len(latencies)),
     )
 
 

@@ -25,7 +25,14 @@ from typing import Any, BinaryIO
 import msgpack
 
 from benchmarks.episodes import EPISODES, Episodes
-from benchmarks.harness import benchmark_parser, minor_faults, ms_per_step, process_tree_cpu_s
+from benchmarks.harness import (
+    add_window_arguments,
+    benchmark_parser,
+    markdown_header,
+    minor_faults,
+    ms_per_step,
+    process_tree_cpu_s,
+)
 
 DEFAULTS_WORKER = (
     "import services.server.env_worker as worker; worker.keep_freed_memory = lambda: False; worker.main()"
@@ -153,12 +160,11 @@ def measure(env: str, thresholds: str, command: list[str], args: Any) -> Figures
 def main() -> None:
     parser = benchmark_parser(__doc__)
     parser.add_argument("--envs", nargs="+", default=["sokoban"], choices=sorted(EPISODES))
-    parser.add_argument("--seconds", type=float, default=8.0)
-    parser.add_argument("--warmup", type=float, default=3.0)
+    add_window_arguments(parser, 8.0, 3.0, seconds_help="Measured seconds per worker.")
     parser.add_argument("--sessions", type=int, default=32)
     args = parser.parse_args()
-    print("| env | malloc thresholds | steps/s | worker CPU ms/step | minor page faults/step |")
-    print("|---|---|---:|---:|---:|")
+    columns = ["env", "malloc thresholds", "steps/s", "worker CPU ms/step", "minor page faults/step"]
+    print(markdown_header(*columns, text=("env", "malloc thresholds")))
     for env in args.envs:
         for thresholds, program in (("glibc's defaults", ["-c", DEFAULTS_WORKER]), ("fixed", SHIPPED_WORKER)):
             figures = measure(env, thresholds, [sys.executable, *program, f"services.{env}"], args)

@@ -36,7 +36,7 @@ import httptools
 import uvloop
 
 from benchmarks.episodes import Episodes
-from benchmarks.harness import ServedEnv, benchmark_parser, served_env
+from benchmarks.harness import ServedEnv, add_window_arguments, benchmark_parser, markdown_header, served_env
 from benchmarks.lean_load import Row, measure_vistarl
 from benchmarks.server_profile import env_alone
 from devtools.servers import running_process
@@ -165,18 +165,14 @@ def _ms(value: float | None) -> str:
 def main() -> None:
     parser = benchmark_parser(__doc__)
     parser.add_argument("--paces", type=float, nargs="+", default=[410.0, 83.0], help="Steps per second.")
-    parser.add_argument("--seconds", type=float, default=8.0, help="Measured seconds per server.")
-    parser.add_argument("--warmup", type=float, default=3.0, help="Unmeasured seconds of load first.")
+    add_window_arguments(parser, 8.0, 3.0, seconds_help="Measured seconds per server.")
     parser.add_argument("--bare", nargs=2, metavar=("PORT", "DELAY_S"), help="Serve `bare_protocol` only.")
     args = parser.parse_args()
     if args.bare:
         bare_protocol(int(args.bare[0]), float(args.bare[1]))
         return
-    print(
-        "| pace, steps/s | server | steps/s | CPU ms/step | first process | env alone | overhead ms/step "
-        "| overhead ms/request |"
-    )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    columns = ["pace, steps/s", "server", "steps/s", "CPU ms/step", "first process", "env alone"]
+    print(markdown_header(*columns, "overhead ms/step", "overhead ms/request", text=("server",)))
     for pace in args.paces:
         for line in pace_rows(pace, args.seconds, args.warmup):
             print(line, flush=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-from benchmarks.harness import benchmark_parser
+from benchmarks.harness import benchmark_parser, markdown_header
 from clients.images import pillow_png, png_bytes
 from services.env_api import load_env_factory
 
@@ -76,8 +76,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
-    print("| env | images | writer | CPU ms/image | mean bytes |")
-    print("|---|---:|---|---:|---:|")
+    print(markdown_header("env", "images", "writer", "CPU ms/image", "mean bytes", text=("env", "writer")))
     for env in args.envs:
         images = frames(env, args.episodes)
         if not same_pixels(images):

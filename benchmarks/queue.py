@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import redis
 
-from benchmarks.harness import benchmark_parser
+from benchmarks.harness import benchmark_parser, markdown_header
 from devtools.servers import redis_server, running_process, vistarl_cmd
 from serving.launch import free_port
 from trainer.queue.base import EpisodeQueue
@@ -152,8 +152,7 @@ def main() -> None:
     columns = ["worker processes", "episodes/s", "p50 ms (saturated)", "p99 ms (saturated)"]
     columns += [f"p50 ms ({paced_at})", f"p99 ms ({paced_at})"]
     columns += ["CPU µs/episode: workers", "redis", "trainer side"]
-    print("| " + " | ".join(columns) + " |")
-    print("|---" * len(columns) + "|")
+    print(markdown_header(*columns))
     with redis_server() as redis_url:
         for count in (int(n) for n in args.workers.split(",")):
             namespace = f"bench-{uuid.uuid4().hex[:8]}"

@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.harness import benchmark_parser, process_cpu_s, served_env
+from benchmarks.harness import benchmark_parser, markdown_header, process_cpu_s, served_env
 from devtools.tiny_checkpoint import write_tiny_checkpoint
 from trainer.config import RolloutConfig
 from trainer.rollout.engines.base import GenerateRequest
@@ -132,12 +132,9 @@ def _cpu(pid: int | None) -> float | None:
 
 def markdown(rows: list[Figures]) -> str:
     """The figures as a markdown table."""
-    split = " | ".join(f"{name} ms" for name in (*SPLIT, "rest"))
-    lines = [
-        "| env | concurrency | episodes | turns | wall ms/turn | loop CPU ms/turn | loop CPU ms/turn/image "
-        f"| server CPU ms/turn | {split} | statuses |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(SPLIT) + 1) + "---|",
-    ]
+    columns = ["env", "concurrency", "episodes", "turns", "wall ms/turn", "loop CPU ms/turn"]
+    columns += ["loop CPU ms/turn/image", "server CPU ms/turn", *(f"{name} ms" for name in (*SPLIT, "rest"))]
+    lines = [markdown_header(*columns, "statuses", text=("env", "statuses"))]
     for r in rows:
         server = "-" if r.server_cpu_ms is None else f"{r.server_cpu_ms:.2f}"
         cells = [

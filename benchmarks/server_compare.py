@@ -25,7 +25,7 @@ import sys
 from collections.abc import Iterator
 
 from benchmarks.episodes import EPISODES, Episodes
-from benchmarks.harness import served_env
+from benchmarks.harness import markdown_header, served_env
 from benchmarks.lean_load import Row, measure, measure_vistarl, openenv_user
 from benchmarks.server_profile import breakdown, sampled
 from devtools.servers import running_process
@@ -93,10 +93,9 @@ def _ms(value: float | None, digits: int = 2) -> str:
 
 def table(rows: list[Row]) -> str:
     """Every row measured, in order."""
+    columns = ["server", "env", "load avg", "steps/s", "p50 ms", "p99 ms", "server CPU ms/step"]
     lines = [
-        "| server | env | load avg | steps/s | p50 ms | p99 ms | server CPU ms/step | of which first process "
-        "| client CPU ms/step |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        markdown_header(*columns, "of which first process", "client CPU ms/step", text=("server", "env"))
     ]
     for r in rows:
         cells = [r.server, r.env, f"{r.load:.1f}", f"{r.steps_per_s:.0f}", _ms(r.p50_ms, 1), _ms(r.p99_ms, 1)]
@@ -107,11 +106,8 @@ def table(rows: list[Row]) -> str:
 
 def ratios(pairs: list[tuple[Row, Row]]) -> str:
     """Each round's vistarl row against the OpenEnv row measured right after it."""
-    lines = [
-        "| round | vistarl steps/s | OpenEnv steps/s | steps/s ratio | vistarl p99 ms | OpenEnv p99 ms "
-        "| p99 ratio |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    columns = ["round", "vistarl steps/s", "OpenEnv steps/s", "steps/s ratio", "vistarl p99 ms"]
+    lines = [markdown_header(*columns, "OpenEnv p99 ms", "p99 ratio")]
     for index, (ours, theirs) in enumerate(pairs, 1):
         assert ours.p99_ms is not None and theirs.p99_ms is not None
         cells = [str(index), f"{ours.steps_per_s:.0f}", f"{theirs.steps_per_s:.0f}"]

@@ -36,7 +36,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.episodes import EPISODES, Episodes
-from benchmarks.harness import benchmark_parser, ms_per_step, process_tree_cpu_s, served_env
+from benchmarks.harness import (
+    add_window_arguments,
+    benchmark_parser,
+    markdown_header,
+    ms_per_step,
+    process_tree_cpu_s,
+    served_env,
+)
 from benchmarks.lean_load import Row, measure_vistarl
 from services.env_api import EnvFactory, load_env_factory
 from services.server.encoding import observation_to_wire
@@ -173,8 +180,7 @@ def breakdown(profile: Profile) -> str:
         f"{row.p99_ms:.1f} ms, {per_step:.2f} ms of server CPU per step ({first:.2f} in its first process), "
         f"load avg {row.load:.1f}: **overhead {overhead:.3f} ms/step** sampled{beyond}",
         "",
-        "| part | share of samples | CPU ms/step |",
-        "|---|---:|---:|",
+        markdown_header("part", "share of samples", "CPU ms/step", text=("part",)),
     ]
     for name, _ in PARTS:
         share = samples[name] / total
@@ -185,8 +191,7 @@ def breakdown(profile: Profile) -> str:
 def main() -> None:
     parser = benchmark_parser(__doc__)
     parser.add_argument("--envs", nargs="+", choices=sorted(EPISODES), default=["sokoban"])
-    parser.add_argument("--seconds", type=float, default=8.0, help="Seconds sampled.")
-    parser.add_argument("--warmup", type=float, default=3.0, help="Unsampled seconds of load first.")
+    add_window_arguments(parser, 8.0, 3.0, "Seconds sampled.", "Unsampled seconds of load first.")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("flags", nargs="*", help="Flags for `vistarl serve`, after `--`.")
     args = parser.parse_args()

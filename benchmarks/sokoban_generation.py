@@ -20,7 +20,7 @@ import statistics
 import time
 from collections.abc import Iterator
 
-from benchmarks.harness import benchmark_parser
+from benchmarks.harness import benchmark_parser, markdown_header
 from services.sokoban.generator import TOTAL_STATES, GenerationError, generate_level, limits
 
 TIMED = (((6, 6), 1), ((8, 8), 2), ((10, 10), 3), ((10, 10), 4))
@@ -84,13 +84,21 @@ def main() -> None:
     parser.add_argument("--limits", action="store_true", help="also check every edge of the limits")
     parser.add_argument("--limit-seeds", type=int, default=20, help="seeds per edge")
     args = parser.parse_args()
-    print("| grid | boxes | seeds | p50 ms | p99 ms | max ms | CPU p99 ms | median moves |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    columns = ["grid", "boxes", "seeds", "p50 ms", "p99 ms", "max ms", "CPU p99 ms", "median moves"]
+    print(markdown_header(*columns, text=("grid",)))
     for shape, num_boxes in TIMED:
         print(time_config(shape, num_boxes, args.seeds), flush=True)
     if args.limits:
-        print(f"\n| grid | boxes | walls | moves | levels | slowest ms | most states (of {TOTAL_STATES}) |")
-        print("|---|---:|---:|---|---:|---:|---:|")
+        columns = [
+            "grid",
+            "boxes",
+            "walls",
+            "moves",
+            "levels",
+            "slowest ms",
+            f"most states (of {TOTAL_STATES})",
+        ]
+        print("\n" + markdown_header(*columns, text=("grid", "moves")))
         for config in edge_configs():
             print(check_edge(config, args.limit_seeds), flush=True)
 

@@ -48,7 +48,7 @@ from torch.profiler import record_function
 from transformers import PretrainedConfig, Qwen2_5_VLForConditionalGeneration, Qwen3VLForConditionalGeneration
 
 from benchmarks.gpu_profile import compile_report, profile_step, sync_report
-from benchmarks.harness import add_shape_argument, benchmark_parser
+from benchmarks.harness import add_shape_argument, benchmark_parser, markdown_header
 from devtools.model_shapes import REAL_SHAPES, SHAPES, Arch, qwen_vl_config
 from devtools.tiny_checkpoint import write_tiny_checkpoint
 from serving.launch import free_port
@@ -307,8 +307,7 @@ def print_figures(figures: Figures) -> None:
         f"N={figures.params_counted / 1e9:.3f}B attention={figures.attention} compiled={figures.compiled} "
         f"first loss={figures.first_loss:.6f} first grad norm={figures.first_grad_norm:.6f}"
     )
-    print("| pass | tokens/s per GPU | MFU |")
-    print("|---|---:|---:|")
+    print(markdown_header("pass", "tokens/s per GPU", "MFU", text=("pass",)))
     print(f"| update (fwd+bwd+AdamW) | {figures.update_tokens_per_s:,.0f} | {figures.update_mfu:.1%} |")
     print(f"| logprob recompute | {figures.recompute_tokens_per_s:,.0f} | {figures.recompute_mfu:.1%} |")
     print(json.dumps(asdict(figures)))

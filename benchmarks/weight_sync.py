@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 from transformers import PretrainedConfig
 
-from benchmarks.harness import add_shape_argument, benchmark_parser
+from benchmarks.harness import add_shape_argument, benchmark_parser, markdown_header
 from benchmarks.train_step import benchmark_config, build_actor, process_group
 from devtools.model_shapes import REAL_SHAPES
 from devtools.servers import running_process, vistarl_cmd
@@ -281,8 +281,11 @@ def _print(figures: Figures) -> None:
         f"model={figures.model} weights={figures.weights_gib:.2f} GiB (bf16) bucket={figures.bucket_mb} MiB "
         f"trainer={figures.trainer_ranks} x {figures.trainer_device} served engine={figures.engine_device}"
     )
-    print("| transport | trainer ranks | gather s | **sync s** (gather + send) |")
-    print("|---|---:|---:|---:|")
+    print(
+        markdown_header(
+            "transport", "trainer ranks", "gather s", "**sync s** (gather + send)", text=("transport",)
+        )
+    )
     for kind, seconds in figures.sync_s.items():
         print(f"| {kind} | {figures.trainer_ranks} | {figures.gather_s:.3f} | **{seconds:.3f}** |")
     if figures.nccl_connect_s is not None:
