@@ -378,39 +378,39 @@ _BUILT_AT_FIRST_USE = ConfigDict(defer_build=True)
 starts without paying for them (docs/benchmarks.md, "Start-up")."""
 
 
-class OpenEnvErrorCode(str, Enum):
-    """OpenEnv's error codes (its `WSErrorCode`), the `code` of an error answer on `/ws`."""
-
-    INVALID_JSON = "INVALID_JSON"
-    UNKNOWN_TYPE = "UNKNOWN_TYPE"
-    VALIDATION_ERROR = "VALIDATION_ERROR"
-    EXECUTION_ERROR = "EXECUTION_ERROR"
-    CAPACITY_REACHED = "CAPACITY_REACHED"
-    FACTORY_ERROR = "FACTORY_ERROR"
-    SESSION_ERROR = "SESSION_ERROR"
+OpenEnvErrorCode = Literal[
+    "INVALID_JSON",
+    "UNKNOWN_TYPE",
+    "VALIDATION_ERROR",
+    "EXECUTION_ERROR",
+    "CAPACITY_REACHED",
+    "FACTORY_ERROR",
+    "SESSION_ERROR",
+]
+"""OpenEnv's error codes (its `WSErrorCode`), the `code` of an error answer on `/ws`."""
 
 
 OPENENV_ERROR_CODES: dict[ErrorCode, OpenEnvErrorCode] = {
-    ErrorCode.BAD_REQUEST: OpenEnvErrorCode.VALIDATION_ERROR,
-    ErrorCode.INVALID_OPTIONS: OpenEnvErrorCode.VALIDATION_ERROR,
-    ErrorCode.VALIDATION_ERROR: OpenEnvErrorCode.VALIDATION_ERROR,
-    ErrorCode.INVALID_IMAGE: OpenEnvErrorCode.VALIDATION_ERROR,
-    ErrorCode.INVALID_SAMPLE: OpenEnvErrorCode.VALIDATION_ERROR,
-    ErrorCode.TASK_NOT_FOUND: OpenEnvErrorCode.VALIDATION_ERROR,
-    ErrorCode.PAYLOAD_TOO_LARGE: OpenEnvErrorCode.VALIDATION_ERROR,
-    ErrorCode.REQUEST_ID_REUSED: OpenEnvErrorCode.VALIDATION_ERROR,
-    ErrorCode.AT_CAPACITY: OpenEnvErrorCode.CAPACITY_REACHED,
-    ErrorCode.DRAINING: OpenEnvErrorCode.CAPACITY_REACHED,
-    ErrorCode.UNAUTHORIZED: OpenEnvErrorCode.SESSION_ERROR,
-    ErrorCode.FORBIDDEN: OpenEnvErrorCode.SESSION_ERROR,
-    ErrorCode.MISDIRECTED: OpenEnvErrorCode.SESSION_ERROR,
-    ErrorCode.NOT_FOUND: OpenEnvErrorCode.SESSION_ERROR,
-    ErrorCode.SESSION_NOT_FOUND: OpenEnvErrorCode.SESSION_ERROR,
-    ErrorCode.SESSION_EXISTS: OpenEnvErrorCode.SESSION_ERROR,
-    ErrorCode.EPISODE_DONE: OpenEnvErrorCode.SESSION_ERROR,
-    ErrorCode.SESSION_BUSY: OpenEnvErrorCode.SESSION_ERROR,
-    ErrorCode.STORE_UNAVAILABLE: OpenEnvErrorCode.SESSION_ERROR,
-    ErrorCode.INTERNAL: OpenEnvErrorCode.EXECUTION_ERROR,
+    ErrorCode.BAD_REQUEST: "VALIDATION_ERROR",
+    ErrorCode.INVALID_OPTIONS: "VALIDATION_ERROR",
+    ErrorCode.VALIDATION_ERROR: "VALIDATION_ERROR",
+    ErrorCode.INVALID_IMAGE: "VALIDATION_ERROR",
+    ErrorCode.INVALID_SAMPLE: "VALIDATION_ERROR",
+    ErrorCode.TASK_NOT_FOUND: "VALIDATION_ERROR",
+    ErrorCode.PAYLOAD_TOO_LARGE: "VALIDATION_ERROR",
+    ErrorCode.REQUEST_ID_REUSED: "VALIDATION_ERROR",
+    ErrorCode.AT_CAPACITY: "CAPACITY_REACHED",
+    ErrorCode.DRAINING: "CAPACITY_REACHED",
+    ErrorCode.UNAUTHORIZED: "SESSION_ERROR",
+    ErrorCode.FORBIDDEN: "SESSION_ERROR",
+    ErrorCode.MISDIRECTED: "SESSION_ERROR",
+    ErrorCode.NOT_FOUND: "SESSION_ERROR",
+    ErrorCode.SESSION_NOT_FOUND: "SESSION_ERROR",
+    ErrorCode.SESSION_EXISTS: "SESSION_ERROR",
+    ErrorCode.EPISODE_DONE: "SESSION_ERROR",
+    ErrorCode.SESSION_BUSY: "SESSION_ERROR",
+    ErrorCode.STORE_UNAVAILABLE: "SESSION_ERROR",
+    ErrorCode.INTERNAL: "EXECUTION_ERROR",
 }
 """The OpenEnv code of each vistarl error code; the error answer carries both (`OpenEnvError`)."""
 

@@ -144,10 +144,10 @@ class OpenEnvSocket:
             errors = exc.errors(include_url=False)
             if any(error["type"] == "json_invalid" for error in errors):
                 return self._error(
-                    OpenEnvErrorCode.INVALID_JSON, ErrorCode.BAD_REQUEST, str(errors[0]["msg"])
+                    "INVALID_JSON", ErrorCode.BAD_REQUEST, str(errors[0]["msg"])
                 )
             return self._error(
-                OpenEnvErrorCode.VALIDATION_ERROR,
+                "VALIDATION_ERROR",
                 ErrorCode.VALIDATION_ERROR,
                 describe_validation_errors(errors),
             )
@@ -158,12 +158,12 @@ class OpenEnvSocket:
         if handler is None:
             known = ", ".join([*handlers, "close"])
             unknown = f"unknown message type {message.type!r}; the types are {known}"
-            return self._error(OpenEnvErrorCode.UNKNOWN_TYPE, ErrorCode.BAD_REQUEST, unknown)
+            return self._error("UNKNOWN_TYPE", ErrorCode.BAD_REQUEST, unknown)
         try:
             return await handler(message.data)
         except ValidationError as exc:
             invalid = describe_validation_errors(exc.errors(include_url=False), prefix="data")
-            return self._error(OpenEnvErrorCode.VALIDATION_ERROR, ErrorCode.VALIDATION_ERROR, invalid)
+            return self._error("VALIDATION_ERROR", ErrorCode.VALIDATION_ERROR, invalid)
         except ServiceError as exc:
             return self._error(OPENENV_ERROR_CODES[exc.code], exc.code, exc.message)
 

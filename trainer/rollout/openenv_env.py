@@ -183,7 +183,7 @@ class OpenEnvHandle:
             reply = OpenEnvReply.model_validate_json(await self._socket.recv())
         if reply.type == "error":
             error = OpenEnvError.model_validate(reply.data)
-            raise EnvError(f"the env answered {kind} with {error.code.value}: {error.message}")
+            raise EnvError(f"the env answered {kind} with {error.code}: {error.message}")
         if reply.type != "observation":
             raise EnvError(f"the env answered {kind} with a {reply.type} answer, not an observation")
         return OpenEnvResult.model_validate(reply.data)
