@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from services.env_api import Env, EnvFactory
+from services.env_api import Env, EnvFactory, checked_create
 from services.sokoban.actions import random_reply
 from services.sokoban.options import SokobanOptions
 from services.sokoban.prompt import ACTION_FORMAT, system_prompt
@@ -51,13 +51,11 @@ def _preload() -> None:
     importlib.import_module("services.sokoban.env")
 
 
-def _create(options: BaseModel, seed: int | None, sample: BaseModel | None) -> Env:
-    """The server's constructor: validated options plus the `/reset` seed (used by generated levels), or a
-    dataset row whose `env_config` the options override."""
+def _new_env(options: SokobanOptions, seed: int | None, sample: SokobanSample | None) -> Env:
+    """A Sokoban env for the options and the `/reset` seed (used by generated levels), or for a dataset
+    row whose `env_config` the options override; the env module is imported here, at first use."""
     from services.sokoban.env import SokobanEnv, build_env
 
-    if not isinstance(options, SokobanOptions):
-        raise TypeError(f"expected SokobanOptions, got {type(options).__name__}")
     if sample is not None:
         return build_env(sample=sample.model_dump(), **options.model_dump(exclude_unset=True))
     return SokobanEnv(options, seed)
@@ -81,12 +79,12 @@ ENV_FACTORY = EnvFactory(
     system_prompt=system_prompt(),
     action_format=ACTION_FORMAT,
     options_model=SokobanOptions,
-    create=_create,
-    restore=_restore,
     sample_model=SokobanSample,
-    random_reply=random_reply,
+    restore=_restore,
+    create=checked_create(_new_env, SokobanOptions, SokobanSample),
     tools=TOOLS,
     tool_call_text=tool_call_text,
+    random_reply=random_reply,
     import_path=__name__,
     preload=_preload,
 )
