@@ -30,6 +30,9 @@ def worker(
     namespace: Annotated[
         str, typer.Option(envvar="VISTARL_NAMESPACE", help="Queue namespace (one per run).")
     ] = "default",
+    consumer: Annotated[
+        str | None, typer.Option(help="Name in the consumer group (default host-pid).")
+    ] = None,
     engine: Annotated[
         str | None,
         typer.Option(
@@ -64,13 +67,10 @@ def worker(
         float, typer.Option(min=0.1, help="Seconds without a heartbeat before a job is reclaimed.")
     ] = 30.0,
     max_attempts: Annotated[int, typer.Option(min=1, help="Attempts before a job is dead-lettered.")] = 3,
-    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port.")] = None,
-    consumer: Annotated[
-        str | None, typer.Option(help="Name in the consumer group (default host-pid).")
-    ] = None,
     shutdown_grace_s: Annotated[
         float, typer.Option(min=0, help="On SIGTERM, seconds running episodes get to finish before release.")
     ] = 30.0,
+    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port.")] = None,
     log_level: Annotated[str, typer.Option(help="Python log level.")] = "INFO",
 ) -> None:
     """Run episodes from the queue and publish their trajectories; SIGTERM drains gracefully."""

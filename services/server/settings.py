@@ -103,12 +103,12 @@ class ServerSettings(BaseSettings):
         "<split>.parquet files or single parquet files (docs/server.md, 'Tasks').",
     )
 
+    api_token: SecretStr | None = Field(
+        default=None, description="Bearer token required on all but /health, /ready and /metrics."
+    )
     cors_origins: list[str] = Field(
         default_factory=list,
         description="Browser origins allowed to call the server (CORS), e.g. https://app.example, or '*'.",
-    )
-    api_token: SecretStr | None = Field(
-        default=None, description="Bearer token required on all but /health, /ready and /metrics."
     )
 
     @field_validator("session_store")

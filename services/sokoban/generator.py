@@ -30,10 +30,6 @@ STATES_PER_CANDIDATE = 100
 TOTAL_STATES = 1_000_000
 
 
-class GenerationError(RuntimeError):
-    """No level fitted the generator's budget: for a config within `limits` this is a bug, not bad input."""
-
-
 @dataclass(frozen=True)
 class GeneratedLevel:
     """A generated level, one of its optimal solutions, and the search states spent to find it."""
@@ -41,6 +37,10 @@ class GeneratedLevel:
     level: Level
     solution: tuple[str, ...]
     states: int
+
+
+class GenerationError(RuntimeError):
+    """No level fitted the generator's budget: for a config within `limits` this is a bug, not bad input."""
 
 
 @dataclass(frozen=True)

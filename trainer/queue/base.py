@@ -74,20 +74,6 @@ class QueueStats(BaseModel):
     workers: int = Field(description="workers alive now: each heartbeats within its lease")
 
 
-class QueueUnavailable(ConnectionError):
-    """The queue's store cannot be reached right now; the operation may be retried."""
-
-
-class QueueFull(TimeoutError):
-    """`enqueue` ran out of time waiting for room under `max_in_flight`."""
-
-    def __init__(self, enqueued: int, total: int, max_in_flight: int, timeout_s: float) -> None:
-        super().__init__(
-            f"enqueued {enqueued} of {total} jobs: still {max_in_flight} in flight after {timeout_s:g} s"
-        )
-        self.enqueued = enqueued
-
-
 @dataclass(frozen=True)
 class StreamKeys:
     """The Redis keys of one namespace; several runs can share one Redis under different namespaces."""
@@ -103,6 +89,20 @@ class StreamKeys:
         """Key names `vistarl:{namespace}:jobs|results|dlq|workers|seen:<episode_id>`."""
         base = f"vistarl:{namespace}"
         return cls(f"{base}:jobs", f"{base}:results", f"{base}:dlq", f"{base}:workers", f"{base}:seen:")
+
+
+class QueueUnavailable(ConnectionError):
+    """The queue's store cannot be reached right now; the operation may be retried."""
+
+
+class QueueFull(TimeoutError):
+    """`enqueue` ran out of time waiting for room under `max_in_flight`."""
+
+    def __init__(self, enqueued: int, total: int, max_in_flight: int, timeout_s: float) -> None:
+        super().__init__(
+            f"enqueued {enqueued} of {total} jobs: still {max_in_flight} in flight after {timeout_s:g} s"
+        )
+        self.enqueued = enqueued
 
 
 def pack(value: Any) -> bytes:
