@@ -21,6 +21,7 @@ import pytest
 import torch
 import uvicorn
 from fastapi import FastAPI
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 from transformers import AutoModelForImageTextToText, PreTrainedModel
 
@@ -315,6 +316,43 @@ async def test_bearer_token_and_body_limit_guard_the_app(loaded: tuple[PreTraine
         big = {"input_ids": [1] * 5000, "sampling_params": {"max_new_tokens": 1}}
         assert (await http.post("/generate", json=big, headers=auth)).status_code == 413
     await local.close()
+
+
+async def test_metrics_count_the_batch_loops_work_without_a_token(
+    loaded: tuple[PreTrainedModel, VLProcessor], processor: VLProcessor
+) -> None:
+    local = HFEngine(*loaded)
+    app = create_app(local, EngineServerSettings(api_token="s3cret"))
+    transport = httpx.ASGITransport(app=app)
+    auth = {"authorization": "Bearer s3cret"}
+    bodies = [
+        {"input_ids": user_turn(processor, "a picture", n_images=1), "image_data": pictures(3, (56, 56))},
+        {"input_ids": user_turn(processor, "plain text")},
+    ]
+    async with httpx.AsyncClient(transport=transport, base_url="http://engine") as http:
+        answers = await asyncio.gather(
+            *(
+                http.post(
+                    "/generate",
+                    json={**body, "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}},
+                    headers=auth,
+                )
+                for body in bodies
+            )
+        )
+        scraped = await http.get("/metrics")
+    await local.close()
+    assert scraped.status_code == 200
+    metas = [answer.json()["meta_info"] for answer in answers]
+    counted = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(scraped.text)
+        for sample in family.samples
+    }
+    assert counted["vistarl_engine_generated_tokens_total"] == sum(m["completion_tokens"] for m in metas) == 6
+    assert counted["vistarl_engine_prompt_tokens_total"] == sum(m["prompt_tokens"] for m in metas)
+    assert counted["vistarl_engine_rows_total"] == 2 and counted["vistarl_engine_prompt_passes_total"] >= 1
+    assert 0 < counted["vistarl_engine_prompt_seconds_total"] <= counted["vistarl_engine_batch_seconds_total"]
 
 
 async def test_make_engine_parses_specs(tiny_qwen25: Path, processor: VLProcessor) -> None:

@@ -3,7 +3,8 @@
 With it the one-machine stack runs over the same HTTP path as production: rollout workers drive it
 through `SGLangEngine` exactly as they drive SGLang. Endpoints: `POST /generate`, `GET /health`,
 `GET /health_generate`, `GET /model_info`, `POST /update_weights_from_disk`, `POST /flush_cache`,
-`POST /abort_request`, `POST /pause_generation`, `POST /continue_generation`, and SGLang's NCCL weight
+`POST /abort_request`, `POST /pause_generation`, `POST /continue_generation`, `GET /metrics` (the batch
+loop's counters, `EngineStats`, and the error answers, in Prometheus' format), and SGLang's NCCL weight
 update, `POST /init_weights_update_group` and `POST /update_weights_from_distributed`
 (`trainer.weights.receiver`: each bucket straight into the parameters; gloo on CPU). Bodies and answers
 are the shared models of `trainer.rollout.engines.sglang_api`; like SGLang 0.5.23, an invalid body (an
@@ -24,12 +25,14 @@ import asyncio
 import contextlib
 import functools
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Literal
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -59,7 +62,7 @@ from trainer.rollout.engines.sglang_api import (
 )
 from trainer.weights.receiver import WeightReceiver
 
-OPEN_PATHS = frozenset({"/health", "/health_generate"})
+OPEN_PATHS = frozenset({"/health", "/health_generate", "/metrics"})
 STARTING_VERSION = "default"
 """The weight version an awaiting server reports before its first update: SGLang's name for the weights a
 server starts with, so a restarted `vistarl engine serve` and a restarted SGLang look alike."""
@@ -85,6 +88,7 @@ def create_app(engine: HFEngine, settings: EngineServerSettings | None = None) -
     """A FastAPI app serving `engine`; the engine is closed when the app shuts down."""
     settings = settings or EngineServerSettings()
     metrics = ServingMetrics("vistarl_engine")
+    metrics.registry.register(EngineCollector(engine))
     receiver = WeightReceiver(engine.model.config.model_type)
     awaiting = settings.await_weights
 
@@ -146,6 +150,12 @@ def create_app(engine: HFEngine, settings: EngineServerSettings | None = None) -
     async def health_generate() -> Response:
         """Readiness: 200 when a one-token generation succeeds, else 503."""
         return Response(status_code=200 if await engine.health() else 503)
+
+    @app.get("/metrics")
+    async def get_metrics() -> Response:
+        """Prometheus text exposition of the batch loop's counters and the error answers; never needs a
+        token."""
+        return Response(metrics.render(), media_type=metrics.content_type)
 
     @app.get("/model_info")
     async def model_info() -> ModelInfo:
@@ -220,6 +230,36 @@ def create_app(engine: HFEngine, settings: EngineServerSettings | None = None) -
         return Response(status_code=200)
 
     return app
+
+
+class EngineCollector(Collector):
+    """The engine's `EngineStats`, read at each scrape: where the batch loop's time goes (prompt passes
+    against the batches' whole time) and how full its batches run."""
+
+    def __init__(self, engine: HFEngine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.engine.stats
+        counters = (
+            ("batches", "Batches decoded.", stats.batches),
+            ("rows", "Requests taken into batches, joining ones included.", stats.rows),
+            ("joins", "Prompt passes that added requests to a running batch.", stats.joins),
+            ("prompt_passes", "Prompt passes.", stats.prompt_passes),
+            (
+                "prompt_tokens",
+                "Prompt tokens through the prompt passes, image pads expanded.",
+                stats.prompt_tokens,
+            ),
+            ("prompt_seconds", "Seconds in prompt passes, their first tokens read.", stats.prompt_s),
+            ("batch_seconds", "Seconds of the batches, their prompt passes included.", stats.batch_s),
+            ("generated_tokens", "Tokens generated.", stats.generated_tokens),
+        )
+        for name, documentation, value in counters:
+            yield CounterMetricFamily(f"vistarl_engine_{name}", documentation, value=value)
+        yield GaugeMetricFamily(
+            "vistarl_engine_largest_batch", "The most rows a batch held.", stats.largest_batch
+        )
 
 
 def _engine_request(engine: HFEngine, body: GenerateBody) -> GenerateRequest:

@@ -56,13 +56,32 @@ class Job:
 
 
 Finish = Callable[[Job, FinishReason], None]
+
+
+@dataclass
+class EngineStats:
+    """Counters of the batching loop: how many batches ran, how full they were, and where their time went
+    (wall seconds on the model thread; a prompt pass's include reading its first tokens). Served at the
+    engine server's `/metrics`."""
+
+    batches: int = 0
+    rows: int = 0
+    largest_batch: int = 0
+    static_batches: int = 0  # batches decoded from the static KV cache (always on a GPU)
+    joins: int = 0  # prompt passes that added queued requests to a running batch
+    prompt_passes: int = 0
+    prompt_tokens: int = 0  # through the prompt passes, each image's pads expanded
+    prompt_s: float = 0.0
+    batch_s: float = 0.0  # the batches' whole time, their prompt passes included
+    generated_tokens: int = 0
 """How the batch hands a finished job over: with its reason, to the caller's event loop."""
 
 
 @dataclass
 class BatchRun:
     """The batch loop's collaborators: the model, the prompt pass's attention, how joining jobs are taken
-    (`admit`, given the rows running), whether the engine closed, and how finished jobs are handed over."""
+    (`admit`, given the rows running), whether the engine closed, how finished jobs are handed over, and the
+    engine's counters."""
 
     model: PreTrainedModel
     processor: VLProcessor
@@ -70,6 +89,7 @@ class BatchRun:
     admit: Callable[[int], list[Job]]
     closed: Callable[[], bool]
     finish: Finish
+    stats: EngineStats
 
     def run(self, jobs: list[Job], rows: DecodeRows) -> None:
         """Decode `jobs` and every job that joins them while some are running, until none is left or the
@@ -79,6 +99,7 @@ class BatchRun:
         live: list[Job] = []
         launched: tuple[list[Job], Step] | None = None
         joining = jobs
+        started = time.perf_counter()
         try:
             while not self.closed():
                 if joining:
@@ -87,7 +108,7 @@ class BatchRun:
                         live = self._settle(live, *launched)
                         launched = None
                     rows.keep(live)  # the rows that finished make room for those that join
-                    live += self._prefill(joining, rows)
+                    live += self._timed_prefill(joining, rows)
                 if not live:
                     return
                 step = (live, rows.launch(live))
@@ -104,6 +125,7 @@ class BatchRun:
                     self._hand_over(job, FinishReason(type="abort", message=f"generation failed: {exc!r}"))
         finally:
             rows.close()
+            self.stats.batch_s += time.perf_counter() - started
 
     def _settle(self, live: list[Job], jobs: list[Job], step: Step) -> list[Job]:
         """Read `step` (launched for `jobs`), and the jobs of `live` that go on."""
@@ -118,6 +140,7 @@ class BatchRun:
                 continue
             job.output_ids.append(token)
             job.logprobs.append(logprob)
+            self.stats.generated_tokens += 1
             reason = self._finish_reason(job)
             if reason is None and job.abort_message is not None:
                 reason = FinishReason(type="abort", message=job.abort_message)
@@ -144,6 +167,15 @@ class BatchRun:
                 if stop in text:
                     return FinishReason(type="stop", matched=stop)
         return None
+
+    def _timed_prefill(self, jobs: list[Job], rows: DecodeRows) -> list[Job]:
+        """`_prefill`, counted in `stats`."""
+        started = time.perf_counter()
+        going = self._prefill(jobs, rows)
+        self.stats.prompt_passes += 1
+        self.stats.prompt_tokens += sum(len(job.prompt.input_ids) for job in jobs)
+        self.stats.prompt_s += time.perf_counter() - started
+        return going
 
     @torch.inference_mode()
     def _prefill(self, jobs: list[Job], rows: DecodeRows) -> list[Job]:

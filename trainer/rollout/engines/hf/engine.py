@@ -31,7 +31,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -40,7 +39,7 @@ from transformers import PreTrainedModel
 
 from trainer.modeling.attention import SEQUENCE_SDPA_ATTENTION, VARLEN_ATTENTION, use_attention
 from trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
-from trainer.rollout.engines.hf.batch import BatchRun, Job
+from trainer.rollout.engines.hf.batch import BatchRun, EngineStats, Job
 from trainer.rollout.engines.hf.loading import eos_ids, load_model, static_decoder
 from trainer.rollout.engines.hf.prompts import PromptRules
 from trainer.rollout.engines.hf.rows import DecodeRows, DynamicRows
@@ -55,17 +54,6 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_BATCH_SIZE = 8
 DEFAULT_MAX_BATCH_WAIT_S = 0.1
 HEALTH_TIMEOUT_S = 30.0
-
-
-@dataclass
-class EngineStats:
-    """Counters of the batching loop: how many batches ran and how full they were."""
-
-    batches: int = 0
-    rows: int = 0
-    largest_batch: int = 0
-    static_batches: int = 0  # batches decoded from the static KV cache (always on a GPU)
-    joins: int = 0  # prompt passes that added queued requests to a running batch
 
 
 class HFEngine:
@@ -370,6 +358,7 @@ class HFEngine:
             admit=functools.partial(self._admit, static=static),
             closed=lambda: self._closed,
             finish=functools.partial(self._hand_over, loop, self._weight_version),
+            stats=self.stats,
         )
         await loop.run_in_executor(self._executor, run.run, jobs, rows)
 
