@@ -30,8 +30,10 @@ async def results(engine: HFEngine, requests: list[GenerateRequest]) -> list[Gen
     return list(await asyncio.gather(*(engine.generate(request) for request in requests)))
 
 
+@torch.no_grad()
 def judged(engine: HFEngine, request: GenerateRequest, result: GenerateResult) -> float:
-    """The largest |engine - trainer| logprob over `result`'s tokens."""
+    """The largest |engine - trainer| logprob over `result`'s tokens (the trainer's pass, without its
+    autograd graph)."""
     processor = engine.processor
     grids = [processor.image_grid(image) for image in request.images]
     prompt = processor.expand_image_pads(request.engine_ids, grids)

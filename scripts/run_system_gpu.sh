@@ -13,8 +13,11 @@
 #   sokoban        configs/sokoban.yaml on qwen3_vl_2b: 4 x 4 episodes of up to 8 turns, as configured
 #   sokoban-async  the same with rollout.async_mode and rollout.max_staleness=1
 #   vsi            configs/vsi.yaml on qwen2_5_vl_3b (PPO, critic, GAE): 8 questions a step, 8 turns;
-#                  whole-layer checkpointing and 12k-token micro-batches, as the actor and the critic,
-#                  each 3.75B parameters with fp32 weights, gradients and AdamW state (60 GB), share GPU 0
+#                  whole-layer checkpointing, 6k-token micro-batches and expandable allocator segments,
+#                  as the actor and the critic, each 3.75B parameters with fp32 weights, gradients and
+#                  AdamW state (60 GB), share GPU 0. With 12k-token micro-batches step 1 peaked at
+#                  126.5 GiB and step 2 ran out of memory on an H200 (docs/benchmarks.md); this sizing
+#                  has not run on a GPU yet
 # The two workers run as many episodes at once as a step has (rollout.concurrency), and so the engine
 # batches them all. Every run: no torch.compile (its start-up would take minutes of the six), 20 steps,
 # no evaluation, no checkpoint at the end, 128 new tokens a turn at most, and replies ending at a '.': a
@@ -51,8 +54,9 @@ case "$run" in
         sized=(
             --set rollout.rollout_batch_size=8 --set train.global_batch_size=8 --set rollout.concurrency=4
             --set rollout.max_turns=8 --set env.options.max_turns=8
-            --set model.checkpoint_scope=layer --set train.micro_batch_tokens=12288
+            --set model.checkpoint_scope=layer --set train.micro_batch_tokens=6144
         )
+        export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
         ;;
     *)
         echo "unknown run $run: geo3k, sokoban, sokoban-async or vsi" >&2
