@@ -318,6 +318,17 @@ async def test_bearer_token_and_body_limit_guard_the_app(loaded: tuple[PreTraine
     await local.close()
 
 
+async def scrape(http: httpx.AsyncClient) -> dict[str, float]:
+    """`GET /metrics` without a token, as each sample's name and value."""
+    scraped = await http.get("/metrics")
+    assert scraped.status_code == 200
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(scraped.text)
+        for sample in family.samples
+    }
+
+
 async def test_metrics_count_the_batch_loops_work_without_a_token(
     loaded: tuple[PreTrainedModel, VLProcessor], processor: VLProcessor
 ) -> None:
@@ -340,15 +351,13 @@ async def test_metrics_count_the_batch_loops_work_without_a_token(
                 for body in bodies
             )
         )
-        scraped = await http.get("/metrics")
+        counted = await scrape(http)
+        deadline = time.monotonic() + 10  # a batch's seconds are counted once it ends, after its answers
+        while counted["vistarl_engine_batch_seconds_total"] == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            counted = await scrape(http)
     await local.close()
-    assert scraped.status_code == 200
     metas = [answer.json()["meta_info"] for answer in answers]
-    counted = {
-        sample.name: sample.value
-        for family in text_string_to_metric_families(scraped.text)
-        for sample in family.samples
-    }
     assert counted["vistarl_engine_generated_tokens_total"] == sum(m["completion_tokens"] for m in metas) == 6
     assert counted["vistarl_engine_prompt_tokens_total"] == sum(m["prompt_tokens"] for m in metas)
     assert counted["vistarl_engine_rows_total"] == 2 and counted["vistarl_engine_prompt_passes_total"] >= 1

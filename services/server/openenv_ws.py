@@ -143,9 +143,7 @@ class OpenEnvSocket:
         except ValidationError as exc:
             errors = exc.errors(include_url=False)
             if any(error["type"] == "json_invalid" for error in errors):
-                return self._error(
-                    "INVALID_JSON", ErrorCode.BAD_REQUEST, str(errors[0]["msg"])
-                )
+                return self._error("INVALID_JSON", ErrorCode.BAD_REQUEST, str(errors[0]["msg"]))
             return self._error(
                 "VALIDATION_ERROR",
                 ErrorCode.VALIDATION_ERROR,
