@@ -56,6 +56,7 @@ class Job:
 
 
 Finish = Callable[[Job, FinishReason], None]
+"""How the batch hands a finished job over: with its reason, to the caller's event loop."""
 
 
 @dataclass
@@ -74,9 +75,6 @@ class EngineStats:
     prompt_s: float = 0.0
     batch_s: float = 0.0  # the batches' whole time, their prompt passes included
     generated_tokens: int = 0
-
-
-"""How the batch hands a finished job over: with its reason, to the caller's event loop."""
 
 
 @dataclass
