@@ -7,13 +7,12 @@ their metric names colliding in the global registry.
 from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from starlette.responses import Response
 
 
 class ServingMetrics:
     """A registry of one server's own, with `errors`: the error answers by code, named `<prefix>_errors`.
     Servers add their own metrics to `registry`."""
-
-    content_type = CONTENT_TYPE_LATEST
 
     def __init__(self, prefix: str) -> None:
         self.registry = CollectorRegistry()
@@ -21,6 +20,6 @@ class ServingMetrics:
             f"{prefix}_errors", "Error answers, by error code.", ["code"], registry=self.registry
         )
 
-    def render(self) -> bytes:
-        """The registry in the Prometheus text format."""
-        return generate_latest(self.registry)
+    def response(self) -> Response:
+        """The answer of a `GET /metrics`: the registry in the Prometheus text format."""
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)

@@ -128,7 +128,7 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
     @app.get("/metrics", response_class=Response, responses=METRICS_RESPONSES)
     async def get_metrics() -> Response:
         """Prometheus text exposition of this server's registry; never needs a token."""
-        return Response(metrics.render(), media_type=metrics.content_type)
+        return metrics.response()
 
     @app.get("/health", responses=errors())
     async def health() -> HealthResponse:

@@ -155,7 +155,7 @@ def create_app(engine: HFEngine, settings: EngineServerSettings | None = None) -
     async def get_metrics() -> Response:
         """Prometheus text exposition of the batch loop's counters and the error answers; never needs a
         token."""
-        return Response(metrics.render(), media_type=metrics.content_type)
+        return metrics.response()
 
     @app.get("/model_info")
     async def model_info() -> ModelInfo:
