@@ -30,7 +30,13 @@ from collections.abc import Callable, Iterator
 
 from benchmarks.env_server import Figures, markdown, over_http, serving
 from benchmarks.episodes import Task, tasks
-from benchmarks.harness import add_load_arguments, benchmark_parser, markdown_header, process_tree_cpu_s
+from benchmarks.harness import (
+    add_load_arguments,
+    benchmark_parser,
+    latency_percentiles_ms,
+    markdown_header,
+    process_tree_cpu_s,
+)
 from clients.http import AsyncEnvClient
 from clients.images import encode_image
 from services.geo3k import Geo3kEnv
@@ -57,12 +63,19 @@ def grading_latency(all_tasks: list[Task]) -> list[str]:
         )
     ]
     for name, results, counted in (("grading process", through, timeouts), ("in process", direct, 0)):
-        ms = sorted(1e3 * seconds for _, seconds in results)
-        cuts = statistics.quantiles(ms, n=100)
-        rows.append(
-            f"| {name} | {len(ms)} | {cuts[49]:.2f} | {cuts[98]:.2f} | {statistics.fmean(ms):.2f} | "
-            f"{ms[-1]:.1f} | {counted} |"
-        )
+        latencies = [seconds for _, seconds in results]
+        p50_ms, p99_ms = latency_percentiles_ms(latencies)
+        mean_ms, max_ms = 1e3 * statistics.fmean(latencies), 1e3 * max(latencies)
+        cells = [
+            name,
+            len(latencies),
+            f"{p50_ms:.2f}",
+            f"{p99_ms:.2f}",
+            f"{mean_ms:.2f}",
+            f"{max_ms:.1f}",
+            counted,
+        ]
+        rows.append("| " + " | ".join(map(str, cells)) + " |")
     return rows
 
 
