@@ -49,12 +49,9 @@ RUN touch README.md && pip install "setuptools>=77" "./[${EXTRAS}]" && pip unins
 
 COPY README.md ./
 COPY clients ./clients
-COPY serving ./serving
 COPY services ./services
 COPY trainer ./trainer
-COPY cli ./cli
-COPY devtools ./devtools
-COPY launcher ./launcher
+COPY vistarl ./vistarl
 COPY configs ./configs
 RUN pip install --no-deps --no-build-isolation . && rm -rf build
 

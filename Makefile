@@ -26,8 +26,8 @@ DEMO_MODEL := runs/demo-model-tiny
 DEMO_MALLOC := MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=1073741824
 
 demo: install
-	test -d $(DEMO_MODEL) || $(PY) -m cli.main model tiny --shape tiny --out $(DEMO_MODEL)
-	$(DEMO_MALLOC) $(PY) -m cli.main demo learn --config configs/sokoban_demo.yaml
+	test -d $(DEMO_MODEL) || $(PY) -m vistarl.cli.main model tiny --shape tiny --out $(DEMO_MODEL)
+	$(DEMO_MALLOC) $(PY) -m vistarl.cli.main demo learn --config configs/sokoban_demo.yaml
 
 lint: install
 	$(PY) -m ruff check .

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from benchmarks.harness import benchmark_parser
 from benchmarks.paired_eval import outcomes
-from services.sokoban.env import SokobanEnv
-from services.sokoban.options import SokobanOptions
-from trainer.config import ConfigError, load_config
+from vistarl.services.sokoban.env import SokobanEnv
+from vistarl.services.sokoban.options import SokobanOptions
+from vistarl.trainer.config import ConfigError, load_config
 
 MOVES = ("Up", "Down", "Left", "Right")
 

@@ -29,7 +29,7 @@ from benchmarks.harness import (
     process_cpu_s,
     served_env,
 )
-from clients.http import AsyncEnvClient, EnvClient, RetryPolicy
+from vistarl.clients.http import AsyncEnvClient, EnvClient, RetryPolicy
 
 EPISODE_OPTIONS = {"target": 100, "image_size": 1}
 

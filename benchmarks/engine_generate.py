@@ -40,18 +40,18 @@ from pathlib import Path
 import torch
 
 from benchmarks.harness import benchmark_parser
-from devtools.model_shapes import REAL_SHAPES, SHAPES, arch_for
-from devtools.tiny_checkpoint import write_tiny_checkpoint
-from serving.launch import free_port, stop_process, wait_healthy
-from trainer.rollout.engines.base import Engine, GenerateRequest, GenerateResult
-from trainer.rollout.engines.hf import HFEngine
-from trainer.rollout.engines.loading import load_engine, make_engine
-from trainer.rollout.engines.sglang_api import SamplingParams
-from trainer.rollout.engines.spec import EngineSpec
-from trainer.rollout.env_handle import Envs
-from trainer.rollout.job import EpisodeJob
-from trainer.rollout.processor import VLProcessor
-from trainer.rollout.tokenization import TokenTracks, TurnEncoder
+from vistarl.devtools.model_shapes import REAL_SHAPES, SHAPES, arch_for
+from vistarl.devtools.tiny_checkpoint import write_tiny_checkpoint
+from vistarl.serving.launch import free_port, stop_process, wait_healthy
+from vistarl.trainer.rollout.engines.base import Engine, GenerateRequest, GenerateResult
+from vistarl.trainer.rollout.engines.hf import HFEngine
+from vistarl.trainer.rollout.engines.loading import load_engine, make_engine
+from vistarl.trainer.rollout.engines.sglang_api import SamplingParams
+from vistarl.trainer.rollout.engines.spec import EngineSpec
+from vistarl.trainer.rollout.env_handle import Envs
+from vistarl.trainer.rollout.job import EpisodeJob
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.tokenization import TokenTracks, TurnEncoder
 
 TEXT_PROMPT = "<|im_start|>user\nTell me a story.<|im_end|>\n<|im_start|>assistant\n"
 IMAGE_ENVS = ("sokoban", "geo3k")
@@ -225,7 +225,7 @@ def hf_generate(engine: HFEngine, args: argparse.Namespace, floor: Floor | None)
 def served(checkpoint: str, args: argparse.Namespace) -> Iterator[str]:
     """`vistarl engine serve` on `checkpoint` on a free loopback port until the block ends; its URL."""
     port = free_port()
-    command = [sys.executable, "-m", "cli.main", "engine", "serve", "--model", checkpoint]
+    command = [sys.executable, "-m", "vistarl.cli.main", "engine", "serve", "--model", checkpoint]
     command += ["--host", "127.0.0.1", "--port", str(port), "--device", args.device]
     command += ["--max-batch-size", str(args.max_batch_size), "--log-level", "warning"]
     command += ["--cuda-graphs" if args.cuda_graphs else "--no-cuda-graphs"]

@@ -7,7 +7,7 @@ through the engine as it runs by default (the static cache in CUDA graphs on a G
 eager decode over a growing cache (`cuda_graphs=False`, no static cache). Printed: the rows whose ids
 agree in full, the first position where the others part, the largest logprob difference over the tokens
 both paths share before they part, and the largest difference between the fast path's logprobs and the
-trainer's recompute of the same sequences (`trainer.learner.logprobs.sequence_logprobs`: the judge of
+trainer's recompute of the same sequences (`vistarl.trainer.learner.logprobs.sequence_logprobs`: the judge of
 the engine's logprobs), over the first `--judged` rows of each kind. Random weights make near ties
 common, so in bf16 two paths may part at a tie; the trainer's check has no such limit.
 """
@@ -20,10 +20,10 @@ import asyncio
 import torch
 
 from benchmarks.engine_generate import PROMPTS, checkpoint_for, shape_parser
-from trainer.learner.logprobs import sequence_logprobs
-from trainer.rollout.engines.base import GenerateRequest, GenerateResult
-from trainer.rollout.engines.hf import HFEngine
-from trainer.rollout.engines.sglang_api import SamplingParams
+from vistarl.trainer.learner.logprobs import sequence_logprobs
+from vistarl.trainer.rollout.engines.base import GenerateRequest, GenerateResult
+from vistarl.trainer.rollout.engines.hf import HFEngine
+from vistarl.trainer.rollout.engines.sglang_api import SamplingParams
 
 
 async def results(engine: HFEngine, requests: list[GenerateRequest]) -> list[GenerateResult]:

@@ -34,9 +34,9 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from benchmarks.engine_generate import TEXT_PROMPT, checkpoint_for, shape_parser
-from trainer.rollout.engines.base import GenerateRequest
-from trainer.rollout.engines.hf import HFEngine
-from trainer.rollout.engines.sglang_api import SamplingParams
+from vistarl.trainer.rollout.engines.base import GenerateRequest
+from vistarl.trainer.rollout.engines.hf import HFEngine
+from vistarl.trainer.rollout.engines.sglang_api import SamplingParams
 
 DECODE = "decode: text model"
 PREFILL = "prompt pass"

@@ -49,10 +49,10 @@ from benchmarks.harness import (
     served_env,
 )
 from benchmarks.server_compare import compare
-from clients.http import AsyncEnvClient, RetryPolicy
-from clients.images import encode_image
-from devtools.servers import redis_server
-from services.sokoban import SokobanEnv, SokobanOptions
+from vistarl.clients.http import AsyncEnvClient, RetryPolicy
+from vistarl.clients.images import encode_image
+from vistarl.devtools.servers import redis_server
+from vistarl.services.sokoban import SokobanEnv, SokobanOptions
 
 ACTIONS = SOKOBAN_MOVES
 

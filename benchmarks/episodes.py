@@ -16,7 +16,7 @@ from typing import Any
 
 from math_verify import parse
 
-from services.geo3k.generator import generate
+from vistarl.services.geo3k.generator import generate
 
 SOKOBAN_MOVES = tuple(f"<answer>{move}</answer>" for move in ("Up", "Right", "Down", "Left"))
 VSI_TURNS = ("<action>rotate_left</action>", "<action>move_forward</action>", "<answer>2</answer>")

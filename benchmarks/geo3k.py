@@ -37,11 +37,11 @@ from benchmarks.harness import (
     markdown_header,
     process_tree_cpu_s,
 )
-from clients.http import AsyncEnvClient
-from clients.images import encode_image
-from services.geo3k import Geo3kEnv
-from services.geo3k.equivalence import answers_match
-from services.geo3k.grader import GraderPool, Verdict
+from vistarl.clients.http import AsyncEnvClient
+from vistarl.clients.images import encode_image
+from vistarl.services.geo3k import Geo3kEnv
+from vistarl.services.geo3k.equivalence import answers_match
+from vistarl.services.geo3k.grader import GraderPool, Verdict
 
 GRADE_TIMEOUT_S = 5.0
 

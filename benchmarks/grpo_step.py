@@ -44,14 +44,14 @@ from typing import Any
 import torch
 
 from benchmarks.harness import benchmark_parser
-from devtools.model_shapes import SHAPES
-from devtools.tiny_checkpoint import write_tiny_checkpoint
-from trainer.config import TrainConfig, load_config
-from trainer.learner.fsdp import rank_device
-from trainer.rollout.engines.hf import HFEngine
-from trainer.rollout.processor import VLProcessor
-from trainer.run.stack import build_engine
-from trainer.run.train import run_training
+from vistarl.devtools.model_shapes import SHAPES
+from vistarl.devtools.tiny_checkpoint import write_tiny_checkpoint
+from vistarl.trainer.config import TrainConfig, load_config
+from vistarl.trainer.learner.fsdp import rank_device
+from vistarl.trainer.rollout.engines.hf import HFEngine
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.run.stack import build_engine
+from vistarl.trainer.run.train import run_training
 
 PARTS = {
     "rollout": "time/rollout",

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from devtools.model_shapes import REAL_SHAPES
-from devtools.servers import running_process, vistarl_cmd
-from serving.launch import free_port
+from vistarl.devtools.model_shapes import REAL_SHAPES
+from vistarl.devtools.servers import running_process, vistarl_cmd
+from vistarl.serving.launch import free_port
 
 
 def benchmark_parser(doc: str | None) -> argparse.ArgumentParser:

@@ -21,9 +21,9 @@ import httpx
 from fastapi import FastAPI
 
 from benchmarks.harness import benchmark_parser
-from clients.pool import LoopPool
-from devtools.servers import running_process
-from serving.launch import free_port
+from vistarl.clients.pool import LoopPool
+from vistarl.devtools.servers import running_process
+from vistarl.serving.launch import free_port
 
 app = FastAPI()
 _arrivals: list[float] = []

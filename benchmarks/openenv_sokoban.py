@@ -23,8 +23,8 @@ from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, Observation, State
 from pydantic import Field
 
-from services.server.encoding import json_safe, observation_to_wire
-from services.sokoban import SokobanEnv, SokobanOptions
+from vistarl.services.server.encoding import json_safe, observation_to_wire
+from vistarl.services.sokoban import SokobanEnv, SokobanOptions
 
 
 class SokobanAction(Action):

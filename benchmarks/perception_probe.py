@@ -27,18 +27,18 @@ from typing import Any
 import torch
 
 from benchmarks.harness import benchmark_parser
-from cli.sokoban import write_demonstrations
-from services.sokoban.actions import parse_actions
-from services.sokoban.options import SokobanOptions
-from trainer.config import load_config
-from trainer.learner.fsdp import rank_device
-from trainer.learner.imitation import imitate
-from trainer.learner.logprobs import sequence_logprobs
-from trainer.learner.models import Models, load_actor
-from trainer.learner.update import PolicyTrainer
-from trainer.rollout.processor import VLProcessor
-from trainer.rollout.tokenization import TokenTracks, TurnEncoder
-from trainer.sft import load_sft_data
+from vistarl.cli.sokoban import write_demonstrations
+from vistarl.services.sokoban.actions import parse_actions
+from vistarl.services.sokoban.options import SokobanOptions
+from vistarl.trainer.config import load_config
+from vistarl.trainer.learner.fsdp import rank_device
+from vistarl.trainer.learner.imitation import imitate
+from vistarl.trainer.learner.logprobs import sequence_logprobs
+from vistarl.trainer.learner.models import Models, load_actor
+from vistarl.trainer.learner.update import PolicyTrainer
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.tokenization import TokenTracks, TurnEncoder
+from vistarl.trainer.sft import load_sft_data
 
 DIRECTIONS = ("Up", "Down", "Left", "Right")
 ONE_MOVE = {"grid_size": 6, "num_boxes": 1, "cell_size": 14, "max_steps": 20, "max_solution_len": 1}

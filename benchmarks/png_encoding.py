@@ -1,4 +1,4 @@
-"""PNG encoding of the envs' frames: the wire's writer (`clients.images.png_bytes`) against Pillow's.
+"""PNG encoding of the envs' frames: the wire's writer (`vistarl.clients.images.png_bytes`) against Pillow's.
 
     .venv/bin/python -m benchmarks.png_encoding [--envs sokoban geo3k vsi] [--episodes 8] [--repeats 20]
 
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from PIL import Image
 
 from benchmarks.harness import benchmark_parser, markdown_header
-from clients.images import pillow_png, png_bytes
-from services.env_api import load_env_factory
+from vistarl.clients.images import pillow_png, png_bytes
+from vistarl.services.env_api import load_env_factory
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,12 @@ from dataclasses import dataclass
 import redis
 
 from benchmarks.harness import benchmark_parser, markdown_header
-from devtools.servers import redis_server, running_process, vistarl_cmd
-from serving.launch import free_port
-from trainer.queue.base import EpisodeQueue
-from trainer.queue.consumer import ResultConsumer
-from trainer.queue.redis import RedisQueue
-from trainer.rollout.job import EpisodeJob
+from vistarl.devtools.servers import redis_server, running_process, vistarl_cmd
+from vistarl.serving.launch import free_port
+from vistarl.trainer.queue.base import EpisodeQueue
+from vistarl.trainer.queue.consumer import ResultConsumer
+from vistarl.trainer.queue.redis import RedisQueue
+from vistarl.trainer.rollout.job import EpisodeJob
 
 
 @dataclass

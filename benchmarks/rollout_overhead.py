@@ -26,15 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.harness import benchmark_parser, markdown_header, process_cpu_s, served_env
-from devtools.tiny_checkpoint import write_tiny_checkpoint
-from trainer.config import RolloutConfig
-from trainer.rollout.engines.base import GenerateRequest
-from trainer.rollout.engines.scripted import ScriptedEngine
-from trainer.rollout.env_handle import Envs
-from trainer.rollout.job import group_jobs
-from trainer.rollout.processor import VLProcessor
-from trainer.rollout.runner import RolloutRunner, run_jobs
-from trainer.rollout.trajectory import Trajectory
+from vistarl.devtools.tiny_checkpoint import write_tiny_checkpoint
+from vistarl.trainer.config import RolloutConfig
+from vistarl.trainer.rollout.engines.base import GenerateRequest
+from vistarl.trainer.rollout.engines.scripted import ScriptedEngine
+from vistarl.trainer.rollout.env_handle import Envs
+from vistarl.trainer.rollout.job import group_jobs
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.runner import RolloutRunner, run_jobs
+from vistarl.trainer.rollout.trajectory import Trajectory
 
 MOVES = ("<answer>Up</answer>", "<answer>Right</answer>", "<answer>Down</answer>", "<answer>Left</answer>")
 SPLIT = ("env", "tokenize", "generate")

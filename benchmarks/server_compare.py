@@ -28,8 +28,8 @@ from benchmarks.episodes import EPISODES, Episodes
 from benchmarks.harness import markdown_header, served_env
 from benchmarks.lean_load import Row, measure, measure_vistarl, openenv_user
 from benchmarks.server_profile import breakdown, sampled
-from devtools.servers import running_process
-from serving.launch import free_port
+from vistarl.devtools.servers import running_process
+from vistarl.serving.launch import free_port
 
 
 def openenv_installed() -> bool:

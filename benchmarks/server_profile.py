@@ -45,8 +45,8 @@ from benchmarks.harness import (
     served_env,
 )
 from benchmarks.lean_load import Row, measure_vistarl
-from services.env_api import EnvFactory, load_env_factory
-from services.server.encoding import observation_to_wire
+from vistarl.services.env_api import EnvFactory, load_env_factory
+from vistarl.services.server.encoding import observation_to_wire
 
 PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("env: step, reset, render", ("services/sokoban/", "services/geo3k/", "services/vsi/", "math_verify")),

@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 
 from benchmarks.harness import benchmark_parser, markdown_header
-from services.sokoban.generator import TOTAL_STATES, GenerationError, generate_level, limits
+from vistarl.services.sokoban.generator import TOTAL_STATES, GenerationError, generate_level, limits
 
 TIMED = (((6, 6), 1), ((8, 8), 2), ((10, 10), 3), ((10, 10), 4))
 LIMIT_SHAPES = [(side, side) for side in range(5, 11)] + [(5, 10), (10, 5)]

@@ -17,11 +17,11 @@ from typing import Any
 from PIL import Image
 
 from benchmarks.harness import benchmark_parser
-from clients.images import encode_image
-from devtools.tiny_checkpoint import ARCHS, write_tiny_checkpoint
-from trainer.rollout.processor import VLProcessor
-from trainer.rollout.tokenization import TokenTracks, TurnEncoder
-from trainer.rollout.trajectory import Status, Trajectory
+from vistarl.clients.images import encode_image
+from vistarl.devtools.tiny_checkpoint import ARCHS, write_tiny_checkpoint
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.tokenization import TokenTracks, TurnEncoder
+from vistarl.trainer.rollout.trajectory import Status, Trajectory
 
 REPLY = "I see the box left of me, so I push it.\n<answer>Left</answer>"
 FEEDBACK = "Turn {turn}: you moved Left. Reward -0.1. Boxes on target: 1 of 2. Steps left: 12. What next?"

@@ -49,17 +49,17 @@ from transformers import PretrainedConfig, Qwen2_5_VLForConditionalGeneration, Q
 
 from benchmarks.gpu_profile import compile_report, profile_step, sync_report
 from benchmarks.harness import add_shape_argument, benchmark_parser, markdown_header
-from devtools.model_shapes import REAL_SHAPES, SHAPES, Arch, qwen_vl_config
-from devtools.tiny_checkpoint import write_tiny_checkpoint
-from serving.launch import free_port
-from trainer.learner.fsdp import init_distributed, rank_device, set_last_micro_batch, shard_model
-from trainer.learner.logprobs import token_logprobs
-from trainer.learner.models import ActorModel
-from trainer.learner.packing import PackedBatch, SequenceSample, pack_sequences, plan_micro_batches
-from trainer.learner.update import clip_gradients
-from trainer.learner.vision_passes import VisionPasses
-from trainer.modeling.attention import SDPA_ATTENTION, use_attention
-from trainer.rollout.processor import VLProcessor
+from vistarl.devtools.model_shapes import REAL_SHAPES, SHAPES, Arch, qwen_vl_config
+from vistarl.devtools.tiny_checkpoint import write_tiny_checkpoint
+from vistarl.serving.launch import free_port
+from vistarl.trainer.learner.fsdp import init_distributed, rank_device, set_last_micro_batch, shard_model
+from vistarl.trainer.learner.logprobs import token_logprobs
+from vistarl.trainer.learner.models import ActorModel
+from vistarl.trainer.learner.packing import PackedBatch, SequenceSample, pack_sequences, plan_micro_batches
+from vistarl.trainer.learner.update import clip_gradients
+from vistarl.trainer.learner.vision_passes import VisionPasses
+from vistarl.trainer.modeling.attention import SDPA_ATTENTION, use_attention
+from vistarl.trainer.rollout.processor import VLProcessor
 
 TEXT_VOCAB = 150_000
 MODEL_CLASSES = {

@@ -29,10 +29,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from benchmarks.harness import benchmark_parser
-from clients.images import encode_image
-from services.vsi.camera import Pose, start_pose, tour_poses, view_projection
-from services.vsi.render import render_frames, render_ids, scene_vertices
-from services.vsi.scenes import Scene, median_scene
+from vistarl.clients.images import encode_image
+from vistarl.services.vsi.camera import Pose, start_pose, tour_poses, view_projection
+from vistarl.services.vsi.render import render_frames, render_ids, scene_vertices
+from vistarl.services.vsi.scenes import Scene, median_scene
 
 
 @dataclass(frozen=True)

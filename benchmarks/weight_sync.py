@@ -8,8 +8,9 @@ an engine, through the bucketed GPU-direct path the trainer runs after each upda
     .venv/bin/python -m benchmarks.weight_sync --tiny --transports nccl disk in_process   # CPU, gloo
 
 Every rank holds its FSDP2 shards of a randomly initialised actor and runs `WeightSync.push`, as
-`trainer.run.train` does: bucket by bucket (`--bucket-mb`, the config's `sync.bucket_mb`) the shards are cast
-to bf16 and all-gathered on the GPU, and rank 0 sends each bucket on while the next is gathered, by one of
+`vistarl.trainer.run.train` does: bucket by bucket (`--bucket-mb`, the config's `sync.bucket_mb`) the shards
+are cast to bf16 and all-gathered on the GPU, and rank 0 sends each bucket on while the next is gathered, by
+one of
 
 - `nccl`: `DistributedSync`, SGLang's protocol, into `vistarl engine serve` in its own process on
   `--engine-device` (its receiver loads each bucket straight into the parameters); generation paused
@@ -47,20 +48,20 @@ from transformers import PretrainedConfig
 
 from benchmarks.harness import add_shape_argument, benchmark_parser, markdown_header
 from benchmarks.train_step import benchmark_config, build_actor, process_group
-from devtools.model_shapes import REAL_SHAPES
-from devtools.servers import running_process, vistarl_cmd
-from devtools.tiny_checkpoint import write_tiny_checkpoint
-from serving.launch import free_port
-from trainer.learner.fsdp import full_state_dict, rank_device, shard_model
-from trainer.rollout.engines.hf import HFEngine
-from trainer.rollout.engines.sglang import SGLangEngine
-from trainer.weights.buckets import gathered_buckets, pushed_dtype
-from trainer.weights.disk import DiskSync, save_hf_weights
-from trainer.weights.in_process import InProcessSync
-from trainer.weights.names import is_tied
-from trainer.weights.nccl import DistributedSync, DistributedTarget
-from trainer.weights.sync import WeightSync
-from trainer.weights.transport import EngineCalls, Transport
+from vistarl.devtools.model_shapes import REAL_SHAPES
+from vistarl.devtools.servers import running_process, vistarl_cmd
+from vistarl.devtools.tiny_checkpoint import write_tiny_checkpoint
+from vistarl.serving.launch import free_port
+from vistarl.trainer.learner.fsdp import full_state_dict, rank_device, shard_model
+from vistarl.trainer.rollout.engines.hf import HFEngine
+from vistarl.trainer.rollout.engines.sglang import SGLangEngine
+from vistarl.trainer.weights.buckets import gathered_buckets, pushed_dtype
+from vistarl.trainer.weights.disk import DiskSync, save_hf_weights
+from vistarl.trainer.weights.in_process import InProcessSync
+from vistarl.trainer.weights.names import is_tied
+from vistarl.trainer.weights.nccl import DistributedSync, DistributedTarget
+from vistarl.trainer.weights.sync import WeightSync
+from vistarl.trainer.weights.transport import EngineCalls, Transport
 
 TRANSPORTS = ("nccl", "disk", "in_process")
 PUSH_DTYPE = torch.bfloat16
@@ -199,7 +200,8 @@ def _engine_device(args: argparse.Namespace, device: torch.device) -> str:
 
 @contextlib.contextmanager
 def _engine_loop() -> Iterator[EngineCalls]:
-    """An event loop on its own thread for the engines' calls, as `trainer.run.train`'s main loop is."""
+    """An event loop on its own thread for the engines' calls, as `vistarl.trainer.run.train`'s main loop
+    is."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="engines", daemon=True)
     thread.start()

@@ -1,6 +1,6 @@
 """What an external agent installs: the wire protocol, the image codec and the HTTP clients. No torch.
 
-The HTTP clients (`clients.http`, with aiohttp and httpx) are imported on first use, so that a server,
+The HTTP clients (`vistarl.clients.http`, with aiohttp and httpx) are imported on first use, so that a server,
 which needs only the protocol, starts without them.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from clients.errors import (
+from vistarl.clients.errors import (
     AuthError,
     BadRequestError,
     EnvClientError,
@@ -26,10 +26,10 @@ from clients.errors import (
     SessionNotFoundError,
     TaskNotFoundError,
 )
-from clients.images import decode_image, encode_image
+from vistarl.clients.images import decode_image, encode_image
 
 if TYPE_CHECKING:
-    from clients.http import AsyncEnvClient, AsyncEpisode, EnvClient, Episode, RetryPolicy
+    from vistarl.clients.http import AsyncEnvClient, AsyncEpisode, EnvClient, Episode, RetryPolicy
 
 __all__ = [
     "AsyncEnvClient",
@@ -60,7 +60,7 @@ HTTP_CLIENTS = frozenset({"AsyncEnvClient", "AsyncEpisode", "EnvClient", "Episod
 
 
 def __getattr__(name: str) -> Any:
-    """`clients.AsyncEnvClient` and the other names of `clients.http`, imported on first use."""
+    """`clients.AsyncEnvClient` and the other names of `vistarl.clients.http`, imported on first use."""
     if name in HTTP_CLIENTS:
-        return getattr(importlib.import_module("clients.http"), name)
+        return getattr(importlib.import_module("vistarl.clients.http"), name)
     raise AttributeError(f"module 'clients' has no attribute {name!r}")

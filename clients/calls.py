@@ -17,8 +17,8 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from clients.errors import EnvServerError, ProtocolError, error_for_status
-from clients.protocol import (
+from vistarl.clients.errors import EnvServerError, ProtocolError, error_for_status
+from vistarl.clients.protocol import (
     ErrorResponse,
     FormatRequest,
     FormatResponse,

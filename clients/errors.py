@@ -1,6 +1,6 @@
 """Typed exceptions of the client package: one class per kind of failure a caller handles differently.
 
-Server errors carry the server's machine-readable `code` (see `clients.protocol.ErrorCode`), its
+Server errors carry the server's machine-readable `code` (see `vistarl.clients.protocol.ErrorCode`), its
 `message` and the HTTP `status`, so a caller can `except SessionNotFoundError` instead of parsing text.
 """
 

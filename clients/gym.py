@@ -30,9 +30,9 @@ import numpy as np
 from gymnasium import spaces
 from typing_extensions import Unpack
 
-from clients.http import ClientOptions, EnvClient
-from clients.images import decode_image
-from clients.protocol import Observation
+from vistarl.clients.http import ClientOptions, EnvClient
+from vistarl.clients.images import decode_image
+from vistarl.clients.protocol import Observation
 
 __all__ = ["GymEnv", "GymObservation"]
 

@@ -2,10 +2,10 @@
 cheap with hundreds of concurrent requests) and `EnvClient`, its blocking, thread-safe facade (see
 docs/client.md).
 
-Every API call is first described as a `clients.calls.Call` (request, retry safety, decoder) and then
-sent by `AsyncEnvClient._send` in the retry loop that every caller shares (`clients.retry`, which also
+Every API call is first described as a `vistarl.clients.calls.Call` (request, retry safety, decoder) and then
+sent by `AsyncEnvClient._send` in the retry loop that every caller shares (`vistarl.clients.retry`, which also
 decides whether and when to retry). `EnvClient` runs the same coroutines on an event loop of its own
-(`clients.blocking`), so the two clients share every rule and differ only in how the caller waits.
+(`vistarl.clients.blocking`), so the two clients share every rule and differ only in how the caller waits.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import httpx
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from typing_extensions import Unpack
 
-from clients.blocking import blocking, blocking_context, mirrored
-from clients.calls import (
+from vistarl.clients.blocking import blocking, blocking_context, mirrored
+from vistarl.clients.calls import (
     HEALTH_CALL,
     INFO_CALL,
     READY_CALL,
@@ -38,9 +38,9 @@ from clients.calls import (
     reset_call,
     step_call,
 )
-from clients.errors import EnvClientError, EnvConnectionError
-from clients.pool import LoopPool
-from clients.protocol import (
+from vistarl.clients.errors import EnvClientError, EnvConnectionError
+from vistarl.clients.pool import LoopPool
+from vistarl.clients.protocol import (
     HealthResponse,
     InfoResponse,
     Message,
@@ -49,8 +49,8 @@ from clients.protocol import (
     ResetResponse,
     StepResponse,
 )
-from clients.replicas import Replicas
-from clients.retry import (
+from vistarl.clients.replicas import Replicas
+from vistarl.clients.retry import (
     Delivery,
     RetryPolicy,
     attempt_until_final,
@@ -217,7 +217,7 @@ class EpisodeStart(TypedDict, total=False):
 class AsyncEnvClient:
     """An asyncio client for an environment server; `EnvClient` is its blocking facade.
 
-    `base_url` is one URL, or the URLs of several replicas to fail over between (`clients.replicas`).
+    `base_url` is one URL, or the URLs of several replicas to fail over between (`vistarl.clients.replicas`).
     `token` defaults to $VISTARL_API_TOKEN (pass "" for none). `timeout` is per attempt; `retry`
     bounds attempts and total time per call. It runs on aiohttp, whose cost per request stays flat
     with hundreds of requests in flight; of `limits` it uses `max_connections` and `keepalive_expiry`.

@@ -21,7 +21,7 @@ import zlib
 from isal import isal_zlib
 from PIL import Image, UnidentifiedImageError
 
-from clients.errors import ImageError
+from vistarl.clients.errors import ImageError
 
 __all__ = [
     "DEFAULT_MAX_IMAGE_BYTES",

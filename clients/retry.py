@@ -2,7 +2,7 @@
 
 `RetryPolicy` bounds every retry (attempts, backoff, deadline). `retry_delay` decides for an HTTP call,
 from a library-neutral `Reply` or aiohttp's transport exception (every client sends with aiohttp,
-`clients.pool`), so that every client decides the same way; docs/client.md, "Timeouts,
+`vistarl.clients.pool`), so that every client decides the same way; docs/client.md, "Timeouts,
 retries, auth", states the rules. `attempt_until_final` is the loop that the env client, the SGLang engine
 and the queue worker all run their attempts in.
 """
@@ -21,7 +21,7 @@ from typing import TypeVar
 
 import aiohttp
 
-from clients.calls import Outcome, Reply
+from vistarl.clients.calls import Outcome, Reply
 
 __all__ = [
     "Delivery",

@@ -21,7 +21,7 @@ MODEL_ARGS=()
 DATA_ARGS=()
 
 vistarl() {
-    "$PYTHON" -m cli.main "$@"
+    "$PYTHON" -m vistarl.cli.main "$@"
 }
 
 # prepare_model ENV: pick configs/ENV.yaml on MODEL_PATH, or configs/ENV_tiny.yaml on the tiny checkpoint.
@@ -54,7 +54,7 @@ real_data() {
 # the whole system under `vistarl up`; else `vistarl train` alone. ARGS go to that command.
 launch() {
     if [ -n "${MODEL_PATH:-}" ] && [ -z "${ENGINE_URL:-}" ]; then
-        exec "$PYTHON" -m cli.main up --config "$CONFIG" --out "${OUT:-runs/up-$ENV_NAME}" \
+        exec "$PYTHON" -m vistarl.cli.main up --config "$CONFIG" --out "${OUT:-runs/up-$ENV_NAME}" \
             --trainer-gpus "${TRAINER_GPUS-0}" --engine-gpus "${ENGINE_GPUS-1}" --workers "${WORKERS:-2}" \
             "${MODEL_ARGS[@]}" "${DATA_ARGS[@]}" "$@"
     fi
@@ -62,7 +62,7 @@ launch() {
     if [ -n "${ENGINE_URL:-}" ]; then
         engine=(--set "rollout.engine=sglang:$ENGINE_URL")
     fi
-    local train=(-m cli.main train --config "$CONFIG" "${MODEL_ARGS[@]}" "${DATA_ARGS[@]}" "${engine[@]}" "$@")
+    local train=(-m vistarl.cli.main train --config "$CONFIG" "${MODEL_ARGS[@]}" "${DATA_ARGS[@]}" "${engine[@]}" "$@")
     if [ "${NPROC:-1}" -gt 1 ]; then
         exec "$PYTHON" -m torch.distributed.run --nproc_per_node "$NPROC" "${train[@]}"
     fi

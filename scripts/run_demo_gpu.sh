@@ -40,7 +40,7 @@ fi
 shift || true
 common=("$@")
 
-vistarl() { python3 -m cli.main "$@"; }
+vistarl() { python3 -m vistarl.cli.main "$@"; }
 read -r -a seeds <<< "${SEEDS:-0}"
 read -r -a curricula <<< "${CURRICULA:-3moves 3turns 1move}"
 read -r -a gpus <<< "${GPUS:-$(python3 -c "import torch; print(*range(max(torch.cuda.device_count(), 1)))")}"

@@ -65,8 +65,8 @@ case "$run" in
 esac
 model=${MODELS:-runs/models}/$shape
 if [ ! -f "$model/config.json" ]; then
-    "$PYTHON" -m cli.main model tiny --shape "$shape" --arch "$arch" --out "$model"
+    "$PYTHON" -m vistarl.cli.main model tiny --shape "$shape" --arch "$arch" --out "$model"
 fi
-exec "$PYTHON" -m cli.main up --config "$config" --out "$out" --detach \
+exec "$PYTHON" -m vistarl.cli.main up --config "$config" --out "$out" --detach \
     --trainer-gpus "${TRAINER_GPUS-0}" --engine-gpus "${ENGINE_GPUS-1}" --workers 2 \
     --set "model.path=$model" "${every_run[@]}" "${sized[@]}" "$@"

@@ -2,7 +2,7 @@
 
 A dataset is a directory of `<split>.parquet` files (as `vistarl data ...` writes them) or one parquet
 file whose stem names its split. Each row is one sample in an env's `sample_model` schema (JSON-safe
-columns, images as PNG data URLs). `ParquetSplit` implements `services.env_api.TaskSplit`: its length
+columns, images as PNG data URLs). `ParquetSplit` implements `vistarl.services.env_api.TaskSplit`: its length
 comes from the file's metadata, and a row is read with the row group that holds it (the few groups read
 last are kept), so a server can hold splits larger than its memory. pyarrow is imported with the first
 split opened, so that a server serving none starts without it.

@@ -1,6 +1,6 @@
 """The in-process environment contract that every environment package implements.
 
-An environment package (e.g. `services.sokoban`) exposes `ENV_FACTORY: EnvFactory`, which the server
+An environment package (e.g. `vistarl.services.sokoban`) exposes `ENV_FACTORY: EnvFactory`, which the server
 framework and the rollout loop use, and builds envs that subclass `Env` (docs/envs.md).
 
 Observations in process are `{"text": str, "images": [PIL.Image]}`; the server encodes images to
@@ -264,9 +264,9 @@ def checked_create(
 
 
 ENV_MODULES: dict[str, str] = {  # a registered env's name, and the module whose ENV_FACTORY serves it
-    "sokoban": "services.sokoban",
-    "vsi": "services.vsi",
-    "geo3k": "services.geo3k",
+    "sokoban": "vistarl.services.sokoban",
+    "vsi": "vistarl.services.vsi",
+    "geo3k": "vistarl.services.geo3k",
 }
 
 

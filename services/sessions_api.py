@@ -1,9 +1,9 @@
 """The sessions contract: what one env's sessions answer wherever they run, and how to run them here.
 
 `EnvSessions` is what an episode calls: `describe` (the env's `/info`), `reset`, `step` and `close`, in
-the wire protocol's models (`clients.protocol`). An env server answers it over HTTP, through
-`clients.http.AsyncEnvClient`; `open_in_process` answers it in this process with the env server's own
-service below HTTP (`services.server.embedded.EnvService`), so that an in-process episode follows the
+the wire protocol's models (`vistarl.clients.protocol`). An env server answers it over HTTP, through
+`vistarl.clients.http.AsyncEnvClient`; `open_in_process` answers it in this process with the env server's own
+service below HTTP (`vistarl.services.server.embedded.EnvService`), so that an in-process episode follows the
 server's rules without a copy of them. A caller of this module needs nothing of the server's internals.
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from clients.protocol import InfoResponse, ResetRequest, ResetResponse, StepRequest, StepResponse
-from services.env_api import load_env_factory
-from services.server.embedded import EnvService
-from services.server.settings import ServerSettings
+from vistarl.clients.protocol import InfoResponse, ResetRequest, ResetResponse, StepRequest, StepResponse
+from vistarl.services.env_api import load_env_factory
+from vistarl.services.server.embedded import EnvService
+from vistarl.services.server.settings import ServerSettings
 
 __all__ = ["EnvSessions", "InProcessSessions", "open_in_process"]
 

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from clients import AsyncEnvClient, EnvClient
+from vistarl.clients import AsyncEnvClient, EnvClient
 
 
 class BlockingAsyncClient:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from clients import EnvClient
-from devtools.servers import redis_server
 from tests.client_kinds import BlockingAsyncClient, Client
 from tests.servers import wait_until
+from vistarl.clients import EnvClient
+from vistarl.devtools.servers import redis_server
 
 if "PYTEST_XDIST_WORKER" in os.environ:
     # Workers share the cores: torch in each (and in the processes it starts) runs one thread, where a pool
@@ -62,7 +62,7 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -
     """Tiny random-init Qwen2.5-VL and Qwen3-VL checkpoint directories, written once per pytest run: the
     first xdist worker to ask writes them into the run's shared temporary directory, the others wait for
     it under a file lock and read them."""
-    from devtools.tiny_checkpoint import ARCHS, write_tiny_checkpoint
+    from vistarl.devtools.tiny_checkpoint import ARCHS, write_tiny_checkpoint
 
     base = tmp_path_factory.getbasetemp()
     root = (base.parent if worker_id != "master" else base) / "tiny-checkpoints"
@@ -92,7 +92,7 @@ def geo3k_graders() -> None:
     """This process's Geo3k grading processes, started before a module's gradings: a first grading waits
     at most its `grade_timeout_s` for a process starting in the background, and on a loaded machine the
     start (sympy, the LaTeX grammar) can take longer. The module's bounds then measure grading alone."""
-    from services.geo3k.grader import shared_pool
+    from vistarl.services.geo3k.grader import shared_pool
 
     pool = shared_pool()
 

@@ -23,13 +23,13 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from tests.learner_batches import conversation, trajectory
-from trainer.config import TrainConfig
-from trainer.learner.fsdp import full_state_dict, init_distributed, rank_device
-from trainer.learner.models import Models, load_actor, load_critic, load_reference
-from trainer.learner.update import PolicyTrainer
-from trainer.rollout.processor import VLProcessor
-from trainer.rollout.tokenization import TurnEncoder
-from trainer.rollout.trajectory import Trajectory
+from vistarl.trainer.config import TrainConfig
+from vistarl.trainer.learner.fsdp import full_state_dict, init_distributed, rank_device
+from vistarl.trainer.learner.models import Models, load_actor, load_critic, load_reference
+from vistarl.trainer.learner.update import PolicyTrainer
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.tokenization import TurnEncoder
+from vistarl.trainer.rollout.trajectory import Trajectory
 
 
 def update_config(checkpoint: Path, micro_batch_tokens: int) -> TrainConfig:

@@ -15,12 +15,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from clients.images import encode_image
 from tests.vl_samples import noise_image
-from trainer.learner.logprobs import sequence_logprobs
-from trainer.rollout.processor import VLProcessor
-from trainer.rollout.tokenization import TokenTracks, TurnEncoder
-from trainer.rollout.trajectory import Status, Trajectory
+from vistarl.clients.images import encode_image
+from vistarl.trainer.learner.logprobs import sequence_logprobs
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.tokenization import TokenTracks, TurnEncoder
+from vistarl.trainer.rollout.trajectory import Status, Trajectory
 
 
 def conversation(

@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from clients.http import AsyncEnvClient
-from trainer.queue.worker import WorkerOptions
-from trainer.rollout.job import EpisodeJob
-from trainer.rollout.trajectory import Status, Trajectory
+from vistarl.clients.http import AsyncEnvClient
+from vistarl.trainer.queue.worker import WorkerOptions
+from vistarl.trainer.rollout.job import EpisodeJob
+from vistarl.trainer.rollout.trajectory import Status, Trajectory
 
 
 def trajectory_for(job: EpisodeJob, status: Status = Status.COMPLETED, **fields: Any) -> Trajectory:

@@ -1,5 +1,5 @@
 """What tests read of running servers: their env worker processes, their metrics, and a condition polled
-within a bound. Starting the servers is `devtools/servers.py`'s job."""
+within a bound. Starting the servers is `vistarl/devtools/servers.py`'s job."""
 
 from __future__ import annotations
 

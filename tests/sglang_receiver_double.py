@@ -1,6 +1,6 @@
 """`SGLangReceiverDouble`: a test double of an SGLang server's weight-update side (SGLang needs a GPU).
 
-It speaks SGLang's protocol from SGLang's own facts, not through the sender's code (`trainer.weights`
+It speaks SGLang's protocol from SGLang's own facts, not through the sender's code (`vistarl.trainer.weights`
 and its request models are never imported):
 
 - `POST /init_weights_update_group {master_address, master_port, rank_offset, world_size, group_name,

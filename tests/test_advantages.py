@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.learner.advantages import (
+from vistarl.trainer.learner.advantages import (
     broadcast_to_tokens,
     compute_advantages,
     gae,

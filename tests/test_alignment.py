@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from trainer.rollout.alignment import (
+from vistarl.trainer.rollout.alignment import (
     TokenizerMismatchError,
     check_engine_alignment,
     check_tokenizer_alignment,

@@ -10,13 +10,13 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from devtools.tiny_checkpoint import ARCHS
 from tests.vl_samples import mixed_samples
-from trainer.learner.logprobs import token_logprobs
-from trainer.learner.models import ActorModel, load_lm
-from trainer.learner.packing import PackedBatch, pack_sequences
-from trainer.modeling import attention
-from trainer.modeling.attention import (
+from vistarl.devtools.tiny_checkpoint import ARCHS
+from vistarl.trainer.learner.logprobs import token_logprobs
+from vistarl.trainer.learner.models import ActorModel, load_lm
+from vistarl.trainer.learner.packing import PackedBatch, pack_sequences
+from vistarl.trainer.modeling import attention
+from vistarl.trainer.modeling.attention import (
     SDPA_ATTENTION,
     SEQUENCE_SDPA_ATTENTION,
     VARLEN_ATTENTION,
@@ -25,7 +25,7 @@ from trainer.modeling.attention import (
     sequence_bounds,
     use_attention,
 )
-from trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.processor import VLProcessor
 
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="the varlen kernel runs on CUDA only")
 

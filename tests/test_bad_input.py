@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from devtools.servers import env_server
+from vistarl.devtools.servers import env_server
 
 ENVS = ("sokoban", "geo3k", "vsi")
 

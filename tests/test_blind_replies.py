@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import blind_replies
-from services.sokoban.options import SokobanOptions
+from vistarl.services.sokoban.options import SokobanOptions
 
 OPTIONS = SokobanOptions(grid_size=6, num_boxes=1, max_solution_len=3, render_mode="text")
 

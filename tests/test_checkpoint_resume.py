@@ -18,23 +18,23 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from tests.test_learning import learning_config
 from tests.test_train_loop import with_changes
-from trainer.config import AlgoConfig, TrainConfig
-from trainer.learner.checkpoint import (
+from vistarl.trainer.config import AlgoConfig, TrainConfig
+from vistarl.trainer.learner.checkpoint import (
     TrainerState,
     latest_checkpoint,
     load_optimizer,
     load_schedulers,
     save_checkpoint,
 )
-from trainer.learner.entropy_control import EntropyControl
-from trainer.learner.models import load_actor
-from trainer.learner.update import warmup
-from trainer.rollout.engines.base import GenerateRequest, GenerateResult
-from trainer.rollout.engines.hf import HFEngine
-from trainer.rollout.engines.sglang_api import SamplingParams
-from trainer.rollout.tokenization import TurnEncoder
-from trainer.run.outputs import read_metrics
-from trainer.run.train import run_training
+from vistarl.trainer.learner.entropy_control import EntropyControl
+from vistarl.trainer.learner.models import load_actor
+from vistarl.trainer.learner.update import warmup
+from vistarl.trainer.rollout.engines.base import GenerateRequest, GenerateResult
+from vistarl.trainer.rollout.engines.hf import HFEngine
+from vistarl.trainer.rollout.engines.sglang_api import SamplingParams
+from vistarl.trainer.rollout.tokenization import TurnEncoder
+from vistarl.trainer.run.outputs import read_metrics
+from vistarl.trainer.run.train import run_training
 
 
 def resume_config(checkpoint: Path, run_dir: Path, steps: int) -> TrainConfig:

@@ -29,7 +29,8 @@ import aiohttp
 import httpx
 import pytest
 
-from clients import (
+from tests.client_kinds import Client
+from vistarl.clients import (
     AsyncEnvClient,
     AuthError,
     BadRequestError,
@@ -47,9 +48,9 @@ from clients import (
     SessionNotFoundError,
     TaskNotFoundError,
 )
-from clients.calls import Reply
-from clients.http import env_proxy
-from clients.protocol import (
+from vistarl.clients.calls import Reply
+from vistarl.clients.http import env_proxy
+from vistarl.clients.protocol import (
     ErrorResponse,
     InfoResponse,
     Limits,
@@ -59,9 +60,8 @@ from clients.protocol import (
     StepRequest,
     StepResponse,
 )
-from clients.retry import Delivery, attempt_until_final, delivery, retry_after_seconds, retry_delay
-from serving.launch import free_port
-from tests.client_kinds import Client
+from vistarl.clients.retry import Delivery, attempt_until_final, delivery, retry_after_seconds, retry_delay
+from vistarl.serving.launch import free_port
 
 FAST = RetryPolicy(max_attempts=5, base_delay=0.05, max_delay=0.2, deadline_s=10.0)
 
@@ -382,7 +382,7 @@ async def test_a_reset_that_timed_out_waiting_for_a_free_connection_is_resent(
     server.script.append(Canned(stall_s=1.5))
     patient = RetryPolicy(max_attempts=50, base_delay=0.01, max_delay=0.05, deadline_s=30)
     one_connection = httpx.Limits(max_connections=1)
-    caplog.set_level(logging.INFO, logger="clients.http")
+    caplog.set_level(logging.INFO, logger="vistarl.clients.http")
     async with AsyncEnvClient(server.url, token="", retry=patient, limits=one_connection) as c:
         slow = asyncio.create_task(c.info(timeout=10))
         for _ in range(500):

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from clients import (
+from vistarl.clients import (
     AsyncEnvClient,
     AuthError,
     BadRequestError,
@@ -23,9 +23,9 @@ from clients import (
     SessionNotFoundError,
     decode_image,
 )
-from clients.protocol import ImagePart, TextPart
-from devtools.servers import running_process, vistarl_cmd
-from serving.launch import free_port
+from vistarl.clients.protocol import ImagePart, TextPart
+from vistarl.devtools.servers import running_process, vistarl_cmd
+from vistarl.serving.launch import free_port
 
 TOKEN = "e2e-secret"
 MAX_SESSIONS = 4
@@ -133,7 +133,7 @@ async def test_async_episodes_beyond_capacity_wait_for_a_slot_and_all_finish(
                 await ep.step("inc")
             return ep.total_reward
 
-    caplog.set_level(logging.INFO, logger="clients.http")
+    caplog.set_level(logging.INFO, logger="vistarl.clients.http")
     async with AsyncEnvClient(server_url, token=TOKEN, retry=retry) as client:
         rewards = await asyncio.gather(*(play(client) for _ in range(n_episodes)))
         assert rewards == [3.0] * n_episodes

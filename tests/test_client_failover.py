@@ -14,10 +14,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from clients import EnvConnectionError, RetryPolicy, SessionNotFoundError
-from serving.launch import free_port, stop_process
 from tests.client_kinds import Client
 from tests.envs.serving import counter_process, counter_server
+from vistarl.clients import EnvConnectionError, RetryPolicy, SessionNotFoundError
+from vistarl.serving.launch import free_port, stop_process
 
 # A backoff far longer than the test: a retry on another replica must not wait for it.
 SLOW_BACKOFF = RetryPolicy(max_attempts=4, base_delay=20.0, max_delay=20.0, deadline_s=30.0)
@@ -33,7 +33,7 @@ def sessions_on(url: str) -> int:
 
 @pytest.fixture
 def caplog_retries(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    caplog.set_level(logging.INFO, logger="clients.http")
+    caplog.set_level(logging.INFO, logger="vistarl.clients.http")
     yield caplog
 
 

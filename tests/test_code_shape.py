@@ -17,7 +17,7 @@ from tests.test_layers import imported_modules
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "trainer" / "run" / "train.py"
 QUEUE_BACKENDS = {ROOT / "trainer" / "queue" / name for name in ("base.py", "memory.py", "redis.py")}
-CODE = ("trainer", "services", "clients", "cli", "benchmarks", "devtools")
+CODE = ("trainer", "services", "clients", "vistarl", "benchmarks")
 MAX_LINES = 250
 MAX_STATEMENTS = 40
 
@@ -69,7 +69,9 @@ def test_statements_are_counted_at_every_depth_and_in_nested_functions() -> None
 
 
 def test_sft_imports_nothing_from_the_rl_loop() -> None:
-    loop = [m for m in imported_modules(ROOT / "trainer" / "sft.py") if m.startswith("trainer.run.train")]
+    loop = [
+        m for m in imported_modules(ROOT / "trainer" / "sft.py") if m.startswith("vistarl.trainer.run.train")
+    ]
     assert loop == []
 
 

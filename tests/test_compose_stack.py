@@ -24,10 +24,10 @@ import httpx
 import pytest
 import yaml
 
-from devtools.servers import running_process
-from services.server.settings import ServerSettings
 from tests.compose_file import Loopback, Service, interpolate, load_services
 from tests.machine import require
+from vistarl.devtools.servers import running_process
+from vistarl.services.server.settings import ServerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "compose-token"
@@ -54,7 +54,7 @@ def app_dir(tmp_path: Path, tiny_qwen25: Path) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     shim = bin_dir / "vistarl"
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m cli.main "$@"\n')
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m vistarl.cli.main "$@"\n')
     shim.chmod(0o755)
     return tmp_path
 

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
-from services.env_api import load_env_factory
-from trainer.config import ConfigError, TrainConfig, load_config
-from trainer.overrides import parse_override
-from trainer.run.directory import run_name
+from vistarl.services.env_api import load_env_factory
+from vistarl.trainer.config import ConfigError, TrainConfig, load_config
+from vistarl.trainer.overrides import parse_override
+from vistarl.trainer.run.directory import run_name
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
@@ -228,9 +228,9 @@ def test_file_problems_are_config_errors(tmp_path: Path) -> None:
 
 def test_env_reward_path_and_eval_seed_range() -> None:
     cfg = load_config(
-        None, ["env.reward_path=services.sokoban.reward:episode_reward", "env.eval_seeds=[3, 6]"]
+        None, ["env.reward_path=vistarl.services.sokoban.reward:episode_reward", "env.eval_seeds=[3, 6]"]
     )
-    assert cfg.env.reward_path == "services.sokoban.reward:episode_reward"
+    assert cfg.env.reward_path == "vistarl.services.sokoban.reward:episode_reward"
     assert list(cfg.env.eval_seed_range) == [3, 4, 5]
 
 

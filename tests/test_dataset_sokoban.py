@@ -8,11 +8,11 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from clients.images import decode_image
-from services.sokoban import SokobanEnv, SokobanOptions, build_env
-from services.sokoban.dataset import DatasetError, split_seed, write_dataset
-from services.sokoban.game import Level
+from vistarl.cli.main import app
+from vistarl.clients.images import decode_image
+from vistarl.services.sokoban import SokobanEnv, SokobanOptions, build_env
+from vistarl.services.sokoban.dataset import DatasetError, split_seed, write_dataset
+from vistarl.services.sokoban.game import Level
 
 
 @pytest.fixture(scope="module")

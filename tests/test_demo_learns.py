@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import paired_eval
-from devtools.servers import vistarl_cmd
+from vistarl.devtools.servers import vistarl_cmd
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_CONFIG = REPO / "configs" / "sokoban_demo.yaml"

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import typer
 
-from cli.main import app
-from devtools.servers import vistarl_cmd
-from trainer.config import load_config
+from vistarl.cli.main import app
+from vistarl.devtools.servers import vistarl_cmd
+from vistarl.trainer.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

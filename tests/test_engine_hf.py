@@ -13,15 +13,15 @@ import pytest
 import torch
 from transformers import AutoModelForImageTextToText, PreTrainedModel
 
-from clients.images import encode_image
 from tests.vl_samples import noise_image
-from trainer.learner.logprobs import sequence_logprobs
-from trainer.modeling import attention
-from trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
-from trainer.rollout.engines.hf import HFEngine
-from trainer.rollout.engines.hf.engine import arrivals_settled
-from trainer.rollout.engines.sglang_api import SamplingParams
-from trainer.rollout.processor import VLProcessor
+from vistarl.clients.images import encode_image
+from vistarl.trainer.learner.logprobs import sequence_logprobs
+from vistarl.trainer.modeling import attention
+from vistarl.trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
+from vistarl.trainer.rollout.engines.hf import HFEngine
+from vistarl.trainer.rollout.engines.hf.engine import arrivals_settled
+from vistarl.trainer.rollout.engines.sglang_api import SamplingParams
+from vistarl.trainer.rollout.processor import VLProcessor
 
 Loaded = tuple[PreTrainedModel, VLProcessor]
 ATOL = 1e-4

@@ -7,8 +7,8 @@ import random
 
 import torch
 
-from trainer.rollout.engines.hf.sampling import Mode, RowSampling, SamplingRows, sample, uniforms
-from trainer.rollout.engines.sglang_api import SamplingParams
+from vistarl.trainer.rollout.engines.hf.sampling import Mode, RowSampling, SamplingRows, sample, uniforms
+from vistarl.trainer.rollout.engines.sglang_api import SamplingParams
 
 MASK64 = (1 << 64) - 1
 

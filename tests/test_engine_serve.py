@@ -25,26 +25,26 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 from transformers import AutoModelForImageTextToText, PreTrainedModel
 
-from clients.images import encode_image
-from clients.protocol import ToolCall
-from devtools.servers import running_process, vistarl_cmd
-from devtools.tiny_checkpoint import build_model
-from services.env_api import load_env_factory
-from services.server.tool_calls import ToolActions
-from services.sokoban.actions import parse_actions
-from serving.launch import free_port
 from tests.envs.serving import served as env_served
 from tests.vl_samples import noise_image
-from trainer.rollout.engines.base import EngineRequestError, EngineUnavailableError, GenerateRequest
-from trainer.rollout.engines.chat import ChatCompletionRequest, completion, generate_request
-from trainer.rollout.engines.hf import HFEngine
-from trainer.rollout.engines.loading import load_engine, make_engine
-from trainer.rollout.engines.scripted import ScriptedEngine
-from trainer.rollout.engines.server import EngineServerSettings, create_app
-from trainer.rollout.engines.sglang import SGLangEngine
-from trainer.rollout.engines.sglang_api import SERVER_KEEP_ALIVE_S, SamplingParams
-from trainer.rollout.engines.spec import EngineSpec
-from trainer.rollout.processor import VLProcessor
+from vistarl.clients.images import encode_image
+from vistarl.clients.protocol import ToolCall
+from vistarl.devtools.servers import running_process, vistarl_cmd
+from vistarl.devtools.tiny_checkpoint import build_model
+from vistarl.services.env_api import load_env_factory
+from vistarl.services.server.tool_calls import ToolActions
+from vistarl.services.sokoban.actions import parse_actions
+from vistarl.serving.launch import free_port
+from vistarl.trainer.rollout.engines.base import EngineRequestError, EngineUnavailableError, GenerateRequest
+from vistarl.trainer.rollout.engines.chat import ChatCompletionRequest, completion, generate_request
+from vistarl.trainer.rollout.engines.hf import HFEngine
+from vistarl.trainer.rollout.engines.loading import load_engine, make_engine
+from vistarl.trainer.rollout.engines.scripted import ScriptedEngine
+from vistarl.trainer.rollout.engines.server import EngineServerSettings, create_app
+from vistarl.trainer.rollout.engines.sglang import SGLangEngine
+from vistarl.trainer.rollout.engines.sglang_api import SERVER_KEEP_ALIVE_S, SamplingParams
+from vistarl.trainer.rollout.engines.spec import EngineSpec
+from vistarl.trainer.rollout.processor import VLProcessor
 
 ROOT = Path(__file__).resolve().parents[1]
 

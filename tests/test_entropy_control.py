@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from trainer.config import AlgoConfig
-from trainer.learner.entropy_control import EntropyControl
+from vistarl.trainer.config import AlgoConfig
+from vistarl.trainer.learner.entropy_control import EntropyControl
 
 
 def test_a_fixed_bonus_ignores_the_entropy() -> None:

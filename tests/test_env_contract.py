@@ -4,8 +4,8 @@ Every step of every env below goes through `checked_step`, as the server steps i
 returns anything but a `StepResult` (the old `(obs, done, info)` tuple, a reward hidden in the info)
 fails here on its first step.
 
-Every registered env (`services.env_api.ENV_MODULES`, so an env is covered as soon as it registers) and
-the test envs play random episodes. After the reset and after every step, the env's state goes through
+Every registered env (`vistarl.services.env_api.ENV_MODULES`, so an env is covered as soon as it registers)
+and the test envs play random episodes. After the reset and after every step, the env's state goes through
 msgpack as the shared session store keeps it (`encode_state`, `decode_state`), and `restore` rebuilds a
 twin from it. Original and twin take the same next action and must give the same observation (as the
 server would send it: text, PNG data URLs, metadata), done and info, and states equal again after it.
@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from services.env_api import (
+from vistarl.services.env_api import (
     ENV_MODULES,
     Env,
     EnvFactory,
@@ -33,8 +33,8 @@ from services.env_api import (
     checked_step,
     load_env_factory,
 )
-from services.server.encoding import json_safe, observation_to_wire
-from services.server.env_work import decode_state, encode_state
+from vistarl.services.server.encoding import json_safe, observation_to_wire
+from vistarl.services.server.env_work import decode_state, encode_state
 
 TEST_ENVS = ("tests.envs.counter", "tests.envs.quiz")
 # Geo3k grades in processes of its own: started first, so that original and twin never differ by one

@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from clients.protocol import ResetResponse, StepResponse
-from devtools.servers import running_process, vistarl_cmd
-from serving.launch import free_port, stop_process
-from trainer.rollout.env_handle import EnvError, EnvHandle, Envs, is_url
-from trainer.rollout.job import EpisodeJob
-from trainer.rollout.rewards import env_reward, load_reward_fn
+from vistarl.clients.protocol import ResetResponse, StepResponse
+from vistarl.devtools.servers import running_process, vistarl_cmd
+from vistarl.serving.launch import free_port, stop_process
+from vistarl.trainer.rollout.env_handle import EnvError, EnvHandle, Envs, is_url
+from vistarl.trainer.rollout.job import EpisodeJob
+from vistarl.trainer.rollout.rewards import env_reward, load_reward_fn
 
 SOLVABLE = {"xsb": "#####\n#@$.#\n#####"}
 
@@ -65,7 +65,7 @@ async def play(handle: EnvHandle, actions: list[str], **reset: object) -> list[t
 
 async def test_in_process_and_remote_give_the_same_episode(sokoban_url: str, envs: Envs) -> None:
     actions = ["<answer>Left</answer>", "<answer>Up, Right</answer>", "<answer>Down</answer>"]
-    local = await envs.open("services.sokoban")
+    local = await envs.open("vistarl.services.sokoban")
     remote = await envs.open(sokoban_url)
     local_results = await play(local, actions, seed=11, options={"max_steps": 50})
     remote_results = await play(remote, actions, seed=11, options={"max_steps": 50})
@@ -99,7 +99,7 @@ async def test_a_solved_level_reports_done_and_the_env_reward(sokoban_url: str, 
             answer.terminated and not answer.truncated and info["success"] and reward == pytest.approx(1.01)
         )
         assert env_reward([reward], info) == info["episode_reward"]
-        assert load_reward_fn("services.sokoban.reward")([reward], info) == info["episode_reward"]
+        assert load_reward_fn("vistarl.services.sokoban.reward")([reward], info) == info["episode_reward"]
 
 
 async def test_close_ends_the_session(sokoban_url: str, envs: Envs) -> None:
@@ -181,6 +181,6 @@ async def test_a_dataset_sample_starts_the_same_episode_in_process_and_remotely(
 
 
 async def test_specs_pick_the_place(envs: Envs) -> None:
-    assert is_url("http://x:1") and is_url("https://x") and not is_url("services.sokoban")
+    assert is_url("http://x:1") and is_url("https://x") and not is_url("vistarl.services.sokoban")
     with pytest.raises(EnvError, match="unknown environment"):
         await envs.open("no_such_env_module")

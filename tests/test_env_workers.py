@@ -17,17 +17,17 @@ import msgpack
 import pytest
 from fastapi.testclient import TestClient
 
-from services.env_api import load_env_factory
-from services.server import settings as server_settings
-from services.server.app import create_app
-from services.server.env_pool import ProcessEnvPool, ThreadEnvPool, create_pool
-from services.server.env_work import EnvHost
-from services.server.env_worker import serve
-from services.server.metrics import ServerMetrics
-from services.server.settings import ServerSettings, usable_cores
 from tests.envs.counter import ENV_FACTORY
 from tests.envs.serving import COUNTER_ENV, counter_process, served_process
 from tests.servers import children, metric, wait_until
+from vistarl.services.env_api import load_env_factory
+from vistarl.services.server import settings as server_settings
+from vistarl.services.server.app import create_app
+from vistarl.services.server.env_pool import ProcessEnvPool, ThreadEnvPool, create_pool
+from vistarl.services.server.env_work import EnvHost
+from vistarl.services.server.env_worker import serve
+from vistarl.services.server.metrics import ServerMetrics
+from vistarl.services.server.settings import ServerSettings, usable_cores
 
 TIMEOUT = 30.0
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from devtools.servers import running_process, vistarl_cmd
-from services.env_api import ENV_MODULES, checked_step, load_env_factory
-from serving.launch import free_port
-from trainer.config import ConfigError, load_config
+from vistarl.devtools.servers import running_process, vistarl_cmd
+from vistarl.services.env_api import ENV_MODULES, checked_step, load_env_factory
+from vistarl.serving.launch import free_port
+from vistarl.trainer.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = (ROOT / "docs" / "envs.md").read_text(encoding="utf-8")

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from devtools.servers import vistarl_cmd
-from services.sokoban.actions import random_reply
-from trainer.eval import baseline_policy, summarize
-from trainer.rollout.engines.base import GenerateRequest
-from trainer.rollout.engines.sglang_api import SamplingParams
-from trainer.rollout.processor import VLProcessor
-from trainer.rollout.trajectory import Status, Trajectory
+from vistarl.devtools.servers import vistarl_cmd
+from vistarl.services.sokoban.actions import random_reply
+from vistarl.trainer.eval import baseline_policy, summarize
+from vistarl.trainer.rollout.engines.base import GenerateRequest
+from vistarl.trainer.rollout.engines.sglang_api import SamplingParams
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.trajectory import Status, Trajectory
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "sokoban_tiny.yaml"
 

@@ -18,11 +18,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from serving.launch import free_port
 from tests.fsdp_worker import train_step
 from tests.test_update import assert_same_step
-from trainer.learner.fsdp import full_state_dict
-from trainer.learner.models import load_actor, load_critic
+from vistarl.serving.launch import free_port
+from vistarl.trainer.learner.fsdp import full_state_dict
+from vistarl.trainer.learner.models import load_actor, load_critic
 
 REPO = Path(__file__).resolve().parent.parent
 MICRO_BATCH_TOKENS = 96

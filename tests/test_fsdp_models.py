@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from devtools.tiny_checkpoint import ARCHS
 from tests.vl_samples import mixed_samples
-from trainer.learner.fsdp import full_state_dict, shard_model
-from trainer.learner.logprobs import token_logprobs, token_values
-from trainer.learner.models import (
+from vistarl.devtools.tiny_checkpoint import ARCHS
+from vistarl.trainer.learner.fsdp import full_state_dict, shard_model
+from vistarl.trainer.learner.logprobs import token_logprobs, token_values
+from vistarl.trainer.learner.models import (
     ActorModel,
     CriticModel,
     blocks,
@@ -21,8 +21,8 @@ from trainer.learner.models import (
     load_reference,
     save_critic,
 )
-from trainer.learner.packing import PackedBatch, pack_sequences
-from trainer.rollout.processor import VLProcessor
+from vistarl.trainer.learner.packing import PackedBatch, pack_sequences
+from vistarl.trainer.rollout.processor import VLProcessor
 
 
 def batch_for(model: ActorModel | CriticModel, path: Path) -> PackedBatch:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from services.env_api import load_env_factory
-from services.geo3k import Geo3kOptions
-from trainer.config import load_config
+from vistarl.services.env_api import load_env_factory
+from vistarl.services.geo3k import Geo3kOptions
+from vistarl.trainer.config import load_config
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 

@@ -14,11 +14,11 @@ import pyarrow.parquet as pq
 from PIL import Image
 from typer.testing import CliRunner
 
-from cli.main import app
-from services.geo3k import Geo3kSample, build_env
-from services.geo3k.generator import GeneratedProblem, generate
-from services.geo3k.prompt import SYSTEM_PROMPT
-from services.geo3k.sample import LETTERS
+from vistarl.cli.main import app
+from vistarl.services.geo3k import Geo3kSample, build_env
+from vistarl.services.geo3k.generator import GeneratedProblem, generate
+from vistarl.services.geo3k.prompt import SYSTEM_PROMPT
+from vistarl.services.geo3k.sample import LETTERS
 
 HIYOUGA_SCHEMA = pa.schema(
     [

@@ -8,10 +8,10 @@ import random
 import pytest
 from pydantic import ValidationError
 
-from services.geo3k import ENV_FACTORY, Geo3kSample
-from services.geo3k.generator import TOPICS, generate
-from services.geo3k.generator.diagram import IMAGE_SIZE
-from services.geo3k.splits import SPLIT_SIZES, in_test, split_problem
+from vistarl.services.geo3k import ENV_FACTORY, Geo3kSample
+from vistarl.services.geo3k.generator import TOPICS, generate
+from vistarl.services.geo3k.generator.diagram import IMAGE_SIZE
+from vistarl.services.geo3k.splits import SPLIT_SIZES, in_test, split_problem
 
 SEEDS = range(300)
 

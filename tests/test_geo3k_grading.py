@@ -12,14 +12,14 @@ import time
 
 import pytest
 
-from services.choices import choice_letter
-from services.geo3k import Geo3kEnv, Geo3kOptions, Geo3kSample, grader
-from services.geo3k.answers import last_boxed
-from services.geo3k.equivalence import answers_match
-from services.geo3k.generator import generate
-from services.geo3k.grader import GraderPool, Verdict, shared_pool
 from tests.machine import require
 from tests.servers import wait_until
+from vistarl.services.choices import choice_letter
+from vistarl.services.geo3k import Geo3kEnv, Geo3kOptions, Geo3kSample, grader
+from vistarl.services.geo3k.answers import last_boxed
+from vistarl.services.geo3k.equivalence import answers_match
+from vistarl.services.geo3k.generator import generate
+from vistarl.services.geo3k.grader import GraderPool, Verdict, shared_pool
 
 SLOW = "9^{9^{9}}"
 """An answer whose value sympy computes exactly: hundreds of millions of digits, past any deadline here."""
@@ -200,7 +200,7 @@ def test_grading_works_with_descriptors_past_selects_limit() -> None:
 
 ORPHAN_SCRIPT = """
 import sys, threading
-from services.geo3k.grader import GraderPool
+from vistarl.services.geo3k.grader import GraderPool
 pool = GraderPool(max_workers=1)
 pool.grade("1", "1", 60.0)
 (process,) = pool._all
@@ -236,7 +236,7 @@ def _alive(pid: int) -> bool:
 
 def test_grading_processes_need_no_pickle_and_survive_a_bad_request() -> None:
     worker = subprocess.Popen(
-        [sys.executable, "-m", "services.geo3k.grade_worker"],
+        [sys.executable, "-m", "vistarl.services.geo3k.grade_worker"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -260,7 +260,7 @@ def test_a_grading_process_whose_answers_nobody_reads_exits_quietly() -> None:
     os.close(read_end)  # the parent gone before the worker announces itself
     try:
         worker = subprocess.run(
-            [sys.executable, "-m", "services.geo3k.grade_worker"],
+            [sys.executable, "-m", "vistarl.services.geo3k.grade_worker"],
             stdin=subprocess.DEVNULL,
             stdout=write_end,
             stderr=subprocess.PIPE,

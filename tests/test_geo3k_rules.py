@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from services.geo3k import ENV_FACTORY, Geo3kEnv, Geo3kOptions, Geo3kSample, build_env
-from services.geo3k.generator import generate
-from services.geo3k.sample import LETTERS
-from services.geo3k.tool_call import TOOL_NAMES
+from vistarl.services.geo3k import ENV_FACTORY, Geo3kEnv, Geo3kOptions, Geo3kSample, build_env
+from vistarl.services.geo3k.generator import generate
+from vistarl.services.geo3k.sample import LETTERS
+from vistarl.services.geo3k.tool_call import TOOL_NAMES
 
 pytestmark = pytest.mark.usefixtures("geo3k_graders")
 

@@ -1,6 +1,6 @@
-"""`clients.gym.GymEnv` on a real `vistarl serve sokoban`: Gymnasium's own env checker passes, an episode's
-`(obs, reward, terminated, truncated, info)` are the wire's own fields for the same seed and replies, and a
-text outside the space's charset is what the checker refuses (docs/client.md, "Gymnasium")."""
+"""`vistarl.clients.gym.GymEnv` on a real `vistarl serve sokoban`: Gymnasium's own env checker passes, an
+episode's `(obs, reward, terminated, truncated, info)` are the wire's own fields for the same seed and
+replies, and a text outside the space's charset is what the checker refuses (docs/client.md, "Gymnasium")."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from clients.gym import GymEnv
-from clients.http import EnvClient
-from clients.images import decode_image
-from services.sokoban.game import Level
-from services.sokoban.solver import solve
 from tests.envs.serving import served
+from vistarl.clients.gym import GymEnv
+from vistarl.clients.http import EnvClient
+from vistarl.clients.images import decode_image
+from vistarl.services.sokoban.game import Level
+from vistarl.services.sokoban.solver import solve
 
 SMALL = {"cell_size": 16}  # 96 x 96 images
 
@@ -89,5 +89,5 @@ def test_a_text_outside_the_charset_is_what_the_checker_refuses(sokoban: str) ->
 
 
 def test_the_gym_wrapper_imports_no_torch() -> None:
-    code = "import sys, clients.gym; assert 'torch' not in sys.modules, 'clients.gym imported torch'"
+    code = "import sys, vistarl.clients.gym; assert 'torch' not in sys.modules, 'clients.gym imported torch'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

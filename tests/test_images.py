@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from PIL import Image
 
-from clients.images import ImageError, decode_image, encode_image
+from vistarl.clients.images import ImageError, decode_image, encode_image
 
 
 def _image(mode: str = "RGB", size: tuple[int, int] = (24, 16)) -> Image.Image:

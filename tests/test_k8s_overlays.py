@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from services.server.security import OPEN_PATHS
+from vistarl.services.server.security import OPEN_PATHS
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERLAYS = sorted(path.name for path in (ROOT / "k8s" / "overlays").iterdir())

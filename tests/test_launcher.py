@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.plan import PlanError, ProcessSpec, UpOptions, plan_processes
-from launcher.status import alive, step_figures
-from launcher.supervisor import PROCESSES_FILE, Supervisor
-from serving.launch import free_port
 from tests.compose_file import load_services
+from vistarl.launcher.plan import PlanError, ProcessSpec, UpOptions, plan_processes
+from vistarl.launcher.status import alive, step_figures
+from vistarl.launcher.supervisor import PROCESSES_FILE, Supervisor
+from vistarl.serving.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = ROOT / "configs" / "sokoban_tiny.yaml"
@@ -63,7 +63,7 @@ def test_the_cpu_plan_is_the_compose_files_services_on_this_hosts_ports(
     assert flag(engine, "--max-batch-size") == "16"  # the tiny config's 8 episodes a worker, 2 workers
     assert flag(engine, "--model") == str(tiny_qwen25)
     trainer = specs["trainer"]
-    assert trainer.argv[:4] == (sys.executable, "-m", "cli.main", "train") and not trainer.restart
+    assert trainer.argv[:4] == (sys.executable, "-m", "vistarl.cli.main", "train") and not trainer.restart
     sets = [arg.removeprefix("--set=") for arg in trainer.argv if arg.startswith("--set=")]
     for wanted in (
         "rollout.local_workers=0",

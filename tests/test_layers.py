@@ -1,14 +1,14 @@
 """The folders import one way: the trainer reaches envs only through `clients/` and the sessions contract
 (`services/sessions_api.py`), never the env server's internals (`services/server/`); `services/` never
 imports the trainer; `clients/` (what an external agent installs) imports no torch; `benchmarks/` and
-`devtools/` import nothing from the tests (tests may import them); `serving/` (the HTTP
+`vistarl/devtools/` import nothing from the tests (tests may import them); `vistarl/serving/` (the HTTP
 plumbing both servers share) imports neither side; and the learner and the rollout side meet only in
-what both may import (`trainer.weights`, `trainer.modeling`, the processor, `Trajectory`), never in each
-other's code.
+what both may import (`vistarl.trainer.weights`, `vistarl.trainer.modeling`, the processor, `Trajectory`),
+never in each other's code.
 
 Inside `trainer/` the rooms show the design, and at most 8 modules stay at its top. `trainer/run/`, the
 run driver, may import every room; the rooms (`learner`, `rollout`, `queue`, `weights`, `modeling`)
-import no driver (`trainer.run`, nor `sft`, `curriculum` or `eval` at the top); `trainer/modeling/`,
+import no driver (`vistarl.trainer.run`, nor `sft`, `curriculum` or `eval` at the top); `trainer/modeling/`,
 how the models run for the learner and the HF engine alike, imports nothing else of `trainer/`; and
 the basics at the top (`config`, `overrides`, `seeds`, `imports`) import nothing of `trainer/` but
 each other. Relative imports count as the absolute names they resolve to."""
@@ -26,28 +26,33 @@ ROOT = Path(__file__).resolve().parents[1]
 
 ROOMS = ("learner", "rollout", "queue", "weights", "modeling")
 """`trainer/`'s subpackages below the run driver (`run`), which imports them all."""
-DRIVERS = ("trainer.run", "trainer.sft", "trainer.curriculum", "trainer.eval")
+DRIVERS = ("vistarl.trainer.run", "vistarl.trainer.sft", "vistarl.trainer.curriculum", "vistarl.trainer.eval")
 """What runs a training, an SFT run, a curriculum or an evaluation: none of the rooms imports it."""
 BASICS = ("config", "overrides", "seeds", "imports")
 """`trainer/`'s top-level modules that every room may import: the typed config and small helpers."""
 MAX_TOP_MODULES = 8
+LINKED = ("clients", "services", "trainer")
+"""The folders at the repository's top that `vistarl/` links to, imported as `vistarl.<folder>`."""
 
 FORBIDDEN: list[tuple[str, str, frozenset[str]]] = [
-    ("trainer", "services.server", frozenset()),
-    ("services", "trainer", frozenset()),
+    ("trainer", "vistarl.services.server", frozenset()),
+    ("services", "vistarl.trainer", frozenset()),
     ("clients", "torch", frozenset()),
     ("benchmarks", "tests", frozenset()),
-    ("devtools", "tests", frozenset()),
-    ("serving", "services", frozenset()),
-    ("serving", "trainer", frozenset()),
-    ("trainer/rollout", "trainer.learner", frozenset()),
-    ("trainer/learner", "trainer.rollout.engines", frozenset()),
-    ("trainer/queue", "trainer.learner", frozenset()),
-    ("trainer/weights", "trainer.learner", frozenset()),
-    ("trainer/weights", "trainer.rollout", frozenset({"trainer.rollout.engines.sglang_api"})),
-    ("trainer/modeling", "trainer", frozenset({"trainer.modeling"})),
+    ("vistarl/devtools", "tests", frozenset()),
+    ("vistarl/serving", "vistarl.services", frozenset()),
+    ("vistarl/serving", "vistarl.trainer", frozenset()),
+    ("trainer/rollout", "vistarl.trainer.learner", frozenset()),
+    ("trainer/learner", "vistarl.trainer.rollout.engines", frozenset()),
+    ("trainer/queue", "vistarl.trainer.learner", frozenset()),
+    ("trainer/weights", "vistarl.trainer.learner", frozenset()),
+    ("trainer/weights", "vistarl.trainer.rollout", frozenset({"vistarl.trainer.rollout.engines.sglang_api"})),
+    ("trainer/modeling", "vistarl.trainer", frozenset({"vistarl.trainer.modeling"})),
     *((f"trainer/{room}", driver, frozenset()) for room in ROOMS for driver in DRIVERS),
-    *((f"trainer/{basic}.py", "trainer", frozenset(f"trainer.{b}" for b in BASICS)) for basic in BASICS),
+    *(
+        (f"trainer/{basic}.py", "vistarl.trainer", frozenset(f"vistarl.trainer.{b}" for b in BASICS))
+        for basic in BASICS
+    ),
 ]
 """(a folder or file of the repository, a module prefix its files must not import, the modules allowed
 anyway)."""
@@ -72,9 +77,17 @@ def absolute_module(path: Path, root: Path, level: int, module: str | None) -> s
     file's package, as Python resolves them."""
     if level == 0:
         return module or ""
-    package = list(path.relative_to(root).with_suffix("").parts)[:-1]
+    package = module_parts(path, root)[:-1]
     base = package[: len(package) - (level - 1)]
     return ".".join([*base, module] if module else base)
+
+
+def module_parts(path: Path, root: Path = ROOT) -> list[str]:
+    """The dotted parts of the module a file under `root` is imported as: the folders that `vistarl/`
+    links to (`clients/`, `services/`, `trainer/`) are `vistarl.clients`, `vistarl.services` and
+    `vistarl.trainer`."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ["vistarl", *parts] if parts[0] in LINKED else parts
 
 
 def violations(folder: str, prefix: str, allowed: frozenset[str], root: Path = ROOT) -> list[str]:
@@ -104,16 +117,16 @@ def test_the_rules_find_a_room_that_imports_the_driver_or_modeling_that_imports_
 ) -> None:
     for folder, source in {
         "trainer/learner": "from ..run import train\n",
-        "trainer/modeling": "from trainer.config import TrainConfig\nfrom . import device\n",
+        "trainer/modeling": "from vistarl.trainer.config import TrainConfig\nfrom . import device\n",
     }.items():
         (tmp_path / folder).mkdir(parents=True)
         (tmp_path / folder / "bad.py").write_text(source)
     found = [v for rule in FORBIDDEN if rule[0].startswith("trainer/") for v in violations(*rule, tmp_path)]
     assert sorted(set(found)) == [
-        "trainer/learner/bad.py: trainer.run",
-        "trainer/learner/bad.py: trainer.run.train",
-        "trainer/modeling/bad.py: trainer.config",
-        "trainer/modeling/bad.py: trainer.config.TrainConfig",
+        "trainer/learner/bad.py: vistarl.trainer.run",
+        "trainer/learner/bad.py: vistarl.trainer.run.train",
+        "trainer/modeling/bad.py: vistarl.trainer.config",
+        "trainer/modeling/bad.py: vistarl.trainer.config.TrainConfig",
     ]
 
 
@@ -131,18 +144,22 @@ def test_every_room_of_the_trainer_has_its_place_in_the_rules() -> None:
 def test_modeling_is_shared_by_the_learner_and_the_engine() -> None:
     for user in ("trainer/learner", "trainer/rollout/engines"):
         uses = {m for p in (ROOT / user).rglob("*.py") for m in imported_modules(p)}
-        assert any(m.startswith("trainer.modeling.") for m in uses), f"{user} no longer uses trainer/modeling"
+        assert any(m.startswith("vistarl.trainer.modeling.") for m in uses), (
+            f"{user} no longer uses trainer/modeling"
+        )
 
 
 def test_the_walk_sees_imports_inside_functions(tmp_path: Path) -> None:
     source = tmp_path / "m.py"
     source.write_text(
-        "def f():\n    from trainer.learner.fsdp import shard_model\n    import trainer.rollout\n"
+        "def f():\n"
+        "    from vistarl.trainer.learner.fsdp import shard_model\n"
+        "    import vistarl.trainer.rollout\n"
     )
     assert imported_modules(source) == {
-        "trainer.learner.fsdp",
-        "trainer.learner.fsdp.shard_model",
-        "trainer.rollout",
+        "vistarl.trainer.learner.fsdp",
+        "vistarl.trainer.learner.fsdp.shard_model",
+        "vistarl.trainer.rollout",
     }
 
 
@@ -152,17 +169,17 @@ def test_relative_imports_count_as_the_modules_they_name(tmp_path: Path) -> None
     source = package / "m.py"
     source.write_text("from ..protocol import Reset\nfrom . import sibling\n")
     assert imported_modules(source, tmp_path) == {
-        "clients.protocol",
-        "clients.protocol.Reset",
-        "clients.inner",
-        "clients.inner.sibling",
+        "vistarl.clients.protocol",
+        "vistarl.clients.protocol.Reset",
+        "vistarl.clients.inner",
+        "vistarl.clients.inner.sibling",
     }
 
 
 CLIENTS_LOAD = """
 import importlib, pkgutil, sys
-import clients
-for found in pkgutil.walk_packages(clients.__path__, "clients."):
+import vistarl.clients
+for found in pkgutil.walk_packages(vistarl.clients.__path__, "vistarl.clients."):
     importlib.import_module(found.name)
 print(*sys.modules)
 """
@@ -177,5 +194,23 @@ def test_clients_load_no_torch_even_through_what_they_import() -> None:
         text=True,
         check=True,
     ).stdout.split()
-    assert "clients.http" in loaded
-    assert not [name for name in loaded if name.split(".")[0] in ("torch", "trainer")]
+    assert "vistarl.clients.http" in loaded
+    assert not [
+        name for name in loaded if name.split(".")[0] == "torch" or name.startswith("vistarl.trainer")
+    ]
+
+
+def test_code_imports_the_packages_through_the_vistarl_namespace() -> None:
+    """`clients`, `services` and `trainer` are reachable at the top of a checkout too (they are its
+    folders), but a module imported under two names is two modules: every import goes through `vistarl`."""
+    tops = (*LINKED, "cli", "launcher", "serving", "devtools")
+    files = [
+        p for folder in (*LINKED, "vistarl", "tests", "benchmarks") for p in (ROOT / folder).rglob("*.py")
+    ]
+    found = [
+        f"{path.relative_to(ROOT)}: {module}"
+        for path in files
+        for module in sorted(imported_modules(path))
+        if module.split(".")[0] in tops
+    ]
+    assert found == []

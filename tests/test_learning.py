@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from services.env_api import Env, EnvFactory, EnvObservation, StepResult
-from trainer.config import TrainConfig
-from trainer.run.train import run_training
+from vistarl.services.env_api import Env, EnvFactory, EnvObservation, StepResult
+from vistarl.trainer.config import TrainConfig
+from vistarl.trainer.run.train import run_training
 
 
 def even_token_reward(turn_rewards: Sequence[float], info: Mapping[str, Any]) -> float:

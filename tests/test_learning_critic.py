@@ -28,12 +28,12 @@ from typing import Any
 
 import pytest
 
-from services.env_api import EnvObservation, StepResult
 from tests.test_learning import ENV_FACTORY as ONE_TURN_FACTORY
 from tests.test_learning import OneTurnEnv, even_token_reward, learning_config
 from tests.test_train_loop import with_changes
-from trainer.config import TrainConfig
-from trainer.run.train import TrainResult, run_training
+from vistarl.services.env_api import EnvObservation, StepResult
+from vistarl.trainer.config import TrainConfig
+from vistarl.trainer.run.train import TrainResult, run_training
 
 TURNS = 2
 GAIN = 0.4

@@ -8,12 +8,12 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-from devtools.tiny_checkpoint import ARCHS
 from tests.vl_samples import mixed_samples
-from trainer.learner.logprobs import sequence_logprobs, token_logprobs
-from trainer.learner.models import ActorModel, load_lm
-from trainer.learner.packing import PackedBatch, pack_sequences
-from trainer.rollout.processor import VLProcessor
+from vistarl.devtools.tiny_checkpoint import ARCHS
+from vistarl.trainer.learner.logprobs import sequence_logprobs, token_logprobs
+from vistarl.trainer.learner.models import ActorModel, load_lm
+from vistarl.trainer.learner.packing import PackedBatch, pack_sequences
+from vistarl.trainer.rollout.processor import VLProcessor
 
 TEMPERATURE = 0.6
 

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from trainer.config import AlgoConfig
-from trainer.learner.logprobs import chunked_logprobs
-from trainer.learner.losses import (
+from vistarl.trainer.config import AlgoConfig
+from vistarl.trainer.learner.logprobs import chunked_logprobs
+from vistarl.trainer.learner.losses import (
     actor_loss,
     aggregate_loss,
     kl_penalty,

@@ -10,7 +10,7 @@ from tests.machine import require
 
 ROUNDS = """
 import resource, sys
-from services.server.malloc_tuning import keep_freed_memory
+from vistarl.services.server.malloc_tuning import keep_freed_memory
 tuned = sys.argv[1] == "tuned" and keep_freed_memory()
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(50):  # a request's worth of 100 kB blocks, built and freed

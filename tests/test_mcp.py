@@ -21,11 +21,11 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from PIL import Image
 
-from services.sokoban.game import Level
-from services.sokoban.prompt import ACTION_FORMAT
-from services.sokoban.solver import solve
 from tests.envs.serving import served
 from tests.wire import assert_error
+from vistarl.services.sokoban.game import Level
+from vistarl.services.sokoban.prompt import ACTION_FORMAT
+from vistarl.services.sokoban.solver import solve
 
 TOKEN = "mcp-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -234,8 +234,8 @@ def test_get_on_mcp_is_405_as_no_stream_is_served(url: str) -> None:
 # In a fresh interpreter: the server answers /health without the MCP SDK, and /mcp imports it on first use.
 LAZY_MCP = """
 import json, sys, anyio, httpx
-from services.env_api import load_env_factory
-from services.server.app import create_app
+from vistarl.services.env_api import load_env_factory
+from vistarl.services.server.app import create_app
 
 async def main():
     app = create_app(load_env_factory("sokoban"))
@@ -263,7 +263,7 @@ def test_the_server_imports_the_mcp_sdk_only_when_mcp_is_asked() -> None:
 
 
 async def test_stdio_serves_the_same_tools() -> None:
-    command = StdioServerParameters(command=sys.executable, args=["-m", "cli.main", "mcp", "sokoban"])
+    command = StdioServerParameters(command=sys.executable, args=["-m", "vistarl.cli.main", "mcp", "sokoban"])
     async with Client(command) as client:
         assert {tool.name for tool in (await client.list_tools()).tools} == TOOLS
         session, turns = await play_to_the_end(client, {"options": {"xsb": CORRIDOR}})

@@ -19,20 +19,20 @@ import pytest
 import yaml
 from PIL import Image
 
-from clients.images import encode_image
-from devtools.servers import running_process, vistarl_cmd
-from serving.launch import free_port
 from tests.envs.openenv_colors import COLORS, color_of, prompt, reward, square
 from tests.envs.serving import served_process
 from tests.test_rollout_hf import generated_runs
-from trainer.config import ConfigError, OpenEnvAdapter, load_config
-from trainer.rollout.engines.scripted import ScriptedEngine
-from trainer.rollout.env_handle import Envs
-from trainer.rollout.job import group_jobs
-from trainer.rollout.processor import VLProcessor
-from trainer.rollout.runner import RolloutRunner
-from trainer.rollout.tokenization import TokenTracks, TurnEncoder
-from trainer.rollout.trajectory import Status, Trajectory
+from vistarl.clients.images import encode_image
+from vistarl.devtools.servers import running_process, vistarl_cmd
+from vistarl.serving.launch import free_port
+from vistarl.trainer.config import ConfigError, OpenEnvAdapter, load_config
+from vistarl.trainer.rollout.engines.scripted import ScriptedEngine
+from vistarl.trainer.rollout.env_handle import Envs
+from vistarl.trainer.rollout.job import group_jobs
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.runner import RolloutRunner
+from vistarl.trainer.rollout.tokenization import TokenTracks, TurnEncoder
+from vistarl.trainer.rollout.trajectory import Status, Trajectory
 
 ADAPTER = OpenEnvAdapter(
     text_fields=["prompt"], image_fields=["image"], system_prompt="Name the colour of the square."

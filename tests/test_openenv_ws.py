@@ -29,13 +29,13 @@ from openenv.core.generic_client import GenericEnvClient
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidStatus
 
-from clients.http import EnvClient
-from clients.protocol import OPENENV_CORE_VERSION
-from services.geo3k.generator import generate
-from services.sokoban.game import Level
-from services.sokoban.solver import solve
 from tests.envs.serving import served, served_process
 from tests.servers import metric
+from vistarl.clients.http import EnvClient
+from vistarl.clients.protocol import OPENENV_CORE_VERSION
+from vistarl.services.geo3k.generator import generate
+from vistarl.services.sokoban.game import Level
+from vistarl.services.sokoban.solver import solve
 
 SOKOBAN_OPTIONS = {"max_steps": 12, "max_actions_per_turn": 1}
 MOVES = ("Up", "Down", "Left", "Right")

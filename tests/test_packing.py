@@ -11,18 +11,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from devtools.tiny_checkpoint import ARCHS
 from tests.vl_samples import make_sample, mixed_samples
-from trainer.learner.logprobs import (
+from vistarl.devtools.tiny_checkpoint import ARCHS
+from vistarl.trainer.learner.logprobs import (
     chunked_logprobs,
     score_index,
     sequence_logprobs,
     token_logprobs,
     token_values,
 )
-from trainer.learner.models import ActorModel, load_actor, load_critic
-from trainer.learner.packing import PackedBatch, SequenceSample, pack_sequences, plan_micro_batches
-from trainer.rollout.processor import VLProcessor
+from vistarl.trainer.learner.models import ActorModel, load_actor, load_critic
+from vistarl.trainer.learner.packing import PackedBatch, SequenceSample, pack_sequences, plan_micro_batches
+from vistarl.trainer.rollout.processor import VLProcessor
 
 TEMPERATURE = 0.7
 

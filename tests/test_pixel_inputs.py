@@ -10,9 +10,9 @@ import pytest
 import torch
 from PIL import Image
 
-from clients.images import encode_image
-from devtools.tiny_checkpoint import ARCHS
-from trainer.rollout.processor import VLProcessor
+from vistarl.clients.images import encode_image
+from vistarl.devtools.tiny_checkpoint import ARCHS
+from vistarl.trainer.rollout.processor import VLProcessor
 
 
 def noise(rng: np.random.Generator, width: int, height: int) -> Image.Image:

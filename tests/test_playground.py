@@ -15,19 +15,19 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from clients.images import decode_image
-from services.sokoban.game import Level
-from services.sokoban.solver import solve
 from tests.envs.serving import served
 from tests.machine import require
-from trainer.config import RolloutConfig
-from trainer.rollout.engines.scripted import ScriptedEngine
-from trainer.rollout.env_handle import Envs
-from trainer.rollout.episode import run_episode
-from trainer.rollout.job import EpisodeJob
-from trainer.rollout.processor import VLProcessor
-from trainer.rollout.trajectory import Trajectory
-from trainer.run.outputs import save_trajectory
+from vistarl.clients.images import decode_image
+from vistarl.services.sokoban.game import Level
+from vistarl.services.sokoban.solver import solve
+from vistarl.trainer.config import RolloutConfig
+from vistarl.trainer.rollout.engines.scripted import ScriptedEngine
+from vistarl.trainer.rollout.env_handle import Envs
+from vistarl.trainer.rollout.episode import run_episode
+from vistarl.trainer.rollout.job import EpisodeJob
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.trajectory import Trajectory
+from vistarl.trainer.run.outputs import save_trajectory
 
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = [

@@ -11,12 +11,12 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.runners import trajectory_for
-from trainer.queue import open_queue
-from trainer.queue.base import EpisodeQueue, QueueFull, pack
-from trainer.queue.consumer import ResultConsumer
-from trainer.queue.memory import MemoryQueue
-from trainer.queue.redis import RedisQueue
-from trainer.rollout.job import EpisodeJob
+from vistarl.trainer.queue import open_queue
+from vistarl.trainer.queue.base import EpisodeQueue, QueueFull, pack
+from vistarl.trainer.queue.consumer import ResultConsumer
+from vistarl.trainer.queue.memory import MemoryQueue
+from vistarl.trainer.queue.redis import RedisQueue
+from vistarl.trainer.rollout.job import EpisodeJob
 
 QueueMaker = Callable[..., EpisodeQueue]
 

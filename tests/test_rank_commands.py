@@ -15,10 +15,10 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from serving.launch import free_port
-from trainer.learner.checkpoint import TrainerState
-from trainer.rollout.trajectory import Status, Trajectory
-from trainer.run.rank_commands import Push, Stop, Train, decode, encode
+from vistarl.serving.launch import free_port
+from vistarl.trainer.learner.checkpoint import TrainerState
+from vistarl.trainer.rollout.trajectory import Status, Trajectory
+from vistarl.trainer.run.rank_commands import Push, Stop, Train, decode, encode
 
 REPO = Path(__file__).resolve().parent.parent
 

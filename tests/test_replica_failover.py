@@ -14,12 +14,12 @@ from pathlib import Path
 
 import httpx
 
-from clients import AsyncEnvClient, EnvClient, RetryPolicy
-from clients.protocol import StepResponse
-from services.env_api import load_env_factory
-from services.server.encoding import json_safe
 from tests.envs.serving import counter_process, counter_server, served, served_process
 from tests.servers import metric
+from vistarl.clients import AsyncEnvClient, EnvClient, RetryPolicy
+from vistarl.clients.protocol import StepResponse
+from vistarl.services.env_api import load_env_factory
+from vistarl.services.server.encoding import json_safe
 
 RETRY = RetryPolicy(max_attempts=5, base_delay=0.1, max_delay=0.5, deadline_s=30.0)
 SOKOBAN_OPTIONS = {"max_steps": 16}

@@ -11,21 +11,21 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from clients.http import AsyncEnvClient
-from services.sokoban.reward import reward as sokoban_reward
-from serving.launch import free_port
 from tests.runners import trajectory_for
 from tests.test_env_handle import env_process, image_urls
-from trainer.config import RolloutConfig
-from trainer.rollout.engines.base import Engine, GenerateRequest
-from trainer.rollout.engines.scripted import ScriptedEngine
-from trainer.rollout.engines.sglang import SGLangEngine
-from trainer.rollout.env_handle import Envs
-from trainer.rollout.episode import run_episode
-from trainer.rollout.job import EpisodeJob, EpisodeSettings, group_jobs
-from trainer.rollout.processor import VLProcessor
-from trainer.rollout.runner import run_jobs
-from trainer.rollout.trajectory import Status, Trajectory
+from vistarl.clients.http import AsyncEnvClient
+from vistarl.services.sokoban.reward import reward as sokoban_reward
+from vistarl.serving.launch import free_port
+from vistarl.trainer.config import RolloutConfig
+from vistarl.trainer.rollout.engines.base import Engine, GenerateRequest
+from vistarl.trainer.rollout.engines.scripted import ScriptedEngine
+from vistarl.trainer.rollout.engines.sglang import SGLangEngine
+from vistarl.trainer.rollout.env_handle import Envs
+from vistarl.trainer.rollout.episode import run_episode
+from vistarl.trainer.rollout.job import EpisodeJob, EpisodeSettings, group_jobs
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.runner import run_jobs
+from vistarl.trainer.rollout.trajectory import Status, Trajectory
 
 # The player walks right and pushes the box three cells onto the target: four moves, two turns.
 CORRIDOR = {"xsb": "########\n#@ $  .#\n########"}
@@ -381,7 +381,7 @@ async def test_local_module_and_remote_server_give_the_same_trajectory(
     processor: VLProcessor, sokoban: tuple[str, Any], envs: Envs
 ) -> None:
     played = []
-    for env in ("services.sokoban", sokoban[0]):
+    for env in ("vistarl.services.sokoban", sokoban[0]):
         engine = ScriptedEngine(processor, wander)
         played.append(
             (await play(processor, engine, envs, env, config=config(max_turns=3), seed=3)).to_dict()

@@ -19,21 +19,21 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cli.main import app
-from services.env_api import load_env_factory
 from tests.test_env_handle import env_process
-from trainer.config import RolloutConfig
-from trainer.learner.logprobs import sequence_logprobs
-from trainer.queue.consumer import ResultConsumer
-from trainer.queue.episode_runner import make_episode_runner
-from trainer.queue.memory import MemoryQueue
-from trainer.queue.worker import WorkerOptions, run_worker
-from trainer.rollout.engines.hf import HFEngine
-from trainer.rollout.engines.spec import EngineSpec
-from trainer.rollout.env_handle import Envs
-from trainer.rollout.job import EpisodeSettings, group_jobs
-from trainer.rollout.runner import RolloutRunner, run_jobs
-from trainer.rollout.trajectory import Status, Trajectory
+from vistarl.cli.main import app
+from vistarl.services.env_api import load_env_factory
+from vistarl.trainer.config import RolloutConfig
+from vistarl.trainer.learner.logprobs import sequence_logprobs
+from vistarl.trainer.queue.consumer import ResultConsumer
+from vistarl.trainer.queue.episode_runner import make_episode_runner
+from vistarl.trainer.queue.memory import MemoryQueue
+from vistarl.trainer.queue.worker import WorkerOptions, run_worker
+from vistarl.trainer.rollout.engines.hf import HFEngine
+from vistarl.trainer.rollout.engines.spec import EngineSpec
+from vistarl.trainer.rollout.env_handle import Envs
+from vistarl.trainer.rollout.job import EpisodeSettings, group_jobs
+from vistarl.trainer.rollout.runner import RolloutRunner, run_jobs
+from vistarl.trainer.rollout.trajectory import Status, Trajectory
 
 TEMPERATURE = 0.8
 ATOL = 1e-4
@@ -125,7 +125,7 @@ async def test_the_default_runner_works_through_a_worker(tiny_qwen25: Path, soko
     options = WorkerOptions(
         engine=EngineSpec(kind="hf", target=str(tiny_qwen25)),
         env_urls={"sokoban": sokoban_url},
-        reward_path="services.sokoban.reward",
+        reward_path="vistarl.services.sokoban.reward",
         concurrency=4,
     )
     settings = EpisodeSettings.of(RolloutConfig(max_turns=2, max_new_tokens=3))

@@ -16,11 +16,11 @@ import pytest
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-from clients.images import decode_image, encode_image
-from clients.protocol import InfoResponse, StepResponse
 from tests.envs.counter import BAD_ACTION_PENALTY, CounterOptions
 from tests.envs.serving import counter_server
 from tests.wire import assert_error, reset, step
+from vistarl.clients.images import decode_image, encode_image
+from vistarl.clients.protocol import InfoResponse, StepResponse
 
 MAX_BODY = 64 * 1024
 MAX_ACTION = 1000

@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from clients.protocol import ErrorResponse
-from devtools.servers import vistarl_cmd
 from tests.envs.serving import COUNTER_ENV, counter_process, counter_server
 from tests.servers import wait_until
+from vistarl.clients.protocol import ErrorResponse
+from vistarl.devtools.servers import vistarl_cmd
 
 TIMEOUT = 30.0
 TTL = 1.5

@@ -18,14 +18,14 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from clients import AsyncEnvClient, EnvClient, TaskNotFoundError
-from clients.images import decode_image, encode_image
-from clients.protocol import InfoResponse, ResetResponse
-from devtools.servers import vistarl_cmd
-from services.datasets import load_splits
 from tests.envs.quiz import ANSWER_TOOL, SPLIT_SIZES, QuizSample, quiz_row
 from tests.envs.serving import counter_server, served
 from tests.wire import assert_error, reset
+from vistarl.clients import AsyncEnvClient, EnvClient, TaskNotFoundError
+from vistarl.clients.images import decode_image, encode_image
+from vistarl.clients.protocol import InfoResponse, ResetResponse
+from vistarl.devtools.servers import vistarl_cmd
+from vistarl.services.datasets import load_splits
 
 QUIZ_ENV = "tests.envs.quiz"
 DATA_ROWS = {"extra": 10, "more": 4, "solo": 3}

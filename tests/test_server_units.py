@@ -17,16 +17,16 @@ from fastapi.security import HTTPBearer
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from clients.images import decode_image, encode_image
-from clients.protocol import FormatRequest
-from devtools.servers import vistarl_cmd, wait_http
-from services.env_api import EnvObservation
-from services.server.app import create_app
-from services.server.encoding import json_safe, message_to_wire, observation_to_wire
-from services.server.json_route import JSONRoute, LeanRoutes
-from services.server.settings import ServerSettings
-from serving.launch import free_port, stop_process
 from tests.envs.counter import ENV_FACTORY
+from vistarl.clients.images import decode_image, encode_image
+from vistarl.clients.protocol import FormatRequest
+from vistarl.devtools.servers import vistarl_cmd, wait_http
+from vistarl.services.env_api import EnvObservation
+from vistarl.services.server.app import create_app
+from vistarl.services.server.encoding import json_safe, message_to_wire, observation_to_wire
+from vistarl.services.server.json_route import JSONRoute, LeanRoutes
+from vistarl.services.server.settings import ServerSettings
+from vistarl.serving.launch import free_port, stop_process
 
 
 def test_json_safe_turns_env_info_into_plain_json() -> None:
@@ -138,14 +138,14 @@ NOT_AT_START = (
     "aiohttp",  # the HTTP clients: agents'
     "pyarrow",  # a `--data` split, with the first one opened
     "trainer",  # other commands'
-    "services.sokoban.env",  # the env itself (its renderer and numpy): the env worker processes
+    "vistarl.services.sokoban.env",  # the env itself (its renderer and numpy): the env worker processes
     "numpy",
     "jsonschema",  # a tool call's arguments, checked from the first /step with one
     "mcp",  # the MCP SDK: the first /mcp request
     "rich",  # other commands' tables and progress bars
-    "websockets",  # the WebSocket protocol of /ws: the first upgrade (cli/serve.py)
-    "cli.data",  # the other command groups
-    "cli.train",
+    "websockets",  # the WebSocket protocol of /ws: the first upgrade (vistarl/cli/serve.py)
+    "vistarl.cli.data",  # the other command groups
+    "vistarl.cli.train",
 )
 
 

@@ -20,11 +20,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from clients.protocol import StepResponse
-from devtools.servers import redis_server
 from tests.envs.serving import counter_process, counter_server
 from tests.servers import children, metric, wait_until
 from tests.wire import assert_error, reset, step
+from vistarl.clients.protocol import StepResponse
+from vistarl.devtools.servers import redis_server
 
 TIMEOUT = 30.0
 MAX_SESSIONS = 2

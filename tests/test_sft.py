@@ -13,16 +13,16 @@ import torch
 from typer.testing import CliRunner
 
 from benchmarks import paired_eval, perception_probe
-from cli.main import app
-from devtools.servers import vistarl_cmd
-from services.sokoban.demos import demonstration
-from services.sokoban.env import SokobanEnv
-from services.sokoban.options import SokobanOptions
-from trainer.config import load_config
-from trainer.learner.models import load_lm
-from trainer.rollout.processor import VLProcessor
-from trainer.rollout.tokenization import TurnEncoder
-from trainer.sft import load_sft_data, run_sft
+from vistarl.cli.main import app
+from vistarl.devtools.servers import vistarl_cmd
+from vistarl.services.sokoban.demos import demonstration
+from vistarl.services.sokoban.env import SokobanEnv
+from vistarl.services.sokoban.options import SokobanOptions
+from vistarl.trainer.config import load_config
+from vistarl.trainer.learner.models import load_lm
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.tokenization import TurnEncoder
+from vistarl.trainer.sft import load_sft_data, run_sft
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_CONFIG = REPO / "configs" / "sokoban_demo.yaml"

@@ -10,9 +10,9 @@ from pathlib import Path
 from PIL import Image
 from typer.testing import CliRunner
 
-from cli.main import app
-from devtools.servers import vistarl_cmd
-from serving.launch import free_port
+from vistarl.cli.main import app
+from vistarl.devtools.servers import vistarl_cmd
+from vistarl.serving.launch import free_port
 
 
 def test_solve_reports_the_solve_rate() -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from services.env_api import load_env_factory
-from services.sokoban import ENV_FACTORY, SokobanOptions, build_env
-from services.sokoban.boxoban import boxoban_levels
-from services.sokoban.prompt import IMAGE_HINT
-from services.sokoban.render import (
+from vistarl.services.env_api import load_env_factory
+from vistarl.services.sokoban import ENV_FACTORY, SokobanOptions, build_env
+from vistarl.services.sokoban.boxoban import boxoban_levels
+from vistarl.services.sokoban.prompt import IMAGE_HINT
+from vistarl.services.sokoban.render import (
     BOX_COLOR,
     BOX_OUTLINE_COLOR,
     DIAMOND_COLOR,
@@ -19,7 +19,7 @@ from services.sokoban.render import (
     TARGET_COLOR,
     WALL_COLOR,
 )
-from services.sokoban.reward import box_target_distance, episode_reward, reward
+from vistarl.services.sokoban.reward import box_target_distance, episode_reward, reward
 
 CORRIDOR = "#######\n#@ $ .#\n#######"
 

@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from services.sokoban import SokobanOptions, build_env
-from services.sokoban.game import TARGET, Game
-from services.sokoban.generator import MAX_BOXES, GenerationError, generate_level, limits
-from services.sokoban.reverse_play import reverse_walk, room
-from services.sokoban.solver import solve_bfs
+from vistarl.services.sokoban import SokobanOptions, build_env
+from vistarl.services.sokoban.game import TARGET, Game
+from vistarl.services.sokoban.generator import MAX_BOXES, GenerationError, generate_level, limits
+from vistarl.services.sokoban.reverse_play import reverse_walk, room
+from vistarl.services.sokoban.solver import solve_bfs
 
 SEEDS = st.integers(min_value=0, max_value=2**31 - 1)
 

@@ -6,13 +6,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from clients.errors import BadRequestError
-from clients.http import EnvClient
-from clients.images import decode_image
-from devtools.servers import running_process, vistarl_cmd
-from services.sokoban.game import Game, Level
-from services.sokoban.solver import solve
-from serving.launch import free_port
+from vistarl.clients.errors import BadRequestError
+from vistarl.clients.http import EnvClient
+from vistarl.clients.images import decode_image
+from vistarl.devtools.servers import running_process, vistarl_cmd
+from vistarl.services.sokoban.game import Game, Level
+from vistarl.services.sokoban.solver import solve
+from vistarl.serving.launch import free_port
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from services.env_api import StepResult
-from services.sokoban import build_env
-from services.sokoban.actions import parse_actions
-from services.sokoban.game import Game, Level, LevelError
+from vistarl.services.env_api import StepResult
+from vistarl.services.sokoban import build_env
+from vistarl.services.sokoban.actions import parse_actions
+from vistarl.services.sokoban.game import Game, Level, LevelError
 
 # Player, floor, box, floor, target in a corridor: Right x3 solves it.
 CORRIDOR = "#######\n#@ $ .#\n#######"

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from services.sokoban.boxoban import BOXOBAN_FILES, boxoban_levels, parse_boxoban
-from services.sokoban.game import DIRECTIONS, FLOOR, TARGET, WALL, Game, Level, LevelError
-from services.sokoban.solver import solve, solve_bfs, solve_optimal, solve_push_search
+from vistarl.services.sokoban.boxoban import BOXOBAN_FILES, boxoban_levels, parse_boxoban
+from vistarl.services.sokoban.game import DIRECTIONS, FLOOR, TARGET, WALL, Game, Level, LevelError
+from vistarl.services.sokoban.solver import solve, solve_bfs, solve_optimal, solve_push_search
 
 # The box goes up, then left: the player walks below it, pushes, then walks round to its right side.
 DETOUR = "######\n# .  #\n#  $ #\n#@   #\n######"

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from tests.runners import trajectory_for
-from trainer.queue.memory import MemoryQueue
-from trainer.rollout.engines.scripted import ScriptedEngine
-from trainer.rollout.job import EpisodeJob
-from trainer.rollout.processor import VLProcessor
-from trainer.run.stack import Stack, StalePolicyError
+from vistarl.trainer.queue.memory import MemoryQueue
+from vistarl.trainer.rollout.engines.scripted import ScriptedEngine
+from vistarl.trainer.rollout.job import EpisodeJob
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.run.stack import Stack, StalePolicyError
 
 
 def jobs(versions: range) -> list[EpisodeJob]:

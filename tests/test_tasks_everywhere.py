@@ -10,16 +10,16 @@ from typing import Any
 
 import pytest
 
-from devtools.servers import env_server
-from services.env_api import load_env_factory
-from trainer.config import RolloutConfig
-from trainer.queue.consumer import ResultConsumer
-from trainer.queue.memory import MemoryQueue
-from trainer.queue.worker import Worker
-from trainer.rollout.engines.hf import HFEngine
-from trainer.rollout.job import EpisodeSettings, group_jobs
-from trainer.rollout.runner import RolloutRunner
-from trainer.rollout.trajectory import Status, Trajectory
+from vistarl.devtools.servers import env_server
+from vistarl.services.env_api import load_env_factory
+from vistarl.trainer.config import RolloutConfig
+from vistarl.trainer.queue.consumer import ResultConsumer
+from vistarl.trainer.queue.memory import MemoryQueue
+from vistarl.trainer.queue.worker import Worker
+from vistarl.trainer.rollout.engines.hf import HFEngine
+from vistarl.trainer.rollout.job import EpisodeSettings, group_jobs
+from vistarl.trainer.rollout.runner import RolloutRunner
+from vistarl.trainer.rollout.trajectory import Status, Trajectory
 
 CONFIG = RolloutConfig(max_turns=3, max_new_tokens=12, rollout_max_response_len=36)
 GREEDY = EpisodeSettings.of(CONFIG).sampled_with(

@@ -10,9 +10,9 @@ import torch
 from PIL import Image
 from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
 
-from devtools.model_shapes import SHAPES, arch_for, qwen_vl_config
-from devtools.servers import vistarl_cmd
-from devtools.tiny_checkpoint import ARCHS
+from vistarl.devtools.model_shapes import SHAPES, arch_for, qwen_vl_config
+from vistarl.devtools.servers import vistarl_cmd
+from vistarl.devtools.tiny_checkpoint import ARCHS
 
 QWEN_SPECIAL_IDS = {
     "<|endoftext|>": 151643,

@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from clients.images import encode_image
-from clients.protocol import Message
-from devtools.tiny_checkpoint import ARCHS
-from trainer.rollout.processor import VLProcessor
-from trainer.rollout.tokenization import TokenTrackError, TokenTracks, TurnEncoder
+from vistarl.clients.images import encode_image
+from vistarl.clients.protocol import Message
+from vistarl.devtools.tiny_checkpoint import ARCHS
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.tokenization import TokenTrackError, TokenTracks, TurnEncoder
 
 SYSTEM = {"role": "system", "content": "You solve Sokoban. Answer with <answer>Left</answer>."}
 

@@ -10,12 +10,12 @@ from typing import Any
 import httpx
 import pytest
 
-from clients.protocol import InfoResponse, StepResponse, ToolCall
-from services.env_api import ENV_MODULES, load_env_factory
-from services.server.tool_calls import ToolActions
-from serving.errors import ServiceError
 from tests.envs.serving import served
 from tests.wire import assert_error
+from vistarl.clients.protocol import InfoResponse, StepResponse, ToolCall
+from vistarl.services.env_api import ENV_MODULES, load_env_factory
+from vistarl.services.server.tool_calls import ToolActions
+from vistarl.serving.errors import ServiceError
 
 CORRIDOR = {"xsb": "########\n#@ $  .#\n########"}
 

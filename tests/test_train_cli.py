@@ -16,13 +16,13 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
-from cli.main import app
-from devtools.servers import running_process, vistarl_cmd
-from serving.launch import free_port
 from tests.servers import wait_until
-from trainer.config import load_config
-from trainer.rollout.engines.base import EngineUnavailableError
-from trainer.run.outputs import draw_curve, failure_places
+from vistarl.cli.main import app
+from vistarl.devtools.servers import running_process, vistarl_cmd
+from vistarl.serving.launch import free_port
+from vistarl.trainer.config import load_config
+from vistarl.trainer.rollout.engines.base import EngineUnavailableError
+from vistarl.trainer.run.outputs import draw_curve, failure_places
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "sokoban_tiny.yaml"
 

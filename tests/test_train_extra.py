@@ -22,14 +22,16 @@ ENV_ONLY = ("moderngl", "mcp", "math_verify")
 
 CHECK = f"""
 import importlib.util, sys
-import trainer.run.train, trainer.run.stack, trainer.sft, trainer.curriculum, trainer.eval
-import trainer.queue.worker
-import cli.main
+import vistarl.trainer.run.train, vistarl.trainer.run.stack
+import vistarl.trainer.sft, vistarl.trainer.curriculum, vistarl.trainer.eval
+import vistarl.trainer.queue.worker
+import vistarl.cli.main
 present = [name for name in {ENV_ONLY!r} if importlib.util.find_spec(name) is not None]
 assert not present, f"installed with vistarl[train]: {{present}}"
-envs = sorted(m for m in sys.modules if m.startswith(("services.sokoban", "services.geo3k", "services.vsi")))
+env_packages = tuple(f"vistarl.services.{{env}}" for env in ("sokoban", "geo3k", "vsi"))
+envs = sorted(m for m in sys.modules if m.startswith(env_packages))
 assert not envs, f"the trainer imports env packages: {{envs}}"
-print("trainer imported from", trainer.run.train.__file__)
+print("trainer imported from", vistarl.trainer.run.train.__file__)
 """
 
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from trainer.config import TrainConfig
-from trainer.eval import eval_starts
-from trainer.rollout.engines.base import GenerateRequest, GenerateResult
-from trainer.rollout.engines.scripted import ScriptedEngine
-from trainer.rollout.processor import VLProcessor
-from trainer.run.prompts import PromptSource
-from trainer.run.train import run_training
+from vistarl.trainer.config import TrainConfig
+from vistarl.trainer.eval import eval_starts
+from vistarl.trainer.rollout.engines.base import GenerateRequest, GenerateResult
+from vistarl.trainer.rollout.engines.scripted import ScriptedEngine
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.run.prompts import PromptSource
+from vistarl.trainer.run.train import run_training
 
 
 def odd_seeds_count(index: int, request: GenerateRequest) -> str:
@@ -154,9 +154,9 @@ def test_training_seeds_skip_the_eval_range(tiny_qwen25: Path, tmp_path: Path) -
 
 
 async def test_dataset_rows_become_samples_in_a_shuffled_resumable_order(tmp_path: Path) -> None:
-    from services.sokoban import ENV_FACTORY, SokobanEnv
-    from services.sokoban.dataset import write_dataset
-    from services.sokoban.options import SokobanOptions
+    from vistarl.services.sokoban import ENV_FACTORY, SokobanEnv
+    from vistarl.services.sokoban.dataset import write_dataset
+    from vistarl.services.sokoban.options import SokobanOptions
 
     paths = write_dataset(tmp_path, n_train=3, n_test=1, base_seed=0, options=SokobanOptions(cell_size=16))
     cfg = TrainConfig.model_validate({"env": {"dataset": str(paths["train"]), "options": {"max_steps": 7}}})

@@ -13,12 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from clients.images import encode_image
-from trainer.queue.worker import pack_result
-from trainer.rollout.job import EpisodeJob
-from trainer.rollout.processor import VLProcessor
-from trainer.rollout.tokenization import TokenTracks, TurnEncoder
-from trainer.rollout.trajectory import Status, Trajectory
+from vistarl.clients.images import encode_image
+from vistarl.trainer.queue.worker import pack_result
+from vistarl.trainer.rollout.job import EpisodeJob
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.tokenization import TokenTracks, TurnEncoder
+from vistarl.trainer.rollout.trajectory import Status, Trajectory
 
 
 def small_trajectory(**overrides: Any) -> Trajectory:

@@ -16,11 +16,11 @@ import signal
 import subprocess
 from pathlib import Path
 
-from devtools.servers import vistarl_cmd
-from launcher.status import alive
-from serving.launch import stop_process
 from tests.machine import require
 from tests.servers import wait_until
+from vistarl.devtools.servers import vistarl_cmd
+from vistarl.launcher.status import alive
+from vistarl.serving.launch import stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = str(ROOT / "configs" / "sokoban_tiny.yaml")
@@ -193,7 +193,7 @@ def test_the_run_scripts_bring_the_system_up_on_a_model_path_unless_an_engine_ur
         return argv_file.read_text().splitlines()
 
     brought_up = command(TRAINER_GPUS="0,1", ENGINE_GPUS="2", WORKERS="3", OUT="runs/up-test")
-    assert brought_up[:5] == ["-m", "cli.main", "up", "--config", "configs/geo3k.yaml"]
+    assert brought_up[:5] == ["-m", "vistarl.cli.main", "up", "--config", "configs/geo3k.yaml"]
     for flag, value in (
         ("--out", "runs/up-test"),
         ("--trainer-gpus", "0,1"),
@@ -203,5 +203,5 @@ def test_the_run_scripts_bring_the_system_up_on_a_model_path_unless_an_engine_ur
         assert brought_up[brought_up.index(flag) + 1] == value
     assert f"model.path={tiny_qwen25}" in brought_up and brought_up[-2:] == ["--set", "train.steps=2"]
     trained = command(ENGINE_URL="http://127.0.0.1:30000")
-    assert trained[:3] == ["-m", "cli.main", "train"]
+    assert trained[:3] == ["-m", "vistarl.cli.main", "train"]
     assert "rollout.engine=sglang:http://127.0.0.1:30000" in trained

@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from tests.learner_batches import conversation, generated_logprob, scored_by, trajectory
-from trainer.config import TrainConfig
-from trainer.learner.imitation import imitate
-from trainer.learner.models import Models, load_actor, load_critic, load_reference
-from trainer.learner.update import PolicyTrainer, zero_variance_share
-from trainer.rollout.processor import VLProcessor
-from trainer.rollout.tokenization import TurnEncoder
-from trainer.rollout.trajectory import Status, Trajectory
+from vistarl.trainer.config import TrainConfig
+from vistarl.trainer.learner.imitation import imitate
+from vistarl.trainer.learner.models import Models, load_actor, load_critic, load_reference
+from vistarl.trainer.learner.update import PolicyTrainer, zero_variance_share
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.tokenization import TurnEncoder
+from vistarl.trainer.rollout.trajectory import Status, Trajectory
 
 PROMPT = "Do you agree?"
 REPLIES = ["yes indeed", "no", "yes, of course I do", "not at all"]

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from devtools.tiny_checkpoint import ARCHS
 from tests.vl_samples import mixed_samples
-from trainer.learner.models import load_lm
-from trainer.modeling.vision_inputs import vision_inputs
-from trainer.rollout.processor import VLProcessor
+from vistarl.devtools.tiny_checkpoint import ARCHS
+from vistarl.trainer.learner.models import load_lm
+from vistarl.trainer.modeling.vision_inputs import vision_inputs
+from vistarl.trainer.rollout.processor import VLProcessor
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -7,7 +7,7 @@ from torch import nn
 from transformers import Qwen2_5_VLConfig
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLMLP
 
-from trainer.learner.vision_mlp import align_gated_mlps
+from vistarl.trainer.learner.vision_mlp import align_gated_mlps
 
 
 def test_a_padded_mlp_computes_the_same_function_and_gradients() -> None:

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from devtools.tiny_checkpoint import ARCHS
 from tests.vl_samples import make_sample
-from trainer.learner.logprobs import token_logprobs, token_values
-from trainer.learner.models import ActorModel, CriticModel, load_actor, load_critic
-from trainer.learner.packing import PackedBatch, pack_sequences
-from trainer.learner.vision_passes import VisionPasses
-from trainer.modeling.image_features import ImageFeatures, encode_images
-from trainer.rollout.processor import VLProcessor
+from vistarl.devtools.tiny_checkpoint import ARCHS
+from vistarl.trainer.learner.logprobs import token_logprobs, token_values
+from vistarl.trainer.learner.models import ActorModel, CriticModel, load_actor, load_critic
+from vistarl.trainer.learner.packing import PackedBatch, pack_sequences
+from vistarl.trainer.learner.vision_passes import VisionPasses
+from vistarl.trainer.modeling.image_features import ImageFeatures, encode_images
+from vistarl.trainer.rollout.processor import VLProcessor
 
 TEMPERATURE = 0.8
 

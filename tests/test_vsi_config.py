@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from services.vsi import VsiOptions
-from trainer.config import load_config
+from vistarl.services.vsi import VsiOptions
+from vistarl.trainer.config import load_config
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 

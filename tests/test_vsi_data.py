@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 from PIL import Image
 from typer.testing import CliRunner
 
-from cli.main import app
-from services.vsi import build_env
-from services.vsi.generator import generate_question
-from services.vsi.question import QuestionType
+from vistarl.cli.main import app
+from vistarl.services.vsi import build_env
+from vistarl.services.vsi.generator import generate_question
+from vistarl.services.vsi.question import QuestionType
 
 COLUMNS = ["id", "dataset", "scene_name", "question_type", "question", "ground_truth", "options"]
 

@@ -8,15 +8,15 @@ import random
 import pytest
 from pydantic import ValidationError
 
-from services.vsi import ENV_FACTORY, VsiEnv, VsiOptions, VsiQuestion, build_env
-from services.vsi.camera import FORWARD_M, WALL_CLEARANCE, Action, Pose, apply_action
-from services.vsi.catalog import get_scene
-from services.vsi.policy import random_response
-from services.vsi.question import QuestionType
-from services.vsi.responses import parse_turn
-from services.vsi.scoring import mean_relative_accuracy
-from services.vsi.tools import tool_call_text
 from tests.vsi_scenes import box, make_scene
+from vistarl.services.vsi import ENV_FACTORY, VsiEnv, VsiOptions, VsiQuestion, build_env
+from vistarl.services.vsi.camera import FORWARD_M, WALL_CLEARANCE, Action, Pose, apply_action
+from vistarl.services.vsi.catalog import get_scene
+from vistarl.services.vsi.policy import random_response
+from vistarl.services.vsi.question import QuestionType
+from vistarl.services.vsi.responses import parse_turn
+from vistarl.services.vsi.scoring import mean_relative_accuracy
+from vistarl.services.vsi.tools import tool_call_text
 
 SMALL = {"image_size": 64}
 SCENE = "scene0684_01"  # a small VSI-Bench room (6 objects) that admits every question type

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from clients.errors import BadRequestError
-from clients.http import EnvClient
-from clients.images import decode_image
-from devtools.servers import env_server
-from services.vsi import build_env
+from vistarl.clients.errors import BadRequestError
+from vistarl.clients.http import EnvClient
+from vistarl.clients.images import decode_image
+from vistarl.devtools.servers import env_server
+from vistarl.services.vsi import build_env
 
 OPTIONS = {"scene_set": "test", "image_size": 96, "max_turns": 5}
 ACTIONS = [

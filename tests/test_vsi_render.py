@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.vsi.camera import EYE_HEIGHT, Pose, start_pose, tour_poses
-from services.vsi.render import CEILING_ID, FLOOR_ID, WALL_ID, render_frames, render_ids, visible_pixels
-from services.vsi.scenes import median_scene
-from services.vsi.topdown import top_down_map
 from tests.vsi_scenes import box, make_scene
+from vistarl.services.vsi.camera import EYE_HEIGHT, Pose, start_pose, tour_poses
+from vistarl.services.vsi.render import (
+    CEILING_ID,
+    FLOOR_ID,
+    WALL_ID,
+    render_frames,
+    render_ids,
+    visible_pixels,
+)
+from vistarl.services.vsi.scenes import median_scene
+from vistarl.services.vsi.topdown import top_down_map
 
 # The camera at the origin looks along +x; a small box 3 m ahead, a larger one 1.5 m ahead in between.
 FAR = ("vase", box((3.0, 0.0, EYE_HEIGHT), (0.5, 0.5, 0.5)))

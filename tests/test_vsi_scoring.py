@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from services.vsi.question import QuestionType
-from services.vsi.scoring import MRA_THRESHOLDS, aggregate, mean_relative_accuracy, parse_answer, score_answer
+from vistarl.services.vsi.question import QuestionType
+from vistarl.services.vsi.scoring import (
+    MRA_THRESHOLDS,
+    aggregate,
+    mean_relative_accuracy,
+    parse_answer,
+    score_answer,
+)
 
 QT = QuestionType
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from services.vsi import ENV_FACTORY, VsiQuestion
-from services.vsi.catalog import is_vsibench
-from services.vsi.generator import generate_question
-from services.vsi.question import TASKS, QuestionType
-from services.vsi.scenes import WALL_MARGIN, load_vsibench, vsibench_names
-from services.vsi.splits import TrainSplit, type_and_rank
-from services.vsi.tasks import drafts
+from vistarl.services.vsi import ENV_FACTORY, VsiQuestion
+from vistarl.services.vsi.catalog import is_vsibench
+from vistarl.services.vsi.generator import generate_question
+from vistarl.services.vsi.question import TASKS, QuestionType
+from vistarl.services.vsi.scenes import WALL_MARGIN, load_vsibench, vsibench_names
+from vistarl.services.vsi.splits import TrainSplit, type_and_rank
+from vistarl.services.vsi.tasks import drafts
 
 
 def test_test_split_covers_the_vsibench_rooms_balanced_by_task() -> None:

@@ -7,14 +7,14 @@ import math
 import numpy as np
 import pytest
 
-from services.vsi.appearance import VISIBILITY_SIZE, first_frames
-from services.vsi.camera import EYE_HEIGHT, TOUR_FRAMES, tour_poses
-from services.vsi.geometry import box_distance
-from services.vsi.question import QuestionType
-from services.vsi.render import render_ids
-from services.vsi.scenes import Scene
-from services.vsi.tasks import direction_of, drafts, route_turns
 from tests.vsi_scenes import box, make_scene
+from vistarl.services.vsi.appearance import VISIBILITY_SIZE, first_frames
+from vistarl.services.vsi.camera import EYE_HEIGHT, TOUR_FRAMES, tour_poses
+from vistarl.services.vsi.geometry import box_distance
+from vistarl.services.vsi.question import QuestionType
+from vistarl.services.vsi.render import render_ids
+from vistarl.services.vsi.scenes import Scene
+from vistarl.services.vsi.tasks import direction_of, drafts, route_turns
 
 QT = QuestionType
 

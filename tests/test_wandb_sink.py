@@ -12,10 +12,10 @@ from PIL import Image
 
 from tests.test_train_loop import odd_seeds_count, scripted_config, with_changes
 from tests.wandb_files import config, history
-from trainer.rollout.engines.scripted import ScriptedEngine
-from trainer.rollout.processor import VLProcessor
-from trainer.run.outputs import read_metrics
-from trainer.run.train import run_training
+from vistarl.trainer.rollout.engines.scripted import ScriptedEngine
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.run.outputs import read_metrics
+from vistarl.trainer.run.train import run_training
 
 
 @pytest.fixture(autouse=True)

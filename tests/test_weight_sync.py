@@ -20,23 +20,23 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import nn
 
-from devtools.servers import running_process, vistarl_cmd
-from serving.launch import free_port
 from tests.weight_probe import WeightSyncMismatch, nudge, verify_weight_sync
-from trainer.learner.models import load_lm
-from trainer.rollout.engines.base import EngineRequestError
-from trainer.rollout.engines.hf import HFEngine
-from trainer.rollout.engines.scripted import ScriptedEngine
-from trainer.rollout.engines.sglang import SGLangEngine
-from trainer.rollout.engines.sglang_api import UpdateWeightsFromDistributedBody
-from trainer.rollout.processor import VLProcessor
-from trainer.weights.buckets import Bucket, bucket_tensors, gathered_buckets
-from trainer.weights.disk import DiskSync, save_hf_weights
-from trainer.weights.in_process import InProcessSync
-from trainer.weights.names import checkpoint_name, live_name, to_checkpoint_state
-from trainer.weights.nccl import DistributedSync, DistributedTarget, distributed_body
-from trainer.weights.sync import WeightSync, transport_kind
-from trainer.weights.transport import EngineCalls, Transport
+from vistarl.devtools.servers import running_process, vistarl_cmd
+from vistarl.serving.launch import free_port
+from vistarl.trainer.learner.models import load_lm
+from vistarl.trainer.rollout.engines.base import EngineRequestError
+from vistarl.trainer.rollout.engines.hf import HFEngine
+from vistarl.trainer.rollout.engines.scripted import ScriptedEngine
+from vistarl.trainer.rollout.engines.sglang import SGLangEngine
+from vistarl.trainer.rollout.engines.sglang_api import UpdateWeightsFromDistributedBody
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.weights.buckets import Bucket, bucket_tensors, gathered_buckets
+from vistarl.trainer.weights.disk import DiskSync, save_hf_weights
+from vistarl.trainer.weights.in_process import InProcessSync
+from vistarl.trainer.weights.names import checkpoint_name, live_name, to_checkpoint_state
+from vistarl.trainer.weights.nccl import DistributedSync, DistributedTarget, distributed_body
+from vistarl.trainer.weights.sync import WeightSync, transport_kind
+from vistarl.trainer.weights.transport import EngineCalls, Transport
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -16,13 +16,13 @@ from prometheus_client import generate_latest
 
 from tests.runners import scripted_episode, trajectory_for
 from tests.test_queue import QueueMaker, job, make_queue
-from trainer.queue.base import EpisodeQueue
-from trainer.queue.consumer import ResultConsumer
-from trainer.queue.redis import RedisQueue
-from trainer.queue.worker import EpisodeRunner, Worker, load_runner_factory
-from trainer.rollout.engines.spec import EngineSpec
-from trainer.rollout.job import EpisodeJob
-from trainer.rollout.trajectory import Status, Trajectory
+from vistarl.trainer.queue.base import EpisodeQueue
+from vistarl.trainer.queue.consumer import ResultConsumer
+from vistarl.trainer.queue.redis import RedisQueue
+from vistarl.trainer.queue.worker import EpisodeRunner, Worker, load_runner_factory
+from vistarl.trainer.rollout.engines.spec import EngineSpec
+from vistarl.trainer.rollout.job import EpisodeJob
+from vistarl.trainer.rollout.trajectory import Status, Trajectory
 
 # `make_queue` is the backend-parametrized fixture of test_queue, used here too.
 __all__ = ["make_queue"]
@@ -151,7 +151,7 @@ async def test_jobs_of_a_vanished_worker_are_rerun_as_attempt_two(
     queue = make_queue(lease_s=0.5)
     await queue.enqueue([job("a"), job("b")])
     assert len(await queue.take("vanished", 2, 0.5)) == 2
-    with caplog.at_level(logging.INFO, logger="trainer.queue.worker"):
+    with caplog.at_level(logging.INFO, logger="vistarl.trainer.queue.worker"):
         async with running(worker_on(queue)) as worker:
             results = await ResultConsumer(queue).collect(2, timeout_s=10)
     assert sorted((r.episode_id, r.attempt) for r in results) == [("a", 2), ("b", 2)]

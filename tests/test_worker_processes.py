@@ -20,15 +20,15 @@ import redis
 import redis.asyncio as aioredis
 from typer.testing import CliRunner, Result
 
-from cli.main import app
-from devtools.servers import running_process, vistarl_cmd, wait_http
-from serving.launch import free_port, stop_process
 from tests.envs.serving import counter_server
 from tests.machine import require
-from trainer.queue.base import unpack
-from trainer.queue.consumer import ResultConsumer
-from trainer.queue.redis import RedisQueue
-from trainer.rollout.job import EpisodeJob
+from vistarl.cli.main import app
+from vistarl.devtools.servers import running_process, vistarl_cmd, wait_http
+from vistarl.serving.launch import free_port, stop_process
+from vistarl.trainer.queue.base import unpack
+from vistarl.trainer.queue.consumer import ResultConsumer
+from vistarl.trainer.queue.redis import RedisQueue
+from vistarl.trainer.rollout.job import EpisodeJob
 
 NOOP_RUNNER = ("--runner", "tests.runners:make_noop_runner")
 

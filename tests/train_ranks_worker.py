@@ -18,11 +18,11 @@ from pathlib import Path
 import torch.distributed as dist
 
 from tests.test_train_loop import odd_seeds_count, scripted_config
-from trainer.config import TrainConfig
-from trainer.learner.fsdp import init_distributed
-from trainer.rollout.engines.scripted import ScriptedEngine
-from trainer.rollout.processor import VLProcessor
-from trainer.run.train import run_training
+from vistarl.trainer.config import TrainConfig
+from vistarl.trainer.learner.fsdp import init_distributed
+from vistarl.trainer.rollout.engines.scripted import ScriptedEngine
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.run.train import run_training
 
 
 def main(checkpoint: Path, out_dir: Path) -> None:

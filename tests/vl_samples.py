@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image
 
-from trainer.learner.packing import SequenceSample
-from trainer.rollout.processor import VLProcessor
+from vistarl.trainer.learner.packing import SequenceSample
+from vistarl.trainer.rollout.processor import VLProcessor
 
 TEXT_VOCAB = 150_000  # ordinary BPE ids, below Qwen's special tokens
 

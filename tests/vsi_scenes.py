@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from services.vsi.geometry import Box
-from services.vsi.scenes import Scene, SceneObject
+from vistarl.services.vsi.geometry import Box
+from vistarl.services.vsi.scenes import Scene, SceneObject
 
 _names = itertools.count()
 

@@ -14,13 +14,13 @@ import torch
 from PIL import Image
 from transformers import PreTrainedModel
 
-from clients.images import encode_image
-from trainer.learner.logprobs import sequence_logprobs
-from trainer.learner.models import ActorModel
-from trainer.rollout.engines.base import Engine, GenerateRequest
-from trainer.rollout.engines.sglang_api import SamplingParams
-from trainer.rollout.processor import VLProcessor
-from trainer.rollout.tokenization import TurnEncoder
+from vistarl.clients.images import encode_image
+from vistarl.trainer.learner.logprobs import sequence_logprobs
+from vistarl.trainer.learner.models import ActorModel
+from vistarl.trainer.rollout.engines.base import Engine, GenerateRequest
+from vistarl.trainer.rollout.engines.sglang_api import SamplingParams
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.tokenization import TurnEncoder
 
 PROBE_QUESTIONS = (
     "Describe the picture in a few words.",

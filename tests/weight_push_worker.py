@@ -33,16 +33,16 @@ from torch.distributed.fsdp import fully_shard
 from transformers import PretrainedConfig
 
 from tests.weight_probe import nudge, verify_batch
-from trainer.learner.fsdp import full_state_dict, init_distributed, rank_device, shard_model
-from trainer.learner.models import load_actor
-from trainer.rollout.engines.hf import HFEngine
-from trainer.rollout.engines.sglang import SGLangEngine
-from trainer.rollout.processor import VLProcessor
-from trainer.weights.buckets import Bucket, gathered_buckets
-from trainer.weights.in_process import InProcessSync
-from trainer.weights.nccl import DistributedSync, DistributedTarget
-from trainer.weights.sync import WeightSync
-from trainer.weights.transport import EngineCalls, Transport
+from vistarl.trainer.learner.fsdp import full_state_dict, init_distributed, rank_device, shard_model
+from vistarl.trainer.learner.models import load_actor
+from vistarl.trainer.rollout.engines.hf import HFEngine
+from vistarl.trainer.rollout.engines.sglang import SGLangEngine
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.weights.buckets import Bucket, gathered_buckets
+from vistarl.trainer.weights.in_process import InProcessSync
+from vistarl.trainer.weights.nccl import DistributedSync, DistributedTarget
+from vistarl.trainer.weights.sync import WeightSync
+from vistarl.trainer.weights.transport import EngineCalls, Transport
 
 BUCKET_BYTES = 2 * 1024 * 1024  # several buckets, one of them a lone tensor larger than the limit
 TIMEOUT = timedelta(seconds=60)

@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from clients.protocol import ErrorResponse, ResetResponse, StepResponse
+from vistarl.clients.protocol import ErrorResponse, ResetResponse, StepResponse
 
 
 def reset(http: httpx.Client, **body: Any) -> ResetResponse:

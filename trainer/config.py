@@ -16,8 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from services.env_api import load_env_factory
-from trainer.overrides import OverrideError, apply_overrides, section_at, suggest_key
+from vistarl.services.env_api import load_env_factory
+from vistarl.trainer.overrides import OverrideError, apply_overrides, section_at, suggest_key
 
 AdvantageEstimator = Literal["grpo", "dr_grpo", "gae", "mc", "turn_gae"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
@@ -399,8 +399,8 @@ class TrainLoopConfig(_Section):
 
 
 class SyncConfig(_Section):
-    """How weights reach the engine after each step (`trainer.weights`; the embedded engine is updated in
-    process, whatever `mode` says)."""
+    """How weights reach the engine after each step (`vistarl.trainer.weights`; the embedded engine is updated
+    in process, whatever `mode` says)."""
 
     mode: Literal["disk", "nccl"] = Field(
         default="disk", description="disk: /update_weights_from_disk; nccl: SGLang's broadcast (sglang only)"

@@ -3,10 +3,10 @@ held-out evaluation before, between and after.
 
 `run_curriculum(cfg, root)`:
 
-1. evaluates `model.path` greedily on the held-out tasks (`trainer.eval`: `env.eval_split`, else
+1. evaluates `model.path` greedily on the held-out tasks (`vistarl.trainer.eval`: `env.eval_split`, else
    `env.eval_seeds`, which training never plays);
-2. fine-tunes it on `sft.data` (`trainer.sft`), and evaluates the result;
-3. trains it with the configured RL algorithm (`trainer.run.train`), and evaluates the result.
+2. fine-tunes it on `sft.data` (`vistarl.trainer.sft`), and evaluates the result;
+3. trains it with the configured RL algorithm (`vistarl.trainer.run.train`), and evaluates the result.
 
 Each stage has its own directory under `root` (`eval-before/`, `sft/`, `eval-sft/`, `rl/`, `eval-rl/`)
 with its metrics, curves and saved episodes; `rl/reward_curve.png` shows reward and success per RL step.
@@ -20,13 +20,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from trainer.config import TrainConfig
-from trainer.eval import evaluate
-from trainer.learner.checkpoint import latest_checkpoint
-from trainer.rollout.processor import VLProcessor
-from trainer.run.stack import open_stack
-from trainer.run.train import run_training
-from trainer.sft import run_sft
+from vistarl.trainer.config import TrainConfig
+from vistarl.trainer.eval import evaluate
+from vistarl.trainer.learner.checkpoint import latest_checkpoint
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.run.stack import open_stack
+from vistarl.trainer.run.train import run_training
+from vistarl.trainer.sft import run_sft
 
 __all__ = ["CurriculumResult", "evaluate_checkpoint", "run_curriculum"]
 

@@ -16,16 +16,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from services.env_api import EnvFactory, EpisodeScore, load_env_factory
-from trainer.config import TrainConfig
-from trainer.rollout.engines.base import GenerateRequest
-from trainer.rollout.engines.scripted import Responder
-from trainer.rollout.env_handle import split_size
-from trainer.rollout.job import EpisodeSettings, group_jobs
-from trainer.rollout.processor import VLProcessor
-from trainer.rollout.trajectory import Trajectory
-from trainer.run.outputs import save_trajectory
-from trainer.run.stack import Stack
+from vistarl.services.env_api import EnvFactory, EpisodeScore, load_env_factory
+from vistarl.trainer.config import TrainConfig
+from vistarl.trainer.rollout.engines.base import GenerateRequest
+from vistarl.trainer.rollout.engines.scripted import Responder
+from vistarl.trainer.rollout.env_handle import split_size
+from vistarl.trainer.rollout.job import EpisodeSettings, group_jobs
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.trajectory import Trajectory
+from vistarl.trainer.run.outputs import save_trajectory
+from vistarl.trainer.run.stack import Stack
 
 __all__ = ["baseline_policy", "eval_starts", "evaluate", "summarize"]
 

@@ -28,19 +28,19 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 
-from trainer.config import TrainConfig
-from trainer.learner.checkpoint import TrainerState, save_checkpoint
-from trainer.learner.fsdp import init_distributed, is_distributed, rank_device
-from trainer.learner.imitation import imitate
-from trainer.learner.models import Models, load_actor
-from trainer.learner.update import PolicyTrainer
-from trainer.rollout.processor import VLProcessor
-from trainer.rollout.tokenization import TokenTrackError, TokenTracks, TurnEncoder
-from trainer.rollout.trajectory import Status, Trajectory
-from trainer.run.directory import agreed_run_dir
-from trainer.run.outputs import RunLogger
-from trainer.run.ranks import current_rank
-from trainer.seeds import permutation
+from vistarl.trainer.config import TrainConfig
+from vistarl.trainer.learner.checkpoint import TrainerState, save_checkpoint
+from vistarl.trainer.learner.fsdp import init_distributed, is_distributed, rank_device
+from vistarl.trainer.learner.imitation import imitate
+from vistarl.trainer.learner.models import Models, load_actor
+from vistarl.trainer.learner.update import PolicyTrainer
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.tokenization import TokenTrackError, TokenTracks, TurnEncoder
+from vistarl.trainer.rollout.trajectory import Status, Trajectory
+from vistarl.trainer.run.directory import agreed_run_dir
+from vistarl.trainer.run.outputs import RunLogger
+from vistarl.trainer.run.ranks import current_rank
+from vistarl.trainer.seeds import permutation
 
 __all__ = ["SFTResult", "load_sft_data", "run_sft"]
 

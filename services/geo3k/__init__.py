@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.env_api import EnvFactory, checked_create
-from services.geo3k.env import Geo3kEnv, build_env
-from services.geo3k.options import Geo3kOptions
-from services.geo3k.prompt import ACTION_FORMAT, SYSTEM_PROMPT, random_reply
-from services.geo3k.sample import Geo3kSample
-from services.geo3k.splits import builtin_splits
-from services.geo3k.tool_call import TOOL_NAMES
+from vistarl.services.env_api import EnvFactory, checked_create
+from vistarl.services.geo3k.env import Geo3kEnv, build_env
+from vistarl.services.geo3k.options import Geo3kOptions
+from vistarl.services.geo3k.prompt import ACTION_FORMAT, SYSTEM_PROMPT, random_reply
+from vistarl.services.geo3k.sample import Geo3kSample
+from vistarl.services.geo3k.splits import builtin_splits
+from vistarl.services.geo3k.tool_call import TOOL_NAMES
 
 __all__ = ["ENV_FACTORY", "TOOLS", "Geo3kEnv", "Geo3kOptions", "Geo3kSample", "build_env"]
 

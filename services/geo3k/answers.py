@@ -1,4 +1,5 @@
-"""Pulling answers out of the model's own text: the last `\\boxed{...}` (choice letters: services.choices)."""
+"""Pulling answers out of the model's own text: the last `\\boxed{...}` (choice letters:
+vistarl.services.choices)."""
 
 from __future__ import annotations
 

@@ -19,16 +19,16 @@ from typing import Any
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 
-from clients.images import decode_image
-from services.choices import choice_letter
-from services.env_api import Env, EnvObservation, StepResult, check_steppable
-from services.geo3k import prompt
-from services.geo3k.answers import last_boxed
-from services.geo3k.generator import generate
-from services.geo3k.grader import GraderPool, Verdict, shared_pool
-from services.geo3k.options import Geo3kOptions
-from services.geo3k.sample import LETTERS, Geo3kSample
-from services.geo3k.tool_call import TOOL_NAMES, ToolCall, parse_tool_call
+from vistarl.clients.images import decode_image
+from vistarl.services.choices import choice_letter
+from vistarl.services.env_api import Env, EnvObservation, StepResult, check_steppable
+from vistarl.services.geo3k import prompt
+from vistarl.services.geo3k.answers import last_boxed
+from vistarl.services.geo3k.generator import generate
+from vistarl.services.geo3k.grader import GraderPool, Verdict, shared_pool
+from vistarl.services.geo3k.options import Geo3kOptions
+from vistarl.services.geo3k.sample import LETTERS, Geo3kSample
+from vistarl.services.geo3k.tool_call import TOOL_NAMES, ToolCall, parse_tool_call
 
 
 class Outcome(str, enum.Enum):

@@ -6,7 +6,7 @@ adjustments, both documented in docs/geo3k.md:
 - a reference written as a decimal is taken at its own precision: `verify` rounds floats to as many
   places as the reference has (at most 6, its default), so `3\\sqrt{2}` matches a reference of `4.24`.
 math-verify's own timeouts use SIGALRM, which only works in a main thread; they are off here, and the
-caller bounds the time instead (grading runs in `services.geo3k.grade_worker` processes).
+caller bounds the time instead (grading runs in `vistarl.services.geo3k.grade_worker` processes).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import re
 
 from math_verify import parse, verify
 
-from services.geo3k.answers import BOXED
+from vistarl.services.geo3k.answers import BOXED
 
 DEFAULT_FLOAT_ROUNDING = 6
 _DECIMAL_RE = re.compile(r"^\s*-?\d*\.(\d+)\s*$")

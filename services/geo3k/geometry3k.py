@@ -34,8 +34,8 @@ import pyarrow.parquet as pq
 from PIL import Image
 from pydantic import ValidationError
 
-from clients.images import encode_image
-from services.geo3k.sample import IMAGE_PLACEHOLDER, Geo3kSample
+from vistarl.clients.images import encode_image
+from vistarl.services.geo3k.sample import IMAGE_PLACEHOLDER, Geo3kSample
 
 INSTRUCTION_MARKERS = ("calc_score", "<tool_call>")
 FOLDER_DATA = "data.json"

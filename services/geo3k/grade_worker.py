@@ -1,4 +1,5 @@
-"""A grading process (`python -m services.geo3k.grade_worker`): math-verify behind JSON lines on stdin/stdout.
+"""A grading process (`python -m vistarl.services.geo3k.grade_worker`): math-verify behind JSON lines on
+stdin/stdout.
 
 It prints `{"ready": true}` once warm (the LaTeX grammar loaded), then answers each request line
 `{"candidate": str, "reference": str, "timeout_s": float}` with `{"correct": bool}`, or `{"error": str}`
@@ -18,7 +19,7 @@ import signal
 import sys
 from typing import Any
 
-from services.geo3k.equivalence import answers_match
+from vistarl.services.geo3k.equivalence import answers_match
 
 ALARM_GRACE_S = 1
 

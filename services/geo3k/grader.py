@@ -1,4 +1,5 @@
-"""Bounded-time grading: a pool of `services.geo3k.grade_worker` processes, each past its deadline killed.
+"""Bounded-time grading: a pool of `vistarl.services.geo3k.grade_worker` processes, each past its deadline
+killed.
 
 math-verify can spend unbounded time in sympy (`9^{9^{9}}`), and its SIGALRM timeout only works in a
 main thread, while the env runs in server threads, env worker processes and rollout threads. So each
@@ -65,7 +66,7 @@ class GraderProcess:
 
     def __init__(self, start_timeout_s: float = START_TIMEOUT_S) -> None:
         """Start the process and wait (at most `start_timeout_s`) until it says it is ready."""
-        command = [sys.executable, "-m", "services.geo3k.grade_worker"]
+        command = [sys.executable, "-m", "vistarl.services.geo3k.grade_worker"]
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert self.process.stdout is not None
         self._fd = self.process.stdout.fileno()

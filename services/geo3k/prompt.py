@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from services.geo3k.sample import IMAGE_PLACEHOLDER, LETTERS
+from vistarl.services.geo3k.sample import IMAGE_PLACEHOLDER, LETTERS
 
 CALL_FORMAT = '<tool_call>{"name": "calc_score", "arguments": {"answer": "<your answer>"}}</tool_call>'
 ACTION_FORMAT = f"{CALL_FORMAT} to check an answer; Answer: \\boxed{{<your answer>}} for the final answer"

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from typing_extensions import Self
 
-from clients.images import decode_image
+from vistarl.clients.images import decode_image
 
 IMAGE_PLACEHOLDER = "<image>"
 MAX_IMAGES = 8

@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from services.env_api import GeneratedSplit, TaskSplit
-from services.geo3k.generator import GeneratedProblem, generate
+from vistarl.services.env_api import GeneratedSplit, TaskSplit
+from vistarl.services.geo3k.generator import GeneratedProblem, generate
 
 SPLIT_SIZES = {"train": 10_000, "test": 1_000}
 SPLIT_PARITY = {"train": 0, "test": 1}

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from services.env_api import TOOL_CALL_BLOCK
+from vistarl.services.env_api import TOOL_CALL_BLOCK
 
 TOOL_NAMES = ("calc_score", "calc_geo3k_reward")
 """The names the checker answers to: the seed's instruction says `calc_score`, verl's `calc_geo3k_reward`."""

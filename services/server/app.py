@@ -6,7 +6,7 @@ GET /schema and GET /metadata; the browser playground at GET /play and GET /play
 and what runs them come from `embedded` (session rules in `sessions`, tasks in `tasks`, where envs run in
 `env_pool`); the open paths and CORS in `security`, what the OpenAPI schema adds in `openapi`, the lean
 path of the env endpoints in `json_route`, tool calls as actions in `tool_calls`, the MCP tools in
-`mcp_tools`, OpenEnv's protocol in `openenv_ws`, the pages in `play` (all in `services.server`); error
+`mcp_tools`, OpenEnv's protocol in `openenv_ws`, the pages in `play` (all in `vistarl.services.server`); error
 shapes and the request guard (auth, the body limit) come from `serving`, shared with the engine server. This
 module only wires them together.
 """
@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Response
 from fastapi.middleware.cors import CORSMiddleware
 
-from clients.protocol import (
+from vistarl.clients.protocol import (
     FormatRequest,
     FormatResponse,
     HealthResponse,
@@ -30,18 +30,18 @@ from clients.protocol import (
     StepRequest,
     StepResponse,
 )
-from services.env_api import EnvFactory
-from services.server.embedded import EnvService
-from services.server.json_route import JSONRoute, LeanRoutes
-from services.server.mcp_route import LazyMCP
-from services.server.openapi import METRICS_RESPONSES, READY_RESPONSES, errors, guarded_router
-from services.server.openenv_ws import OpenEnvRoutes
-from services.server.play import PLAY_PATHS, play_routes
-from services.server.security import OPEN_PATHS, cors_options
-from services.server.settings import ServerSettings
-from services.server.tool_calls import ToolActions
-from serving.errors import install_error_handlers
-from serving.guard import RequestGuard
+from vistarl.services.env_api import EnvFactory
+from vistarl.services.server.embedded import EnvService
+from vistarl.services.server.json_route import JSONRoute, LeanRoutes
+from vistarl.services.server.mcp_route import LazyMCP
+from vistarl.services.server.openapi import METRICS_RESPONSES, READY_RESPONSES, errors, guarded_router
+from vistarl.services.server.openenv_ws import OpenEnvRoutes
+from vistarl.services.server.play import PLAY_PATHS, play_routes
+from vistarl.services.server.security import OPEN_PATHS, cors_options
+from vistarl.services.server.settings import ServerSettings
+from vistarl.services.server.tool_calls import ToolActions
+from vistarl.serving.errors import install_error_handlers
+from vistarl.serving.guard import RequestGuard
 
 
 def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) -> FastAPI:

@@ -1,6 +1,6 @@
 """`EnvService`: one env's sessions, tasks and env pool, as a server holds them, with or without HTTP.
 
-`create_app` puts HTTP in front of an `EnvService`. In process, it answers `services.sessions_api`'s
+`create_app` puts HTTP in front of an `EnvService`. In process, it answers `vistarl.services.sessions_api`'s
 `EnvSessions` contract (`open_in_process` starts one), so an in-process episode goes through the server's
 own rules (tasks at reset, options, limits, idempotent steps, timeouts) rather than a second copy of
 them, and gets the typed answers the env's thread made, with no JSON in between.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from clients.protocol import (
+from vistarl.clients.protocol import (
     ErrorCode,
     InfoResponse,
     ResetRequest,
@@ -19,13 +19,13 @@ from clients.protocol import (
     StepRequest,
     StepResponse,
 )
-from services.env_api import EnvFactory
-from services.server.env_pool import create_pool
-from services.server.metrics import ServerMetrics
-from services.server.sessions import SessionManager
-from services.server.settings import ServerSettings
-from services.server.tasks import TaskCatalog
-from serving.errors import ServiceError
+from vistarl.services.env_api import EnvFactory
+from vistarl.services.server.env_pool import create_pool
+from vistarl.services.server.metrics import ServerMetrics
+from vistarl.services.server.sessions import SessionManager
+from vistarl.services.server.settings import ServerSettings
+from vistarl.services.server.tasks import TaskCatalog
+from vistarl.serving.errors import ServiceError
 
 __all__ = ["EnvService"]
 

@@ -12,9 +12,9 @@ from PIL import Image
 from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
 
-from clients.images import decode_image, encode_image
-from clients.protocol import ContentPart, ImagePart, ImageURL, Message, Observation
-from services.env_api import EnvObservation
+from vistarl.clients.images import decode_image, encode_image
+from vistarl.clients.protocol import ContentPart, ImagePart, ImageURL, Message, Observation
+from vistarl.services.env_api import EnvObservation
 
 _CONTENT_PART: TypeAdapter[ContentPart] = TypeAdapter(ContentPart)
 

@@ -1,14 +1,14 @@
 """Where env code runs: threads of the server process, or env worker processes with session affinity.
 
-Both pools host the envs of live sessions and run `services.server.env_work.EnvHost` calls off the event loop,
-each bounded by `env_timeout_s`, answering with ready-to-send JSON bodies (with the response itself too,
-from threads).
+Both pools host the envs of live sessions and run `vistarl.services.server.env_work.EnvHost` calls off the
+event loop, each bounded by `env_timeout_s`, answering with ready-to-send JSON bodies (with the response
+itself too, from threads).
 
 - `ThreadEnvPool` (`env_workers = 0`, the default on one core): a thread pool in the server process.
   Cheapest to start, and enough for envs that wait on I/O or release the GIL; the GIL caps CPU-bound
   envs at about one core.
 - `ProcessEnvPool` (`env_workers = N`, by default one per usable core): N `python -m
-  services.server.env_worker` processes. Each session lives in the worker that reset (or restored) it,
+  vistarl.services.server.env_worker` processes. Each session lives in the worker that reset (or restored) it,
   so its steps always reach its env; new sessions go to the worker with the fewest. The event loop
   only routes requests: msgpack frames on each worker's stdin and stdout. The workers start in the
   background, so the server answers (`/health`) while they load the env; what needs one waits for them.
@@ -31,12 +31,12 @@ from typing import Any, Protocol, TypeVar
 
 import msgpack
 
-from clients.protocol import ErrorCode, Observation, ResetResponse
-from services.env_api import EnvFactory
-from services.server.env_work import EnvHost, Reply, Stepped, Task, guarded, task_payload
-from services.server.metrics import ServerMetrics
-from services.server.settings import ServerSettings
-from serving.errors import ServiceError
+from vistarl.clients.protocol import ErrorCode, Observation, ResetResponse
+from vistarl.services.env_api import EnvFactory
+from vistarl.services.server.env_work import EnvHost, Reply, Stepped, Task, guarded, task_payload
+from vistarl.services.server.metrics import ServerMetrics
+from vistarl.services.server.settings import ServerSettings
+from vistarl.serving.errors import ServiceError
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def create_pool(factory: EnvFactory, settings: ServerSettings, metrics: ServerMe
     if factory.import_path is None:
         raise ValueError(
             f"env {factory.name!r} has no import path, so worker processes cannot load it: "
-            "get the factory from services.env_api.load_env_factory, or set env_workers=0"
+            "get the factory from vistarl.services.env_api.load_env_factory, or set env_workers=0"
         )
     return ProcessEnvPool(factory.import_path, settings, metrics)
 
@@ -322,7 +322,7 @@ class ProcessEnvPool:
         command = [
             sys.executable,
             "-m",
-            "services.server.env_worker",
+            "vistarl.services.server.env_worker",
             self.import_path,
             "--max-image-bytes",
             str(self.settings.max_image_bytes),
@@ -385,7 +385,7 @@ class WorkerProtocol(asyncio.subprocess.SubprocessStreamProtocol):
 
 
 class EnvWorker:
-    """One `services.server.env_worker` process, its sessions, and the calls awaiting its answers."""
+    """One `vistarl.services.server.env_worker` process, its sessions, and the calls awaiting its answers."""
 
     def __init__(self, slot: int, timeout_s: float, on_exit: Any) -> None:
         self.slot = slot

@@ -6,7 +6,8 @@ keeps the response too, for callers in the same process): observations are encod
 plain-JSON info) where the env ran, in the server's threads or in an env worker process, never on the
 event loop. For a shared session store it also exports each env's state after a reset and every step, as
 msgpack (`encode_state`), and rebuilds envs from such states (`EnvFactory.restore`).
-The session rules (capacity, ordering, retries, expiry) are `services.server.sessions`' business, not this.
+The session rules (capacity, ordering, retries, expiry) are `vistarl.services.server.sessions`' business, not
+this.
 """
 
 from __future__ import annotations
@@ -20,11 +21,16 @@ import msgpack
 from pydantic import BaseModel
 from pydantic_core import to_json
 
-from clients.images import ImageError
-from clients.protocol import ErrorCode, FormatResponse, Observation, ResetResponse, StepResponse
-from services.env_api import Env, EnvFactory, checked_step
-from services.server.encoding import json_safe, message_to_wire, observation_from_wire, observation_to_wire
-from serving.errors import ServiceError
+from vistarl.clients.images import ImageError
+from vistarl.clients.protocol import ErrorCode, FormatResponse, Observation, ResetResponse, StepResponse
+from vistarl.services.env_api import Env, EnvFactory, checked_step
+from vistarl.services.server.encoding import (
+    json_safe,
+    message_to_wire,
+    observation_from_wire,
+    observation_to_wire,
+)
+from vistarl.serving.errors import ServiceError
 
 logger = logging.getLogger(__name__)
 

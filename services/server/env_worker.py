@@ -1,6 +1,7 @@
 """An env worker process: hosts the envs of some sessions for a server's `ProcessEnvPool`.
 
-    python -m services.server.env_worker services.sokoban [--max-image-bytes N] [--max-image-pixels N]
+    python -m vistarl.services.server.env_worker vistarl.services.sokoban [--max-image-bytes N]
+    [--max-image-pixels N]
         [--export-state]
 
 It reads msgpack calls `[call_id, op, args]` from stdin and writes `[call_id, ok, payload]` to stdout,
@@ -31,12 +32,12 @@ from typing import Any, BinaryIO
 
 import msgpack
 
-from clients.protocol import ErrorCode, Observation
-from services.env_api import load_env_factory
-from services.server.env_work import EnvHost, guarded, task_from_payload
-from services.server.gc_tuning import collect_garbage_less_often
-from services.server.malloc_tuning import keep_freed_memory
-from serving.errors import ServiceError
+from vistarl.clients.protocol import ErrorCode, Observation
+from vistarl.services.env_api import load_env_factory
+from vistarl.services.server.env_work import EnvHost, guarded, task_from_payload
+from vistarl.services.server.gc_tuning import collect_garbage_less_often
+from vistarl.services.server.malloc_tuning import keep_freed_memory
+from vistarl.serving.errors import ServiceError
 
 READ_CHUNK = 1 << 16
 MAX_CALL_BYTES = 1 << 28

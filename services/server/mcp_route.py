@@ -21,14 +21,14 @@ from anyio.abc import TaskGroup, TaskStatus
 from starlette.routing import Route, Router
 from starlette.types import Message, Receive, Scope, Send
 
-from clients.protocol import ErrorCode
-from services.server.embedded import EnvService
-from services.server.security import MCP_PATH
-from serving.guard import refusal_of
-from serving.metrics import ServingMetrics
+from vistarl.clients.protocol import ErrorCode
+from vistarl.services.server.embedded import EnvService
+from vistarl.services.server.security import MCP_PATH
+from vistarl.serving.guard import refusal_of
+from vistarl.serving.metrics import ServingMetrics
 
 if TYPE_CHECKING:
-    from services.server.mcp_tools import EnvTools
+    from vistarl.services.server.mcp_tools import EnvTools
 
 NO_MCP_STREAM = (
     "GET /mcp: this server sends no server-initiated messages, so it opens no SSE stream; "
@@ -81,7 +81,9 @@ class LazyMCP:
             if self._router is None:
                 if self._tasks is None:
                     raise RuntimeError("/mcp answers only inside the app's lifespan (http_running)")
-                module = await anyio.to_thread.run_sync(importlib.import_module, "services.server.mcp_tools")
+                module = await anyio.to_thread.run_sync(
+                    importlib.import_module, "vistarl.services.server.mcp_tools"
+                )
                 tools: EnvTools = module.EnvTools(self.service)
                 routes = tools.http_routes()
                 await self._tasks.start(_run, tools)

@@ -27,7 +27,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.routing import BaseRoute
 
-from clients.protocol import (
+from vistarl.clients.protocol import (
     ErrorCode,
     Observation,
     ResetRequest,
@@ -36,9 +36,9 @@ from clients.protocol import (
     StepRequest,
     StepResponse,
 )
-from services.server.embedded import EnvService
-from services.server.security import MCP_PATH
-from serving.errors import ServiceError, describe_validation_errors
+from vistarl.services.server.embedded import EnvService
+from vistarl.services.server.security import MCP_PATH
+from vistarl.serving.errors import ServiceError, describe_validation_errors
 
 
 class _Arguments(BaseModel):

@@ -2,8 +2,8 @@
 
 Routes pass these as FastAPI's documented `responses=` and `dependencies=`:
 - `errors(...)`: each error status a route can answer, with the `ErrorResponse` body, its error codes
-  (from `clients.protocol.ERROR_STATUS`) and its headers; `default` covers any other status (405, ...),
-  which also keeps FastAPI from declaring its own 422 body, which the server never sends;
+  (from `vistarl.clients.protocol.ERROR_STATUS`) and its headers; `default` covers any other status (405,
+  ...), which also keeps FastAPI from declaring its own 422 body, which the server never sends;
 - `READY_RESPONSES`: `/ready` answers 503 with the ready object, not an error body;
 - `METRICS_RESPONSES`: `/metrics` is Prometheus text;
 - `guarded_router`: a router whose routes declare the bearer token scheme and its 401. It checks
@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Security
 from fastapi.security import HTTPBearer
 
-from clients.protocol import ERROR_STATUS, ErrorResponse, ReadyResponse
+from vistarl.clients.protocol import ERROR_STATUS, ErrorResponse, ReadyResponse
 
 Responses = dict[int | str, dict[str, Any]]
 

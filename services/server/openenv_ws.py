@@ -1,19 +1,19 @@
 """OpenEnv's WebSocket session protocol on every env server: `/ws`, `/schema` and `/metadata`, as the
-`openenv-core` release of `clients.protocol.OPENENV_CORE_VERSION` defines them, so that OpenEnv's
+`openenv-core` release of `vistarl.clients.protocol.OPENENV_CORE_VERSION` defines them, so that OpenEnv's
 `EnvClient` (and TRL, which drives envs through it) plays a vistarl env (docs/agents.md, "OpenEnv and TRL").
 
 A socket holds one vistarl session at a time, run by the same `SessionManager` as `/reset` and `/step`:
 the same limits, task rules, metrics and session store. A `reset` message starts a session (ending the
 socket's previous one), `step` steps it, `state` reports it, `close` ends it and the socket. Every answer
-is `{"type": "observation" | "state" | "error", "data": ...}` (`clients.protocol.OpenEnvReply`); an error
-leaves the socket open, as OpenEnv's server does.
+is `{"type": "observation" | "state" | "error", "data": ...}` (`vistarl.clients.protocol.OpenEnvReply`); an
+error leaves the socket open, as OpenEnv's server does.
 
 The session ends with the socket when the client ends it (a `close` message or a close frame). When the
 server shuts down, or the connection drops without a close frame, the session stays until its idle TTL,
 and a new socket continues it: `/ws?session_id=ID`, on this replica or, with a shared store, on any
 other. A step resent there with the same `request_id` is answered once. A socket idle for the session
 TTL is closed. The bearer token and the message size limit are checked at the handshake and by uvicorn
-(`serving.guard.RequestGuard`, `cli/serve.py`).
+(`vistarl.serving.guard.RequestGuard`, `vistarl/cli/serve.py`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import anyio
 from pydantic import ValidationError
 from starlette.websockets import WebSocket
 
-from clients.protocol import (
+from vistarl.clients.protocol import (
     OPENENV_ERROR_CODES,
     ErrorCode,
     OpenEnvAction,
@@ -43,9 +43,9 @@ from clients.protocol import (
     StepRequest,
     StepResponse,
 )
-from services.server.embedded import EnvService
-from services.server.tool_calls import ToolActions
-from serving.errors import ServiceError, describe_validation_errors, error_response
+from vistarl.services.server.embedded import EnvService
+from vistarl.services.server.tool_calls import ToolActions
+from vistarl.serving.errors import ServiceError, describe_validation_errors, error_response
 
 __all__ = ["OpenEnvRoutes"]
 

@@ -3,9 +3,9 @@
 `SessionManager` runs reset, step, format and close. It bounds capacity (per replica: the envs it holds),
 runs one call at a time per session (`LocalSessions`' locks) and different sessions in parallel (their
 envs run in an `EnvPool`, never on the event loop), replays retried `request_id`s, and releases what
-expired. Session records live in a `SessionStore` (`services.server.store`): in this process by default,
-or in Redis, shared by the replicas of one env together with each env's state, so that any replica can
-serve any step (docs/server.md, "Session store"). A step:
+expired. Session records live in a `SessionStore` (`vistarl.services.server.store`): in this process by
+default, or in Redis, shared by the replicas of one env together with each env's state, so that any replica
+can serve any step (docs/server.md, "Session store"). A step:
 
 1. reads the session from the store: unknown is 404, a stored answer of its `request_id` is replayed,
    a finished episode is 409;
@@ -33,7 +33,7 @@ from typing import Any
 import anyio
 from pydantic import BaseModel, ValidationError
 
-from clients.protocol import (
+from vistarl.clients.protocol import (
     ErrorCode,
     FormatRequest,
     ReadyResponse,
@@ -42,14 +42,14 @@ from clients.protocol import (
     StepRequest,
     StepResponse,
 )
-from services.env_api import EnvFactory
-from services.server.env_pool import EnvGoneError, EnvLostError, EnvPool
-from services.server.env_work import Reply, Stepped, Task
-from services.server.local_sessions import LocalSessions
-from services.server.metrics import ServerMetrics
-from services.server.settings import ServerSettings
-from services.server.store import create_store
-from services.server.store.base import (
+from vistarl.services.env_api import EnvFactory
+from vistarl.services.server.env_pool import EnvGoneError, EnvLostError, EnvPool
+from vistarl.services.server.env_work import Reply, Stepped, Task
+from vistarl.services.server.local_sessions import LocalSessions
+from vistarl.services.server.metrics import ServerMetrics
+from vistarl.services.server.settings import ServerSettings
+from vistarl.services.server.store import create_store
+from vistarl.services.server.store.base import (
     Commit,
     SessionStore,
     Snapshot,
@@ -57,8 +57,8 @@ from services.server.store.base import (
     StoredAnswer,
     action_digest,
 )
-from services.server.tasks import TaskCatalog
-from serving.errors import ServiceError, describe_validation_errors
+from vistarl.services.server.tasks import TaskCatalog
+from vistarl.serving.errors import ServiceError, describe_validation_errors
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +92,8 @@ class SessionManager:
     # --- endpoints ------------------------------------------------------------------------------
 
     async def reset(self, request: ResetRequest) -> Reply[ResetResponse]:
-        """Start an episode in a new session from its task (see `services.server.tasks`); 409 if a chosen
-        `session_id` is taken (live or finished), 503 when full."""
+        """Start an episode in a new session from its task (see `vistarl.services.server.tasks`); 409 if a
+        chosen `session_id` is taken (live or finished), 503 when full."""
         options = self._validate_options(request.options)
         sample = await self._sample(request)
         session_id = request.session_id or uuid.uuid4().hex

@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from clients.protocol import Limits
+from vistarl.clients.protocol import Limits
 
 REDIS_SCHEMES = ("redis:", "rediss:", "unix:")
 

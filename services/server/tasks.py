@@ -1,7 +1,7 @@
 """Tasks at reset: `/reset`'s `task_id` or `sample`, resolved to a sample of the env's `sample_model`.
 
 A `TaskCatalog` holds the splits a server serves, the env's own (`EnvFactory.splits`) and those that
-`--data` adds (`services.datasets`), and turns a reset's task into the sample the env is created from:
+`--data` adds (`vistarl.services.datasets`), and turns a reset's task into the sample the env is created from:
 - `task_id` `SPLIT/INDEX` names a row of a split: 422 `validation_error` when it is not of that form,
   404 `task_not_found` when there is no such row;
 - `sample` is a row sent inline: 422 `invalid_sample` naming each bad field, 422 `invalid_image` naming
@@ -16,12 +16,12 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from clients.images import ImageError, decode_image
-from clients.protocol import Datasets, ErrorCode, ResetRequest, SplitInfo
-from services.datasets import ParquetSplit, load_splits
-from services.env_api import EnvFactory, TaskSplit
-from services.server.settings import ServerSettings
-from serving.errors import ServiceError, describe_validation_errors
+from vistarl.clients.images import ImageError, decode_image
+from vistarl.clients.protocol import Datasets, ErrorCode, ResetRequest, SplitInfo
+from vistarl.services.datasets import ParquetSplit, load_splits
+from vistarl.services.env_api import EnvFactory, TaskSplit
+from vistarl.services.server.settings import ServerSettings
+from vistarl.serving.errors import ServiceError, describe_validation_errors
 
 IMAGE_URL_PREFIX = "data:image/"
 

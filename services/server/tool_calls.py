@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from clients.protocol import ErrorCode, JSONObject, StepRequest, ToolCall
-from services.env_api import EnvFactory
-from serving.errors import ServiceError
+from vistarl.clients.protocol import ErrorCode, JSONObject, StepRequest, ToolCall
+from vistarl.services.env_api import EnvFactory
+from vistarl.serving.errors import ServiceError
 
 if TYPE_CHECKING:
     from jsonschema import Draft202012Validator
@@ -72,7 +72,7 @@ class ToolActions:
 
 def _arguments(call: ToolCall) -> dict[str, Any]:
     """The call's arguments as an object: given as one, or as its JSON text (an empty text is `{}`), read
-    by the body's own parser and held to the same rules (`clients.protocol.JSONObject`)."""
+    by the body's own parser and held to the same rules (`vistarl.clients.protocol.JSONObject`)."""
     if isinstance(call.arguments, dict):
         return call.arguments
     try:

@@ -1,7 +1,7 @@
 """The Sokoban environment (seed: slime's multi-turn VLM Sokoban): Python API and server factory.
 
-The env itself (`services.sokoban.env`, with the renderer and numpy) is imported on first use: a server
-whose envs run in worker processes needs only the options, the prompt and the tools here.
+The env itself (`vistarl.services.sokoban.env`, with the renderer and numpy) is imported on first use: a
+server whose envs run in worker processes needs only the options, the prompt and the tools here.
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from services.env_api import Env, EnvFactory, checked_create
-from services.sokoban.actions import random_reply
-from services.sokoban.options import SokobanOptions
-from services.sokoban.prompt import ACTION_FORMAT, system_prompt
-from services.sokoban.tools import TOOLS, tool_call_text
+from vistarl.services.env_api import Env, EnvFactory, checked_create
+from vistarl.services.sokoban.actions import random_reply
+from vistarl.services.sokoban.options import SokobanOptions
+from vistarl.services.sokoban.prompt import ACTION_FORMAT, system_prompt
+from vistarl.services.sokoban.tools import TOOLS, tool_call_text
 
 if TYPE_CHECKING:
-    from services.sokoban.env import SokobanEnv, build_env
+    from vistarl.services.sokoban.env import SokobanEnv, build_env
 
 __all__ = ["ENV_FACTORY", "SokobanEnv", "SokobanOptions", "build_env"]
 
@@ -40,21 +40,21 @@ class SokobanSample(BaseModel):
 
 
 def __getattr__(name: str) -> Any:
-    """`SokobanEnv` and `build_env` (the seeds' hook), from `services.sokoban.env` on first use."""
+    """`SokobanEnv` and `build_env` (the seeds' hook), from `vistarl.services.sokoban.env` on first use."""
     if name in ("SokobanEnv", "build_env"):
-        return getattr(importlib.import_module("services.sokoban.env"), name)
+        return getattr(importlib.import_module("vistarl.services.sokoban.env"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _preload() -> None:
     """Import the env itself: its renderer (numpy), its generator's solver."""
-    importlib.import_module("services.sokoban.env")
+    importlib.import_module("vistarl.services.sokoban.env")
 
 
 def _new_env(options: SokobanOptions, seed: int | None, sample: SokobanSample | None) -> Env:
     """A Sokoban env for the options and the `/reset` seed (used by generated levels), or for a dataset
     row whose `env_config` the options override; the env module is imported here, at first use."""
-    from services.sokoban.env import SokobanEnv, build_env
+    from vistarl.services.sokoban.env import SokobanEnv, build_env
 
     if sample is not None:
         return build_env(sample=sample.model_dump(), **options.model_dump(exclude_unset=True))
@@ -63,7 +63,7 @@ def _new_env(options: SokobanOptions, seed: int | None, sample: SokobanSample | 
 
 def _restore(state: dict[str, Any]) -> Env:
     """An env continuing the episode that `state` describes."""
-    from services.sokoban.env import SokobanEnv
+    from vistarl.services.sokoban.env import SokobanEnv
 
     return SokobanEnv.from_state(state)
 

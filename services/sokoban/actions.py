@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import re
 
-from services.sokoban.game import DIRECTIONS
+from vistarl.services.sokoban.game import DIRECTIONS
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
 _SEPARATORS = re.compile(r"[,;\s]+")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 from importlib import resources
 
-from services.sokoban.game import Level, LevelError
+from vistarl.services.sokoban.game import Level, LevelError
 
 BOXOBAN_FILES = ("unfiltered_test_000", "medium_valid_000", "hard_000")
 
@@ -24,7 +24,7 @@ def boxoban_file_name(name: str) -> str:
 @functools.cache
 def boxoban_levels(name: str) -> tuple[Level, ...]:
     """Every level of a vendored Boxoban file, in file order (parsed once per process)."""
-    path = resources.files("services.sokoban") / "data" / "boxoban" / f"{boxoban_file_name(name)}.txt"
+    path = resources.files("vistarl.services.sokoban") / "data" / "boxoban" / f"{boxoban_file_name(name)}.txt"
     return parse_boxoban(path.read_text(encoding="utf-8"))
 
 

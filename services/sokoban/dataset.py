@@ -22,9 +22,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from clients.images import encode_image
-from services.sokoban.env import SokobanEnv
-from services.sokoban.options import SokobanOptions
+from vistarl.clients.images import encode_image
+from vistarl.services.sokoban.env import SokobanEnv
+from vistarl.services.sokoban.options import SokobanOptions
 
 IMAGE_PLACEHOLDER = "<image>"
 SPLITS = {"train": 0, "test": 1}

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.sokoban.env import SokobanEnv
-from services.sokoban.options import SokobanOptions
-from services.sokoban.solver import solve
+from vistarl.services.sokoban.env import SokobanEnv
+from vistarl.services.sokoban.options import SokobanOptions
+from vistarl.services.sokoban.solver import solve
 
 __all__ = ["demonstration"]
 

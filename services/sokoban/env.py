@@ -14,14 +14,14 @@ from typing import Any
 
 from PIL import Image
 
-from services.env_api import Env, EnvObservation, StepResult, check_steppable
-from services.sokoban.actions import parse_actions
-from services.sokoban.game import Game, Level
-from services.sokoban.generator import generate_level
-from services.sokoban.options import SokobanOptions
-from services.sokoban.prompt import observation_text, system_prompt
-from services.sokoban.render import render_image
-from services.sokoban.reward import box_target_distance, episode_reward
+from vistarl.services.env_api import Env, EnvObservation, StepResult, check_steppable
+from vistarl.services.sokoban.actions import parse_actions
+from vistarl.services.sokoban.game import Game, Level
+from vistarl.services.sokoban.generator import generate_level
+from vistarl.services.sokoban.options import SokobanOptions
+from vistarl.services.sokoban.prompt import observation_text, system_prompt
+from vistarl.services.sokoban.render import render_image
+from vistarl.services.sokoban.reward import box_target_distance, episode_reward
 
 
 class SokobanEnv(Env[SokobanOptions]):

@@ -19,9 +19,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from services.sokoban.game import Level
-from services.sokoban.reverse_play import Walk, reverse_walk, room
-from services.sokoban.solver import solve_optimal
+from vistarl.services.sokoban.game import Level
+from vistarl.services.sokoban.reverse_play import Walk, reverse_walk, room
+from vistarl.services.sokoban.solver import solve_optimal
 
 MAX_BOXES = 4
 CELLS_PER_BOX = 4

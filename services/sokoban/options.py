@@ -19,9 +19,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from typing_extensions import Self
 
-from services.sokoban.boxoban import boxoban_file_name, boxoban_levels
-from services.sokoban.game import Level, LevelError
-from services.sokoban.generator import CELLS_PER_BOX, MAX_BOXES, limits
+from vistarl.services.sokoban.boxoban import boxoban_file_name, boxoban_levels
+from vistarl.services.sokoban.game import Level, LevelError
+from vistarl.services.sokoban.generator import CELLS_PER_BOX, MAX_BOXES, limits
 
 RenderMode = Literal["vision", "text", "both"]
 GridSide = Annotated[int, Field(ge=5, le=10)]

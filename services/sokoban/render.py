@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import numpy as np
 from PIL import Image, ImageDraw
 
-from services.sokoban.game import TARGET, WALL, Pos
+from vistarl.services.sokoban.game import TARGET, WALL, Pos
 
 FLOOR_TILE, WALL_TILE, TARGET_TILE, BOX_TILE, BOX_ON_TARGET_TILE, PLAYER_TILE, PLAYER_ON_TARGET_TILE = range(
     7

@@ -14,7 +14,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
-from services.sokoban.game import FLOOR, TARGET, WALL, Level
+from vistarl.services.sokoban.game import FLOOR, TARGET, WALL, Level
 
 
 @dataclass(frozen=True)

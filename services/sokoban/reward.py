@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from services.sokoban.game import Pos
+from vistarl.services.sokoban.game import Pos
 
 SOLVED_BONUS = 5.0
 

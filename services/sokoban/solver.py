@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from services.sokoban.game import DIRECTIONS, TARGET, WALL, Level
+from vistarl.services.sokoban.game import DIRECTIONS, TARGET, WALL, Level
 
 SolveStatus = Literal["solved", "unsolvable", "limit"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from services.sokoban.game import DIRECTIONS
+from vistarl.services.sokoban.game import DIRECTIONS
 
 ACT_TOOL = "act"
 MOVES = [direction.capitalize() for direction in DIRECTIONS]

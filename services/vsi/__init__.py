@@ -3,14 +3,14 @@ rooms. Python API and server factory."""
 
 from __future__ import annotations
 
-from services.env_api import EnvFactory, checked_create
-from services.vsi.env import VsiEnv, build_env
-from services.vsi.options import VsiOptions
-from services.vsi.policy import benchmark, random_reply
-from services.vsi.prompt import ACTION_FORMAT, system_prompt
-from services.vsi.question import VsiQuestion
-from services.vsi.splits import splits
-from services.vsi.tools import TOOLS, tool_call_text
+from vistarl.services.env_api import EnvFactory, checked_create
+from vistarl.services.vsi.env import VsiEnv, build_env
+from vistarl.services.vsi.options import VsiOptions
+from vistarl.services.vsi.policy import benchmark, random_reply
+from vistarl.services.vsi.prompt import ACTION_FORMAT, system_prompt
+from vistarl.services.vsi.question import VsiQuestion
+from vistarl.services.vsi.splits import splits
+from vistarl.services.vsi.tools import TOOLS, tool_call_text
 
 __all__ = ["ENV_FACTORY", "VsiEnv", "VsiOptions", "VsiQuestion", "build_env"]
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import functools
 
-from services.vsi.camera import tour_poses
-from services.vsi.render import render_ids, visible_pixels
-from services.vsi.scenes import Scene
+from vistarl.services.vsi.camera import tour_poses
+from vistarl.services.vsi.render import render_ids, visible_pixels
+from vistarl.services.vsi.scenes import Scene
 
 VISIBILITY_SIZE = 128
 VISIBLE_FRACTION = 0.005

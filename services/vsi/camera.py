@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from services.vsi.geometry import Array
-from services.vsi.scenes import Scene
+from vistarl.services.vsi.geometry import Array
+from vistarl.services.vsi.scenes import Scene
 
 FOV_DEG = 90.0
 EYE_HEIGHT = 1.5

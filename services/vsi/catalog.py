@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.vsi.scenes import Scene, SceneError, load_vsibench
-from services.vsi.synth import synth_scene, synth_seed
+from vistarl.services.vsi.scenes import Scene, SceneError, load_vsibench
+from vistarl.services.vsi.synth import synth_scene, synth_seed
 
 
 def get_scene(name: str) -> Scene:

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
-from services.vsi.question import VsiQuestion
+from vistarl.services.vsi.question import VsiQuestion
 
 COLUMNS = ("id", "dataset", "scene_name", "question_type", "question", "ground_truth", "options")
 SCHEMA = pa.schema(

@@ -16,17 +16,17 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from services.env_api import Env, EnvObservation, StepResult, check_steppable
-from services.vsi.appearance import VISIBLE_FRACTION
-from services.vsi.camera import Pose, apply_action, start_pose, tour_poses
-from services.vsi.catalog import get_scene
-from services.vsi.generator import generate_question
-from services.vsi.options import VsiOptions
-from services.vsi.prompt import reset_text, system_prompt, turn_text
-from services.vsi.question import VsiQuestion
-from services.vsi.render import render_frames, visible_pixels
-from services.vsi.responses import parse_turn
-from services.vsi.scoring import read_answer, score_answer
+from vistarl.services.env_api import Env, EnvObservation, StepResult, check_steppable
+from vistarl.services.vsi.appearance import VISIBLE_FRACTION
+from vistarl.services.vsi.camera import Pose, apply_action, start_pose, tour_poses
+from vistarl.services.vsi.catalog import get_scene
+from vistarl.services.vsi.generator import generate_question
+from vistarl.services.vsi.options import VsiOptions
+from vistarl.services.vsi.prompt import reset_text, system_prompt, turn_text
+from vistarl.services.vsi.question import VsiQuestion
+from vistarl.services.vsi.render import render_frames, visible_pixels
+from vistarl.services.vsi.responses import parse_turn
+from vistarl.services.vsi.scoring import read_answer, score_answer
 
 
 class VsiEnv(Env[VsiOptions]):

@@ -11,11 +11,11 @@ from __future__ import annotations
 import random
 from typing import Literal
 
-from services.vsi.catalog import get_scene
-from services.vsi.question import DIRECTION_TYPES, QuestionType, VsiQuestion, letter, lettered
-from services.vsi.scenes import Scene, vsibench_names
-from services.vsi.synth import synth_name
-from services.vsi.tasks import Draft, drafts
+from vistarl.services.vsi.catalog import get_scene
+from vistarl.services.vsi.question import DIRECTION_TYPES, QuestionType, VsiQuestion, letter, lettered
+from vistarl.services.vsi.scenes import Scene, vsibench_names
+from vistarl.services.vsi.synth import synth_name
+from vistarl.services.vsi.tasks import Draft, drafts
 
 SceneSet = Literal["train", "test"]
 SYNTH_TRIES = 64

@@ -12,10 +12,10 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from typing_extensions import Self
 
-from services.vsi.catalog import get_scene, is_vsibench
-from services.vsi.generator import SceneSet
-from services.vsi.question import QuestionType
-from services.vsi.scenes import SceneError
+from vistarl.services.vsi.catalog import get_scene, is_vsibench
+from vistarl.services.vsi.generator import SceneSet
+from vistarl.services.vsi.question import QuestionType
+from vistarl.services.vsi.scenes import SceneError
 
 ImageSide = Annotated[int, Field(ge=64, le=1024)]
 

@@ -6,11 +6,11 @@ import random
 import re
 from collections.abc import Sequence
 
-from services.env_api import EpisodeScore
-from services.vsi.camera import Action
-from services.vsi.prompt import OPTIONS_HEADER
-from services.vsi.question import QuestionType, VsiQuestion, letter
-from services.vsi.scoring import aggregate
+from vistarl.services.env_api import EpisodeScore
+from vistarl.services.vsi.camera import Action
+from vistarl.services.vsi.prompt import OPTIONS_HEADER
+from vistarl.services.vsi.question import QuestionType, VsiQuestion, letter
+from vistarl.services.vsi.scoring import aggregate
 
 ANSWER_PROBABILITY = 0.2
 OPTION_LINE = re.compile(r"^[A-Z]\. ")

@@ -6,8 +6,8 @@ then either the numeric post-prompt or "Options:" with the options and the lette
 
 from __future__ import annotations
 
-from services.vsi.camera import ACTION_DESCRIPTIONS, Action
-from services.vsi.question import VsiQuestion
+from vistarl.services.vsi.camera import ACTION_DESCRIPTIONS, Action
+from vistarl.services.vsi.question import VsiQuestion
 
 ACTION_FORMAT = (
     "<action>NAME</action> with NAME one of " + ", ".join(a.value for a in Action) + "; or <answer>X</answer>"

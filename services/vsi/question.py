@@ -15,8 +15,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from typing_extensions import Self
 
-from services.vsi.catalog import get_scene
-from services.vsi.scenes import SceneError
+from vistarl.services.vsi.catalog import get_scene
+from vistarl.services.vsi.scenes import SceneError
 
 
 class QuestionType(str, Enum):

@@ -27,9 +27,9 @@ import numpy as np
 from numpy.typing import NDArray
 from PIL import Image, ImageDraw, ImageFont
 
-from services.vsi.camera import Pose, view_projection
-from services.vsi.geometry import Array, Box, cross
-from services.vsi.scenes import Scene, load_vsibench
+from vistarl.services.vsi.camera import Pose, view_projection
+from vistarl.services.vsi.geometry import Array, Box, cross
+from vistarl.services.vsi.scenes import Scene, load_vsibench
 
 FLOOR_ID, WALL_ID, CEILING_ID = -1, -2, -3
 FLOOR_COLOR = (0.62, 0.55, 0.47)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from services.vsi.camera import Action
+from vistarl.services.vsi.camera import Action
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
 _ACTION = re.compile(r"<action>(.*?)</action>", re.IGNORECASE | re.DOTALL)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from services.vsi.geometry import Array, Box
+from vistarl.services.vsi.geometry import Array, Box
 
 VSIBENCH_FILES = {
     "arkitscenes": "arkitscenes_meta_info_val.json",
@@ -200,7 +200,7 @@ def load_vsibench() -> Mapping[str, Scene]:
     """Every vendored VSI-Bench scene by name (read once per process)."""
     scenes: dict[str, Scene] = {}
     for dataset, file_name in VSIBENCH_FILES.items():
-        path = resources.files("services.vsi") / "data" / file_name
+        path = resources.files("vistarl.services.vsi") / "data" / file_name
         for name, layout in json.loads(path.read_text(encoding="utf-8")).items():
             scenes[name] = scene_from_layout(name, layout, dataset)
     return scenes

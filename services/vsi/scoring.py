@@ -3,7 +3,7 @@
 A numeric answer is read as VSI-Bench's evaluation reads a prediction: its first whitespace-separated
 token with trailing "." removed; it scores its mean relative accuracy against the ground truth over the
 10 thresholds 0.50, 0.55, …, 0.95. A multiple-choice answer is read as every env reads one
-(`services.choices`: `B`, `(B)`, `b.`, `Answer: B`, `B. sofa`, …) and scores 1 when it names the
+(`vistarl.services.choices`: `B`, `(B)`, `b.`, `Answer: B`, `B. sofa`, …) and scores 1 when it names the
 correct letter. Anything unparseable scores 0.
 """
 
@@ -14,8 +14,8 @@ import string
 from collections import defaultdict
 from collections.abc import Iterable
 
-from services.choices import choice_letter
-from services.vsi.question import DIRECTION_TASK, DIRECTION_TYPES, TASKS, QuestionType
+from vistarl.services.choices import choice_letter
+from vistarl.services.vsi.question import DIRECTION_TASK, DIRECTION_TYPES, TASKS, QuestionType
 
 MRA_THRESHOLDS = (0.50, 0.55, 0.60, 0.65, 0.70, 0.75, 0.80, 0.85, 0.90, 0.95)
 

@@ -17,13 +17,13 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from services.env_api import TaskSplit
-from services.vsi.catalog import get_scene
-from services.vsi.generator import GenerationError, finish
-from services.vsi.question import DIRECTION_TYPES, QuestionType
-from services.vsi.scenes import vsibench_names
-from services.vsi.synth import synth_name
-from services.vsi.tasks import Draft, drafts
+from vistarl.services.env_api import TaskSplit
+from vistarl.services.vsi.catalog import get_scene
+from vistarl.services.vsi.generator import GenerationError, finish
+from vistarl.services.vsi.question import DIRECTION_TYPES, QuestionType
+from vistarl.services.vsi.scenes import vsibench_names
+from vistarl.services.vsi.synth import synth_name
+from vistarl.services.vsi.tasks import Draft, drafts
 
 CYCLE: tuple[QuestionType, ...] = tuple(
     level if qt in DIRECTION_TYPES else qt

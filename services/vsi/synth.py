@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.vsi.geometry import Box, boxes_overlap
-from services.vsi.scenes import Scene, SceneObject, load_vsibench
+from vistarl.services.vsi.geometry import Box, boxes_overlap
+from vistarl.services.vsi.scenes import Scene, SceneObject, load_vsibench
 
 SYNTH_PREFIX = "synth-"
 SYNTH_DATASET = "synthetic"

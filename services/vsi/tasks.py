@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.vsi.appearance import first_frames
-from services.vsi.geometry import box_distance, ccw_angle
-from services.vsi.question import QuestionType
-from services.vsi.scenes import Scene
+from vistarl.services.vsi.appearance import first_frames
+from vistarl.services.vsi.geometry import box_distance, ccw_angle
+from vistarl.services.vsi.question import QuestionType
+from vistarl.services.vsi.scenes import Scene
 
 MAX_ABS_DISTANCE_PER_SCENE = 6
 MIN_ABS_DISTANCE = 0.2

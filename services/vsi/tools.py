@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from services.vsi.camera import ACTION_DESCRIPTIONS, Action
+from vistarl.services.vsi.camera import ACTION_DESCRIPTIONS, Action
 
 ANSWER_TOOL = "answer"
 

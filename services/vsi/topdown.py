@@ -9,10 +9,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from PIL import Image, ImageDraw
 
-from services.vsi.camera import Pose
-from services.vsi.geometry import Array
-from services.vsi.render import CEILING_COLOR, FLOOR_COLOR, category_color, label_font
-from services.vsi.scenes import Scene
+from vistarl.services.vsi.camera import Pose
+from vistarl.services.vsi.geometry import Array
+from vistarl.services.vsi.render import CEILING_COLOR, FLOOR_COLOR, category_color, label_font
+from vistarl.services.vsi.scenes import Scene
 
 MARGIN = 24
 ToPixel = Callable[[float, float], tuple[float, float]]

@@ -17,7 +17,7 @@ from typing import Any
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.env_api import Env, EnvFactory, EnvObservation, StepResult
+from vistarl.services.env_api import Env, EnvFactory, EnvObservation, StepResult
 
 BAD_ACTION_PENALTY = -0.1
 

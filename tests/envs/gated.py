@@ -1,7 +1,7 @@
 """The counter env behind a gate that env worker processes stop at, to test a server whose workers are
 slow to start, or cannot.
 
-In a `services.server.env_worker` process, importing this module waits until the file named by
+In a `vistarl.services.server.env_worker` process, importing this module waits until the file named by
 `VISTARL_TEST_GATE` exists (at most `GATE_WAIT_S`), then raises if the file holds `fail`. Any other
 process (the server's own) loads it at once.
 """
@@ -21,9 +21,9 @@ GATE_WAIT_S = 60.0
 
 
 def in_env_worker() -> bool:
-    """Whether this process is an env worker (`python -m services.server.env_worker`)."""
+    """Whether this process is an env worker (`python -m vistarl.services.server.env_worker`)."""
     spec = getattr(sys.modules["__main__"], "__spec__", None)
-    return spec is not None and spec.name == "services.server.env_worker"
+    return spec is not None and spec.name == "vistarl.services.server.env_worker"
 
 
 def wait_at_gate(gate: Path) -> None:

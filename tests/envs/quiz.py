@@ -15,8 +15,8 @@ from typing import Any
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 
-from clients.images import decode_image, encode_image
-from services.env_api import Env, EnvFactory, EnvObservation, GeneratedSplit, StepResult, TaskSplit
+from vistarl.clients.images import decode_image, encode_image
+from vistarl.services.env_api import Env, EnvFactory, EnvObservation, GeneratedSplit, StepResult, TaskSplit
 
 SPLIT_SIZES = {"train": 12, "test": 5}
 ANSWER_TOOL = {

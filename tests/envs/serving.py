@@ -6,8 +6,8 @@ import contextlib
 import subprocess
 from collections.abc import Iterator
 
-from devtools.servers import running_process, vistarl_cmd
-from serving.launch import free_port
+from vistarl.devtools.servers import running_process, vistarl_cmd
+from vistarl.serving.launch import free_port
 
 COUNTER_ENV = "tests.envs.counter"
 

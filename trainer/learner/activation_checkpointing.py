@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from trainer.learner.models import ActorModel, CriticModel, with_mixin
+from vistarl.trainer.learner.models import ActorModel, CriticModel, with_mixin
 
 CheckpointScope = Literal["layer", "mlp"]
 

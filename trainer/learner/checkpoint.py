@@ -35,9 +35,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from transformers import PretrainedConfig
 
-from trainer.learner.fsdp import full_state_dict
-from trainer.learner.models import save_critic
-from trainer.weights.disk import save_hf_weights
+from vistarl.trainer.learner.fsdp import full_state_dict
+from vistarl.trainer.learner.models import save_critic
+from vistarl.trainer.weights.disk import save_hf_weights
 
 __all__ = [
     "CheckpointError",

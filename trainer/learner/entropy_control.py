@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.config import AlgoConfig
+from vistarl.trainer.config import AlgoConfig
 
 
 class EntropyControl:

@@ -8,8 +8,8 @@ decoder layer's work per micro-batch, so per-block gathers, reduces and hooks ke
 the host through the whole tower (measured in docs/fsdp.md); gathered whole it is 1.3 GB of bf16.
 
 On GPU, parameters are kept in float32 and gathered as bfloat16 for compute, with gradients reduced
-in float32, and packed rows run on FlashAttention (`trainer.modeling.attention`); on CPU everything stays
-float32 with SDPA. Without a process group the model stays a plain module.
+in float32, and packed rows run on FlashAttention (`vistarl.trainer.modeling.attention`); on CPU everything
+stays float32 with SDPA. Without a process group the model stays a plain module.
 
 With `keep_gathered` (the trainer's choice on one rank, where a shard is the whole model) a unit keeps
 its gathered bf16 parameters from forward to backward and, through `set_last_micro_batch`, from one
@@ -17,8 +17,8 @@ micro-batch to the next: each optimizer step gathers once instead of twice per m
 last backward frees the copies before the optimizer changes the shards. The root, whose gradient
 reduction comes last in backward with no compute left to overlap it, also accumulates its gradients
 unreduced until the last micro-batch. The vision tower needs no such care: it runs forward and
-backward once per group of micro-batches (`trainer.learner.vision_passes`), through `encode_images`, which
-`shard_model` registers as a forward of the root.
+backward once per group of micro-batches (`vistarl.trainer.learner.vision_passes`), through `encode_images`,
+which `shard_model` registers as a forward of the root.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
-from trainer.learner.activation_checkpointing import CheckpointScope, enable_gradient_checkpointing
-from trainer.learner.models import ActorModel, CriticModel, blocks, freeze_vision
-from trainer.learner.vision_mlp import align_gated_mlps
-from trainer.modeling.attention import VARLEN_ATTENTION, use_attention
+from vistarl.trainer.learner.activation_checkpointing import CheckpointScope, enable_gradient_checkpointing
+from vistarl.trainer.learner.models import ActorModel, CriticModel, blocks, freeze_vision
+from vistarl.trainer.learner.vision_mlp import align_gated_mlps
+from vistarl.trainer.modeling.attention import VARLEN_ATTENTION, use_attention
 
 DEFAULT_TIMEOUT = timedelta(minutes=10)
 Model = TypeVar("Model", ActorModel, CriticModel)
@@ -105,8 +105,9 @@ def shard_model(
 
     Shards only when a process group exists; otherwise the module is returned on `device` unchanged
     in dtype. Sharded on GPU, or unsharded on GPU with a bf16 `compute_dtype` (the trainer's autocast),
-    it computes in bf16 with varlen FlashAttention and aligned MLP widths (`trainer.learner.vision_mlp`).
-    `keep_gathered`: see the module docstring. Returns the same object (FSDP2 shards in place).
+    it computes in bf16 with varlen FlashAttention and aligned MLP widths
+    (`vistarl.trainer.learner.vision_mlp`). `keep_gathered`: see the module docstring. Returns the same object
+    (FSDP2 shards in place).
     """
     if device.type == "cuda" and (is_distributed() or compute_dtype == torch.bfloat16):
         use_attention(module, VARLEN_ATTENTION)

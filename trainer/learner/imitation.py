@@ -9,10 +9,10 @@ import functools
 import time
 from collections.abc import Sequence
 
-from trainer.learner.logprobs import token_logprobs
-from trainer.learner.update import Micro, PolicyTrainer, Sums
-from trainer.modeling.image_features import ImageFeatures
-from trainer.rollout.trajectory import Trajectory
+from vistarl.trainer.learner.logprobs import token_logprobs
+from vistarl.trainer.learner.update import Micro, PolicyTrainer, Sums
+from vistarl.trainer.modeling.image_features import ImageFeatures
+from vistarl.trainer.rollout.trajectory import Trajectory
 
 __all__ = ["imitate"]
 

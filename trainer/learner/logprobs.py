@@ -24,10 +24,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
-from trainer.learner.models import ActorModel
-from trainer.learner.packing import PackedBatch, SequenceSample, pack_sequences, scored_positions
-from trainer.modeling.image_features import ImageFeatures
-from trainer.rollout.processor import ImageLike, VLProcessor
+from vistarl.trainer.learner.models import ActorModel
+from vistarl.trainer.learner.packing import PackedBatch, SequenceSample, pack_sequences, scored_positions
+from vistarl.trainer.modeling.image_features import ImageFeatures
+from vistarl.trainer.rollout.processor import ImageLike, VLProcessor
 
 DEFAULT_CHUNK_SIZE = 1024
 
@@ -53,7 +53,8 @@ def token_logprobs(
     """Logprob of each token where `mask` (default: `batch.loss_mask`) is 1, given its sequence's prefix.
 
     `actor` is an `ActorModel`, plain or FSDP-sharded. `image_features`: the batch's images already
-    encoded (`trainer.learner.vision_passes`); without them the actor runs its vision tower on the batch's.
+    encoded (`vistarl.trainer.learner.vision_passes`); without them the actor runs its vision tower on the
+    batch's.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")

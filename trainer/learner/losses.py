@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.config import AlgoConfig, KLType, LossAggMode
+from vistarl.trainer.config import AlgoConfig, KLType, LossAggMode
 
 Metrics = dict[str, torch.Tensor]
 

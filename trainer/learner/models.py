@@ -21,8 +21,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModelForImageTextToText, PretrainedConfig, PreTrainedModel
 
-from trainer.modeling.attention import SequenceBounds, packed_attention_kwargs
-from trainer.modeling.image_features import Grid, ImageFeatures, encode_images, with_image_features
+from vistarl.trainer.modeling.attention import SequenceBounds, packed_attention_kwargs
+from vistarl.trainer.modeling.image_features import Grid, ImageFeatures, encode_images, with_image_features
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 BACKBONE_FILE = "model.safetensors"

@@ -9,7 +9,7 @@ Everything the forward needs to know about the layout is computed here, on the h
 never waits on a host-device sync to learn it: the attention bounds of every segment, the longest
 one, and the scored positions. `cu_seqlens` and `image_grid_thw` stay on the host when the rest of
 the batch moves to the GPU (the vision tower's own inputs are derived from the grid there too,
-`trainer.modeling.vision_inputs`).
+`vistarl.trainer.modeling.vision_inputs`).
 
 Under FSDP every rank must run the vision tower in every micro-batch, or the collectives of ranks
 with and without images stop matching. A row without images therefore ends in a dummy segment
@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from PIL import Image
 
-from trainer.modeling.attention import SequenceBounds
-from trainer.rollout.processor import ImageLike, VLProcessor
+from vistarl.trainer.modeling.attention import SequenceBounds
+from vistarl.trainer.rollout.processor import ImageLike, VLProcessor
 
 RopeIndex = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 """The model's `get_rope_index(input_ids, mm_token_type_ids=..., image_grid_thw=...)`."""

@@ -41,26 +41,26 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
-from trainer.config import AlgoConfig, TrainConfig
-from trainer.learner.advantages import compute_advantages
-from trainer.learner.checkpoint import Schedule
-from trainer.learner.entropy_control import EntropyControl
-from trainer.learner.fsdp import is_distributed, set_last_micro_batch, shard_model
-from trainer.learner.logprobs import TokenScores, token_logprobs, token_values
-from trainer.learner.losses import actor_loss, masked_sum, value_loss
-from trainer.learner.models import ActorModel, CriticModel, Models
-from trainer.learner.packing import (
+from vistarl.trainer.config import AlgoConfig, TrainConfig
+from vistarl.trainer.learner.advantages import compute_advantages
+from vistarl.trainer.learner.checkpoint import Schedule
+from vistarl.trainer.learner.entropy_control import EntropyControl
+from vistarl.trainer.learner.fsdp import is_distributed, set_last_micro_batch, shard_model
+from vistarl.trainer.learner.logprobs import TokenScores, token_logprobs, token_values
+from vistarl.trainer.learner.losses import actor_loss, masked_sum, value_loss
+from vistarl.trainer.learner.models import ActorModel, CriticModel, Models
+from vistarl.trainer.learner.packing import (
     PackedBatch,
     SequenceSample,
     pack_sequences,
     plan_micro_batches,
 )
-from trainer.learner.vision_passes import VisionPasses
-from trainer.modeling.device import host_to_device
-from trainer.modeling.image_features import ImageFeatures
-from trainer.rollout.processor import VLProcessor
-from trainer.rollout.trajectory import Trajectory
-from trainer.seeds import generator, permutation
+from vistarl.trainer.learner.vision_passes import VisionPasses
+from vistarl.trainer.modeling.device import host_to_device
+from vistarl.trainer.modeling.image_features import ImageFeatures
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.trajectory import Trajectory
+from vistarl.trainer.seeds import generator, permutation
 
 __all__ = ["Backward", "Micro", "PolicyTrainer", "Sums", "warmup"]
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.learner.models import with_mixin
+from vistarl.trainer.learner.models import with_mixin
 
 ALIGN = 8
 """bf16 elements in 16 bytes."""

@@ -24,9 +24,9 @@ from typing import cast
 
 import torch
 
-from trainer.learner.models import ActorModel, CriticModel
-from trainer.learner.packing import PackedBatch
-from trainer.modeling.image_features import ImageFeatures
+from vistarl.trainer.learner.models import ActorModel, CriticModel
+from vistarl.trainer.learner.packing import PackedBatch
+from vistarl.trainer.modeling.image_features import ImageFeatures
 
 
 class VisionPasses:

@@ -1,6 +1,6 @@
 """What the vision tower hands the language model, shared by the learner's models and the HF engine:
-the image features, how they are computed (layout on the host, `trainer.modeling.vision_inputs`) and how they
-are written into the token embeddings."""
+the image features, how they are computed (layout on the host, `vistarl.trainer.modeling.vision_inputs`) and
+how they are written into the token embeddings."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from trainer.modeling.vision_inputs import vision_inputs
+from vistarl.trainer.modeling.vision_inputs import vision_inputs
 
 Grid = torch.Tensor | Sequence[Sequence[int]]
 """`image_grid_thw`: `[images, 3]` (t, h, w) per image, as a tensor or as host ints."""
@@ -44,7 +44,7 @@ class ImageFeatures:
 
 def encode_images(backbone: Any, pixel_values: torch.Tensor, image_grid_thw: Grid) -> ImageFeatures:
     """The vision tower's features for images of `image_grid_thw`, their layout computed on the host
-    (`trainer.modeling.vision_inputs`) so the tower never waits for the GPU."""
+    (`vistarl.trainer.modeling.vision_inputs`) so the tower never waits for the GPU."""
     grid = torch.as_tensor(image_grid_thw, device="cpu")
     inputs = vision_inputs(backbone.visual, grid, pixel_values.device)
     features = backbone.get_image_features(pixel_values, grid, return_dict=True, **inputs)

@@ -19,7 +19,7 @@ from transformers.vision_utils import (
     get_vision_window_index,
 )
 
-from trainer.modeling.device import host_to_device
+from vistarl.trainer.modeling.device import host_to_device
 
 
 def vision_inputs(visual: Any, grid_thw: torch.Tensor, device: torch.device) -> dict[str, Any]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.queue.base import EpisodeQueue
-from trainer.queue.memory import MemoryQueue
-from trainer.queue.redis import RedisQueue
+from vistarl.trainer.queue.base import EpisodeQueue
+from vistarl.trainer.queue.memory import MemoryQueue
+from vistarl.trainer.queue.redis import RedisQueue
 
 __all__ = ["open_queue"]
 

@@ -22,7 +22,7 @@ import msgpack
 from pydantic import BaseModel, Field, ValidationError
 from typing_extensions import Self
 
-from trainer.rollout.job import EpisodeJob
+from vistarl.trainer.rollout.job import EpisodeJob
 
 __all__ = [
     "MAX_ERROR_CHARS",

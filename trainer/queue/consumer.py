@@ -14,8 +14,8 @@ from collections import Counter
 
 from pydantic import ValidationError
 
-from trainer.queue.base import EpisodeQueue, QueueUnavailable
-from trainer.rollout.trajectory import Trajectory
+from vistarl.trainer.queue.base import EpisodeQueue, QueueUnavailable
+from vistarl.trainer.rollout.trajectory import Trajectory
 
 __all__ = ["ResultConsumer"]
 

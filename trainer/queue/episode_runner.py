@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 
-from trainer.queue.worker import WorkerOptions
-from trainer.rollout.engines.loading import load_engine
-from trainer.rollout.job import EpisodeJob
-from trainer.rollout.rewards import load_reward_fn
-from trainer.rollout.runner import RolloutRunner
-from trainer.rollout.trajectory import Trajectory
+from vistarl.trainer.queue.worker import WorkerOptions
+from vistarl.trainer.rollout.engines.loading import load_engine
+from vistarl.trainer.rollout.job import EpisodeJob
+from vistarl.trainer.rollout.rewards import load_reward_fn
+from vistarl.trainer.rollout.runner import RolloutRunner
+from vistarl.trainer.rollout.trajectory import Trajectory
 
 __all__ = ["WorkerRunner", "make_episode_runner"]
 

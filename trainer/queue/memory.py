@@ -15,8 +15,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.queue.base import DeadLetter, Delivery, EpisodeQueue, QueueStats, entry_time, pack, unpack
-from trainer.rollout.job import EpisodeJob
+from vistarl.trainer.queue.base import (
+    DeadLetter,
+    Delivery,
+    EpisodeQueue,
+    QueueStats,
+    entry_time,
+    pack,
+    unpack,
+)
+from vistarl.trainer.rollout.job import EpisodeJob
 
 __all__ = ["MemoryQueue"]
 

@@ -19,7 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from trainer.queue.base import (
+from vistarl.trainer.queue.base import (
     DeadLetter,
     Delivery,
     EpisodeQueue,
@@ -29,7 +29,7 @@ from trainer.queue.base import (
     pack,
     unpack,
 )
-from trainer.rollout.job import EpisodeJob
+from vistarl.trainer.rollout.job import EpisodeJob
 
 __all__ = ["RedisQueue"]
 

@@ -8,7 +8,7 @@ On shutdown it stops taking jobs, gives running episodes a grace period, and han
 the queue without counting a failed attempt.
 
 What an episode *is* belongs to the runner: any `async (EpisodeJob) -> Trajectory`, built by a factory
-that receives the `WorkerOptions` (`vistarl worker` passes `trainer.queue.episode_runner`'s unless
+that receives the `WorkerOptions` (`vistarl worker` passes `vistarl.trainer.queue.episode_runner`'s unless
 `--runner module:function` names another).
 """
 
@@ -31,13 +31,13 @@ from typing import Any, Protocol, TypeVar, cast
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from pydantic import BaseModel, ConfigDict, Field
 
-from clients.retry import RetryPolicy, attempt_until_final
-from trainer.imports import load_callable
-from trainer.queue import open_queue
-from trainer.queue.base import NAMESPACE_PATTERN, Delivery, EpisodeQueue, QueueUnavailable, entry_time
-from trainer.rollout.engines.spec import EngineSpec
-from trainer.rollout.job import EpisodeJob
-from trainer.rollout.trajectory import Trajectory
+from vistarl.clients.retry import RetryPolicy, attempt_until_final
+from vistarl.trainer.imports import load_callable
+from vistarl.trainer.queue import open_queue
+from vistarl.trainer.queue.base import NAMESPACE_PATTERN, Delivery, EpisodeQueue, QueueUnavailable, entry_time
+from vistarl.trainer.rollout.engines.spec import EngineSpec
+from vistarl.trainer.rollout.job import EpisodeJob
+from vistarl.trainer.rollout.trajectory import Trajectory
 
 __all__ = [
     "EpisodeRunner",

@@ -1,13 +1,13 @@
 """One interface to an episode's environment (`EpisodeEnv`), wherever and whatever it runs.
 
 An env is named by an `http(s)://` URL (an env server, reached through a shared `AsyncEnvClient`) or by a
-registered name or import path (`sokoban`, `services.sokoban`: the same server code, run in this process
-by `services.sessions_api.open_in_process`). Either way an episode speaks the wire protocol's models
-through one contract, `services.sessions_api.EnvSessions`: a job's task becomes a `ResetRequest` (seed,
-task id, sample, options), each reply a `StepRequest` with a request id, and the answers carry the env's
-own chat messages (image parts as PNG data URLs). So the episode loop cannot tell the two apart, and a
-task reaches the env the same way in process, over HTTP and through the queue. An `openenv+ws://` URL
-names an OpenEnv server instead, played by `trainer.rollout.openenv_env.OpenEnvHandle`.
+registered name or import path (`sokoban`, `vistarl.services.sokoban`: the same server code, run in this
+process by `vistarl.services.sessions_api.open_in_process`). Either way an episode speaks the wire protocol's
+models through one contract, `vistarl.services.sessions_api.EnvSessions`: a job's task becomes a
+`ResetRequest` (seed, task id, sample, options), each reply a `StepRequest` with a request id, and the answers
+carry the env's own chat messages (image parts as PNG data URLs). So the episode loop cannot tell the two
+apart, and a task reaches the env the same way in process, over HTTP and through the queue. An `openenv+ws://`
+URL names an OpenEnv server instead, played by `vistarl.trainer.rollout.openenv_env.OpenEnvHandle`.
 Every env failure (an exception, a timeout, an unreachable or failing server) surfaces as `EnvError`.
 """
 
@@ -20,14 +20,21 @@ import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from clients.http import AsyncEnvClient, RetryPolicy
-from clients.protocol import InfoResponse, Message, ResetRequest, ResetResponse, StepRequest, StepResponse
-from services.sessions_api import EnvSessions, InProcessSessions, open_in_process
-from trainer.config import is_openenv
-from trainer.rollout.job import EpisodeJob
+from vistarl.clients.http import AsyncEnvClient, RetryPolicy
+from vistarl.clients.protocol import (
+    InfoResponse,
+    Message,
+    ResetRequest,
+    ResetResponse,
+    StepRequest,
+    StepResponse,
+)
+from vistarl.services.sessions_api import EnvSessions, InProcessSessions, open_in_process
+from vistarl.trainer.config import is_openenv
+from vistarl.trainer.rollout.job import EpisodeJob
 
 if TYPE_CHECKING:
-    from trainer.rollout.openenv_env import OpenEnvServer
+    from vistarl.trainer.rollout.openenv_env import OpenEnvServer
 
 __all__ = [
     "EnvError",
@@ -123,7 +130,10 @@ class Envs:
         """A handle for one episode of the env `spec` names (a URL, a registered name or an import path)."""
         if not is_openenv(spec):
             return EnvHandle(await self.sessions(spec))
-        from trainer.rollout.openenv_env import OpenEnvHandle, open_server  # openenv-core, on first use
+        from vistarl.trainer.rollout.openenv_env import (  # openenv-core, on first use
+            OpenEnvHandle,
+            open_server,
+        )
 
         async with self._starting:
             if spec not in self._openenv:

@@ -21,14 +21,14 @@ from collections.abc import Awaitable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from trainer.config import RolloutConfig
-from trainer.rollout.engines.base import Engine, GenerateRequest, GenerateResult, policy_version_of
-from trainer.rollout.env_handle import EnvError, EpisodeEnv
-from trainer.rollout.job import EpisodeJob, EpisodeSettings
-from trainer.rollout.processor import VLProcessor
-from trainer.rollout.rewards import RewardFn, env_reward
-from trainer.rollout.tokenization import TokenTrackError, TokenTracks, TurnEncoder
-from trainer.rollout.trajectory import Status, Trajectory
+from vistarl.trainer.config import RolloutConfig
+from vistarl.trainer.rollout.engines.base import Engine, GenerateRequest, GenerateResult, policy_version_of
+from vistarl.trainer.rollout.env_handle import EnvError, EpisodeEnv
+from vistarl.trainer.rollout.job import EpisodeJob, EpisodeSettings
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.rewards import RewardFn, env_reward
+from vistarl.trainer.rollout.tokenization import TokenTrackError, TokenTracks, TurnEncoder
+from vistarl.trainer.rollout.trajectory import Status, Trajectory
 
 __all__ = ["failed_trajectory", "run_episode"]
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trainer.config import RolloutConfig, check_budgets
-from trainer.rollout.engines.sglang_api import SamplingParams
+from vistarl.trainer.config import RolloutConfig, check_budgets
+from vistarl.trainer.rollout.engines.sglang_api import SamplingParams
 
 __all__ = ["START_KEYS", "EpisodeJob", "EpisodeSettings", "group_jobs"]
 

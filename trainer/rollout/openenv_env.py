@@ -1,11 +1,11 @@
 """OpenEnv servers as episode envs: an `openenv+ws://HOST:PORT` env (`openenv+wss://` behind TLS) drives any
 OpenEnv server over its WebSocket session protocol (docs/training.md, "OpenEnv envs").
 
-The env URL carries its adapter (`trainer.config.OpenEnvAdapter`) as its query. An episode is one socket,
-one OpenEnv session: `reset` sends the job's seed and options as the reset's arguments; each observation
-becomes a user message (its image fields as PNG data URLs, then its text fields); each reply becomes the
-action, in the adapter's `action_field` or as the JSON object it holds. The turn reward is the env's
-(none counts 0), and `done` ends the episode as the env's own ending.
+The env URL carries its adapter (`vistarl.trainer.config.OpenEnvAdapter`) as its query. An episode is one
+socket, one OpenEnv session: `reset` sends the job's seed and options as the reset's arguments; each
+observation becomes a user message (its image fields as PNG data URLs, then its text fields); each reply
+becomes the action, in the adapter's `action_field` or as the JSON object it holds. The turn reward is the
+env's (none counts 0), and `done` ends the episode as the env's own ending.
 
 The adapter is checked once per server against its `/schema`; an observation without a field it names,
 an action schema that needs fields it does not fill, a closed socket and an error answer all fail the
@@ -13,7 +13,7 @@ episode (`EnvError`, FAILED) with the env's message. Every wait is bounded: the 
 and the close by the env timeout (`Envs(timeout_s=...)`). A reply with no valid JSON action is the
 model's fault, not the env's: the env is not stepped, and the episode ends with a turn reward of 0.
 
-The messages are `clients.protocol`'s OpenEnv models, sent with `websockets`. openenv-core's own
+The messages are `vistarl.clients.protocol`'s OpenEnv models, sent with `websockets`. openenv-core's own
 `GenericEnvClient` speaks the same, but importing it imports gradio: about 5 s of CPU per process on the
 2-core test machine, for a client of some 30 lines.
 """
@@ -31,8 +31,8 @@ import httpx
 from jsonschema import Draft202012Validator
 from websockets.asyncio.client import ClientConnection, connect
 
-from clients.images import decode_image, encode_image
-from clients.protocol import (
+from vistarl.clients.images import decode_image, encode_image
+from vistarl.clients.protocol import (
     ImagePart,
     ImageURL,
     Message,
@@ -45,9 +45,9 @@ from clients.protocol import (
     StepResponse,
     TextPart,
 )
-from trainer.config import OpenEnvAdapter
-from trainer.rollout.env_handle import EnvError, env_errors
-from trainer.rollout.job import EpisodeJob
+from vistarl.trainer.config import OpenEnvAdapter
+from vistarl.trainer.rollout.env_handle import EnvError, env_errors
+from vistarl.trainer.rollout.job import EpisodeJob
 
 __all__ = ["OpenEnvHandle", "OpenEnvServer", "open_server"]
 

@@ -23,7 +23,7 @@ from PIL import Image
 from transformers import AutoImageProcessor, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
-from clients.images import decode_image
+from vistarl.clients.images import decode_image
 
 ImageLike = str | Image.Image
 Grid = tuple[int, int, int]

@@ -6,7 +6,7 @@ A reward function has one signature:
 
 `turn_rewards` are the environment's per-turn rewards in order, and `info` is the info of the last
 env call (the last step's, or the reset's when no step was taken), plus `generated_ids`: the
-episode's generated (loss-mask 1) token ids, in order. `services.sokoban.reward` is one.
+episode's generated (loss-mask 1) token ids, in order. `vistarl.services.sokoban.reward` is one.
 Without a configured function, the episode reward is the environment's own `info["episode_reward"]`,
 or the sum of the turn rewards when the episode ended before the environment gave one.
 """
@@ -17,7 +17,7 @@ import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
-from trainer.imports import load_callable
+from vistarl.trainer.imports import load_callable
 
 __all__ = ["RewardFn", "env_reward", "load_reward_fn"]
 

@@ -10,15 +10,15 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
-from trainer.config import RolloutConfig
-from trainer.rollout.engines.base import Engine
-from trainer.rollout.env_handle import EnvError, Envs
-from trainer.rollout.episode import failed_trajectory, run_episode
-from trainer.rollout.job import EpisodeJob
-from trainer.rollout.processor import VLProcessor
-from trainer.rollout.rewards import RewardFn, env_reward
-from trainer.rollout.tokenization import TurnEncoder
-from trainer.rollout.trajectory import Trajectory
+from vistarl.trainer.config import RolloutConfig
+from vistarl.trainer.rollout.engines.base import Engine
+from vistarl.trainer.rollout.env_handle import EnvError, Envs
+from vistarl.trainer.rollout.episode import failed_trajectory, run_episode
+from vistarl.trainer.rollout.job import EpisodeJob
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.rewards import RewardFn, env_reward
+from vistarl.trainer.rollout.tokenization import TurnEncoder
+from vistarl.trainer.rollout.trajectory import Trajectory
 
 __all__ = ["RolloutRunner", "run_jobs"]
 

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from clients.protocol import Message
-from trainer.rollout.processor import Grid, VLProcessor
+from vistarl.clients.protocol import Message
+from vistarl.trainer.rollout.processor import Grid, VLProcessor
 
 __all__ = ["MessageLike", "Segment", "TokenTrackError", "TokenTracks", "TurnEncoder"]
 

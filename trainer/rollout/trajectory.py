@@ -16,7 +16,7 @@ from pydantic import ConfigDict, Field, TypeAdapter, model_validator
 from pydantic.dataclasses import dataclass
 
 if TYPE_CHECKING:
-    from trainer.rollout.tokenization import TokenTracks
+    from vistarl.trainer.rollout.tokenization import TokenTracks
 
 __all__ = ["Status", "Trajectory"]
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from trainer.config import TrainConfig
-from trainer.learner.checkpoint import latest_checkpoint
-from trainer.run.ranks import broadcast_bytes, current_rank
+from vistarl.trainer.config import TrainConfig
+from vistarl.trainer.learner.checkpoint import latest_checkpoint
+from vistarl.trainer.run.ranks import broadcast_bytes, current_rank
 
 __all__ = ["agreed_run_dir", "resolve_run_dir", "run_name"]
 

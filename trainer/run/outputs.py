@@ -32,11 +32,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from torch.utils.tensorboard import SummaryWriter
 
-from clients.images import decode_image
-from trainer.config import TrainConfig, WandbConfig
-from trainer.rollout.trajectory import Trajectory
-from trainer.run.stack import ENV_SERVER_LOG
-from trainer.run.wandb_sink import WandbSink
+from vistarl.clients.images import decode_image
+from vistarl.trainer.config import TrainConfig, WandbConfig
+from vistarl.trainer.rollout.trajectory import Trajectory
+from vistarl.trainer.run.stack import ENV_SERVER_LOG
+from vistarl.trainer.run.wandb_sink import WandbSink
 
 __all__ = [
     "CURVE_FILE",

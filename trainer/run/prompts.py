@@ -7,12 +7,12 @@ import random
 from pathlib import Path
 from typing import Any
 
-from services.datasets import ParquetSplit
-from services.env_api import TaskSplit
-from trainer.config import TrainConfig
-from trainer.rollout.env_handle import split_size
-from trainer.rollout.job import EpisodeJob, EpisodeSettings, group_jobs
-from trainer.seeds import derived_seed
+from vistarl.services.datasets import ParquetSplit
+from vistarl.services.env_api import TaskSplit
+from vistarl.trainer.config import TrainConfig
+from vistarl.trainer.rollout.env_handle import split_size
+from vistarl.trainer.rollout.job import EpisodeJob, EpisodeSettings, group_jobs
+from vistarl.trainer.seeds import derived_seed
 
 __all__ = ["PromptSource", "step_jobs"]
 

@@ -21,10 +21,10 @@ import msgpack
 import torch
 from pydantic import TypeAdapter
 
-from trainer.learner.checkpoint import TrainerState
-from trainer.learner.fsdp import is_distributed
-from trainer.rollout.trajectory import Trajectory
-from trainer.run.ranks import broadcast_bytes, current_rank
+from vistarl.trainer.learner.checkpoint import TrainerState
+from vistarl.trainer.learner.fsdp import is_distributed
+from vistarl.trainer.rollout.trajectory import Trajectory
+from vistarl.trainer.run.ranks import broadcast_bytes, current_rank
 
 __all__ = ["Push", "RankCommand", "Stop", "Train", "decode", "encode", "share_command"]
 

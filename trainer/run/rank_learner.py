@@ -2,8 +2,8 @@
 
 `RankLearner` loads the actor (and reference, critic) from the configured model or from the
 checkpoint being resumed, with their optimizers, schedulers and RNG states, and carries out rank 0's
-`RankCommand`s (`trainer.run.rank_commands`). Every collective runs on one dedicated compute thread, so
-rank 0's event loop (workers, engine, HTTP) keeps going while the model trains.
+`RankCommand`s (`vistarl.trainer.run.rank_commands`). Every collective runs on one dedicated compute thread,
+so rank 0's event loop (workers, engine, HTTP) keeps going while the model trains.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from trainer.config import TrainConfig
-from trainer.learner.checkpoint import (
+from vistarl.trainer.config import TrainConfig
+from vistarl.trainer.learner.checkpoint import (
     TrainerState,
     latest_checkpoint,
     load_optimizer,
@@ -27,15 +27,15 @@ from trainer.learner.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from trainer.learner.fsdp import init_distributed, rank_device
-from trainer.learner.models import Models, load_actor, load_critic, load_reference
-from trainer.learner.update import PolicyTrainer
-from trainer.rollout.engines.base import Engine
-from trainer.rollout.processor import VLProcessor
-from trainer.run.rank_commands import Push, RankCommand, Stop, Train, share_command
-from trainer.run.ranks import current_rank
-from trainer.run.stack import DTYPES
-from trainer.weights.sync import WeightSync, weight_sync
+from vistarl.trainer.learner.fsdp import init_distributed, rank_device
+from vistarl.trainer.learner.models import Models, load_actor, load_critic, load_reference
+from vistarl.trainer.learner.update import PolicyTrainer
+from vistarl.trainer.rollout.engines.base import Engine
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.run.rank_commands import Push, RankCommand, Stop, Train, share_command
+from vistarl.trainer.run.ranks import current_rank
+from vistarl.trainer.run.stack import DTYPES
+from vistarl.trainer.weights.sync import WeightSync, weight_sync
 
 __all__ = ["RankLearner"]
 

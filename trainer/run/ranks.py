@@ -1,7 +1,8 @@
 """What rank 0 tells the other ranks of a torchrun job: its bytes on every rank, by a tensor broadcast.
 
-The RL loop sends its rank commands this way (`trainer.run.rank_commands`), and both loops the run
-directory they agree on (`trainer.run.directory`). Outside torchrun there is one rank and nothing is sent.
+The RL loop sends its rank commands this way (`vistarl.trainer.run.rank_commands`), and both loops the run
+directory they agree on (`vistarl.trainer.run.directory`). Outside torchrun there is one rank and nothing is
+sent.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from trainer.learner.fsdp import is_distributed
+from vistarl.trainer.learner.fsdp import is_distributed
 
 __all__ = ["broadcast_bytes", "current_rank"]
 

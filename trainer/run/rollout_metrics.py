@@ -7,8 +7,8 @@ from collections import Counter, defaultdict
 
 import torch
 
-from trainer.rollout.trajectory import Status
-from trainer.run.stack import Gathered, Stack
+from vistarl.trainer.rollout.trajectory import Status
+from vistarl.trainer.run.stack import Gathered, Stack
 
 __all__ = ["left_out", "outcomes", "rollout_metrics", "throughput"]
 

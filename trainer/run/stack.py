@@ -23,19 +23,19 @@ from pathlib import Path
 
 import torch
 
-from serving.launch import serve_env
-from trainer.config import TrainConfig
-from trainer.queue import open_queue
-from trainer.queue.base import EpisodeQueue
-from trainer.queue.consumer import ResultConsumer
-from trainer.queue.worker import Worker
-from trainer.rollout.engines.base import Engine
-from trainer.rollout.engines.loading import make_engine
-from trainer.rollout.job import EpisodeJob
-from trainer.rollout.processor import VLProcessor
-from trainer.rollout.rewards import load_reward_fn
-from trainer.rollout.runner import RolloutRunner
-from trainer.rollout.trajectory import Trajectory
+from vistarl.serving.launch import serve_env
+from vistarl.trainer.config import TrainConfig
+from vistarl.trainer.queue import open_queue
+from vistarl.trainer.queue.base import EpisodeQueue
+from vistarl.trainer.queue.consumer import ResultConsumer
+from vistarl.trainer.queue.worker import Worker
+from vistarl.trainer.rollout.engines.base import Engine
+from vistarl.trainer.rollout.engines.loading import make_engine
+from vistarl.trainer.rollout.job import EpisodeJob
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.rewards import load_reward_fn
+from vistarl.trainer.rollout.runner import RolloutRunner
+from vistarl.trainer.rollout.trajectory import Trajectory
 
 __all__ = ["ENV_SERVER_LOG", "Gathered", "Stack", "StalePolicyError", "open_stack"]
 

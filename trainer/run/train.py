@@ -23,10 +23,11 @@ generation, so that only their env resets and prompts overlap it. In asynchronou
 overlap training; trajectories over `rollout.max_staleness` versions old are dropped.
 
 Under torchrun, every rank trains its share of each mini-batch (FSDP2) and gathers its share of each
-weight push (`trainer.weights`); rank 0 alone drives the queue, the engine and the logs, and sends the
-other ranks typed commands (`trainer.run.rank_commands`: a step's update with its trajectories, a push,
-stop) that every rank's `RankLearner` (`trainer.run.rank_learner`) carries out. Steps 3-5 are
-`trainer.learner.update.PolicyTrainer.update`; what a step plays comes from `trainer.run.prompts`.
+weight push (`vistarl.trainer.weights`); rank 0 alone drives the queue, the engine and the logs, and sends the
+other ranks typed commands (`vistarl.trainer.run.rank_commands`: a step's update with its trajectories, a
+push, stop) that every rank's `RankLearner` (`vistarl.trainer.run.rank_learner`) carries out. Steps 3-5 are
+`vistarl.trainer.learner.update.PolicyTrainer.update`; what a step plays comes from
+`vistarl.trainer.run.prompts`.
 """
 
 from __future__ import annotations
@@ -43,19 +44,19 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from trainer.config import TrainConfig
-from trainer.eval import evaluate
-from trainer.learner.checkpoint import TrainerState, latest_checkpoint
-from trainer.learner.fsdp import init_distributed, rank_device
-from trainer.rollout.engines.base import Engine
-from trainer.run.directory import agreed_run_dir
-from trainer.run.outputs import RunLogger, failure_places
-from trainer.run.prompts import PromptSource, step_jobs
-from trainer.run.rank_commands import Stop, Train
-from trainer.run.rank_learner import RankLearner
-from trainer.run.rollout_metrics import left_out, outcomes, rollout_metrics, throughput
-from trainer.run.stack import Gathered, Stack, open_stack
-from trainer.run.weight_keeper import WeightKeeper
+from vistarl.trainer.config import TrainConfig
+from vistarl.trainer.eval import evaluate
+from vistarl.trainer.learner.checkpoint import TrainerState, latest_checkpoint
+from vistarl.trainer.learner.fsdp import init_distributed, rank_device
+from vistarl.trainer.rollout.engines.base import Engine
+from vistarl.trainer.run.directory import agreed_run_dir
+from vistarl.trainer.run.outputs import RunLogger, failure_places
+from vistarl.trainer.run.prompts import PromptSource, step_jobs
+from vistarl.trainer.run.rank_commands import Stop, Train
+from vistarl.trainer.run.rank_learner import RankLearner
+from vistarl.trainer.run.rollout_metrics import left_out, outcomes, rollout_metrics, throughput
+from vistarl.trainer.run.stack import Gathered, Stack, open_stack
+from vistarl.trainer.run.weight_keeper import WeightKeeper
 
 __all__ = ["TrainResult", "run_training"]
 

@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from clients.images import decode_image
-from trainer.config import WandbConfig
-from trainer.rollout.trajectory import Trajectory
+from vistarl.clients.images import decode_image
+from vistarl.trainer.config import WandbConfig
+from vistarl.trainer.rollout.trajectory import Trajectory
 
 __all__ = ["WandbSink", "conversation_html"]
 

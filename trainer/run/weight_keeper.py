@@ -1,8 +1,8 @@
 """Which weights the engine serves during a run: the trainer's current version, and no other.
 
 `WeightKeeper` is how a run's weights reach its engine. `push` sends a version (every rank gathers, rank
-0 sends: `trainer.run.rank_commands.Push`) and records it as the stack's `policy_version`, against which
-`Stack.lag` judges every trajectory. An engine server that died and came back serves its checkpoint
+0 sends: `vistarl.trainer.run.rank_commands.Push`) and records it as the stack's `policy_version`, against
+which `Stack.lag` judges every trajectory. An engine server that died and came back serves its checkpoint
 again, and says so: its `/model_info` reports another version (SGLang's `default`, or `0`). The keeper
 asks before every push, and every `sync.watch_s` seconds between pushes (`watch`); an engine serving a
 version not the trainer's is pushed the current one again, over a new connection, and the push is
@@ -22,12 +22,12 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol, runtime_checkable
 
-from trainer.config import SyncConfig
-from trainer.rollout.engines.base import UNKNOWN_VERSION, EngineError
-from trainer.rollout.engines.sglang_api import ModelInfo
-from trainer.run.rank_commands import Push
-from trainer.run.rank_learner import RankLearner
-from trainer.run.stack import Stack
+from vistarl.trainer.config import SyncConfig
+from vistarl.trainer.rollout.engines.base import UNKNOWN_VERSION, EngineError
+from vistarl.trainer.rollout.engines.sglang_api import ModelInfo
+from vistarl.trainer.run.rank_commands import Push
+from vistarl.trainer.run.rank_learner import RankLearner
+from vistarl.trainer.run.stack import Stack
 
 __all__ = ["PUSH_ATTEMPTS", "WeightKeeper"]
 

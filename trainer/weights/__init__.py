@@ -10,5 +10,5 @@
   engine names.
 
 Both the learner and the engines import this package; it imports neither (the engines' SGLang request
-bodies aside, `trainer.rollout.engines.sglang_api`, which is the wire format and nothing else).
+bodies aside, `vistarl.trainer.rollout.engines.sglang_api`, which is the wire format and nothing else).
 """

@@ -24,7 +24,7 @@ from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.tensor import DTensor, Shard
 from transformers import PretrainedConfig
 
-from trainer.weights.names import is_tied
+from vistarl.trainer.weights.names import is_tied
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "Bucket", "bucket_tensors", "gathered_buckets", "pushed_dtype"]
 

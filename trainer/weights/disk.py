@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import save_file
 from transformers import PretrainedConfig
 
-from trainer.weights.buckets import Bucket
-from trainer.weights.names import to_checkpoint_state
-from trainer.weights.transport import EngineCalls, PausableEngine, paused
+from vistarl.trainer.weights.buckets import Bucket
+from vistarl.trainer.weights.names import to_checkpoint_state
+from vistarl.trainer.weights.transport import EngineCalls, PausableEngine, paused
 
 __all__ = ["WEIGHTS_FILE", "DiskEngine", "DiskSync", "save_hf_weights"]
 

@@ -9,9 +9,9 @@ import functools
 from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
-from trainer.weights.buckets import Bucket
-from trainer.weights.targets import Load, copy_into
-from trainer.weights.transport import EngineCalls, Waiter, pipelined
+from vistarl.trainer.weights.buckets import Bucket
+from vistarl.trainer.weights.targets import Load, copy_into
+from vistarl.trainer.weights.transport import EngineCalls, Waiter, pipelined
 
 __all__ = ["InProcessSync", "LocalEngine"]
 

@@ -21,15 +21,20 @@ from typing import Protocol, runtime_checkable
 
 import torch.distributed as dist
 
-from trainer.rollout.engines.sglang_api import (
+from vistarl.trainer.rollout.engines.sglang_api import (
     InitWeightsUpdateGroupBody,
     UpdateWeightsFromDistributedBody,
     UpdateWeightsResponse,
 )
-from trainer.weights.buckets import Bucket
-from trainer.weights.group import DEFAULT_GROUP_NAME, fresh_group_name, init_weight_update_group, leave_group
-from trainer.weights.names import checkpoint_name
-from trainer.weights.transport import EngineCalls, PausableEngine, Waiter, paused, pipelined
+from vistarl.trainer.weights.buckets import Bucket
+from vistarl.trainer.weights.group import (
+    DEFAULT_GROUP_NAME,
+    fresh_group_name,
+    init_weight_update_group,
+    leave_group,
+)
+from vistarl.trainer.weights.names import checkpoint_name
+from vistarl.trainer.weights.transport import EngineCalls, PausableEngine, Waiter, paused, pipelined
 
 __all__ = ["BroadcastEngine", "DistributedSync", "DistributedTarget", "distributed_body"]
 

@@ -17,10 +17,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from trainer.rollout.engines.sglang_api import InitWeightsUpdateGroupBody, UpdateWeightsFromDistributedBody
-from trainer.weights.group import init_weight_update_group
-from trainer.weights.names import live_name
-from trainer.weights.targets import WeightLoadError, load_targets
+from vistarl.trainer.rollout.engines.sglang_api import (
+    InitWeightsUpdateGroupBody,
+    UpdateWeightsFromDistributedBody,
+)
+from vistarl.trainer.weights.group import init_weight_update_group
+from vistarl.trainer.weights.names import live_name
+from vistarl.trainer.weights.targets import WeightLoadError, load_targets
 
 __all__ = ["WeightReceiver"]
 

@@ -19,12 +19,12 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from trainer.config import SyncConfig
-from trainer.weights.buckets import gathered_buckets
-from trainer.weights.disk import DiskEngine, DiskSync
-from trainer.weights.in_process import InProcessSync, LocalEngine
-from trainer.weights.nccl import BroadcastEngine, DistributedSync, DistributedTarget
-from trainer.weights.transport import EngineCalls, Transport, TransportKind
+from vistarl.trainer.config import SyncConfig
+from vistarl.trainer.weights.buckets import gathered_buckets
+from vistarl.trainer.weights.disk import DiskEngine, DiskSync
+from vistarl.trainer.weights.in_process import InProcessSync, LocalEngine
+from vistarl.trainer.weights.nccl import BroadcastEngine, DistributedSync, DistributedTarget
+from vistarl.trainer.weights.transport import EngineCalls, Transport, TransportKind
 
 __all__ = ["ENGINE_CALL_TIMEOUT_S", "WeightSync", "WeightTarget", "transport_kind", "weight_sync"]
 

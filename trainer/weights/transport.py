@@ -18,8 +18,8 @@ import contextlib
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
-from trainer.rollout.engines.sglang_api import PauseMode
-from trainer.weights.buckets import Bucket
+from vistarl.trainer.rollout.engines.sglang_api import PauseMode
+from vistarl.trainer.weights.buckets import Bucket
 
 __all__ = ["EngineCalls", "PausableEngine", "Transport", "TransportKind", "Waiter", "paused", "pipelined"]
 

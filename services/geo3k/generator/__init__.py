@@ -16,10 +16,10 @@ from typing import Any
 import sympy
 from PIL import Image
 
-from clients.images import encode_image
-from services.geo3k.generator import areas, circles, parallel, polygons, triangles
-from services.geo3k.generator.draft import Draft, Template
-from services.geo3k.sample import IMAGE_PLACEHOLDER
+from vistarl.clients.images import encode_image
+from vistarl.services.geo3k.generator import areas, circles, parallel, polygons, triangles
+from vistarl.services.geo3k.generator.draft import Draft, Template
+from vistarl.services.geo3k.sample import IMAGE_PLACEHOLDER
 
 TOPICS: dict[str, tuple[Template, ...]] = {
     "triangles": triangles.TEMPLATES,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import random
 
-from services.geo3k.generator.diagram import Diagram, Point
-from services.geo3k.generator.draft import (
+from vistarl.services.geo3k.generator.diagram import Diagram, Point
+from vistarl.services.geo3k.generator.draft import (
     Draft,
     Template,
     centroid,

@@ -6,8 +6,8 @@ import random
 
 import sympy
 
-from services.geo3k.generator.diagram import Diagram, Point
-from services.geo3k.generator.draft import (
+from vistarl.services.geo3k.generator.diagram import Diagram, Point
+from vistarl.services.geo3k.generator.draft import (
     PI_HINT,
     Draft,
     Template,

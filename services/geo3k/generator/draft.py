@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from services.geo3k.generator.diagram import Diagram, Point
+from vistarl.services.geo3k.generator.diagram import Diagram, Point
 
 POINT_LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ"
 """Vertex names: the alphabet without I and O (O names circle centres)."""

@@ -6,8 +6,16 @@ from __future__ import annotations
 import math
 import random
 
-from services.geo3k.generator.diagram import Diagram, Point
-from services.geo3k.generator.draft import Draft, Template, centroid, degrees, point_names, polar, rational
+from vistarl.services.geo3k.generator.diagram import Diagram, Point
+from vistarl.services.geo3k.generator.draft import (
+    Draft,
+    Template,
+    centroid,
+    degrees,
+    point_names,
+    polar,
+    rational,
+)
 
 SIDES = (5, 6, 7, 8, 9, 10, 12)
 POLYGON_NAMES = {

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import random
 
-from services.geo3k.generator.diagram import Diagram
-from services.geo3k.generator.draft import (
+from vistarl.services.geo3k.generator.diagram import Diagram
+from vistarl.services.geo3k.generator.draft import (
     Draft,
     Template,
     degrees,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from services.server.settings import ServerSettings
-from services.server.store.base import Retention, SessionStore
-from services.server.store.memory import InMemorySessionStore
+from vistarl.services.server.settings import ServerSettings
+from vistarl.services.server.store.base import Retention, SessionStore
+from vistarl.services.server.store.memory import InMemorySessionStore
 
 __all__ = ["create_store"]
 
@@ -14,6 +14,6 @@ def create_store(settings: ServerSettings, env_name: str) -> SessionStore:
     retention = Retention(settings.session_ttl_s, settings.tombstone_ttl_s, settings.idempotency_cache_size)
     if settings.session_store is None:
         return InMemorySessionStore(retention)
-    from services.server.store.redis import RedisSessionStore  # redis is needed only for this store
+    from vistarl.services.server.store.redis import RedisSessionStore  # redis is needed only for this store
 
     return RedisSessionStore(settings.session_store, env_name, retention, settings.retry_after_s)

@@ -3,7 +3,7 @@
 Per session a store keeps its version (steps committed so far), whether its episode is done, the answers
 kept for `request_id` retries, its last answer (what MCP's `observe` shows again) and, in a shared store,
 the env's state; the envs themselves and the rules
-are `services.server.sessions`' business. Both backends give the same semantics (docs/server.md,
+are `vistarl.services.server.sessions`' business. Both backends give the same semantics (docs/server.md,
 "Session store"): `InMemorySessionStore` (`memory.py`) inside one process, `RedisSessionStore`
 (`redis.py`) shared by every replica of one env.
 
@@ -27,8 +27,8 @@ from typing import Protocol
 
 import msgpack
 
-from clients.protocol import ErrorCode
-from serving.errors import ServiceError
+from vistarl.clients.protocol import ErrorCode
+from vistarl.serving.errors import ServiceError
 
 
 def action_digest(action: str) -> bytes:

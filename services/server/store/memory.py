@@ -13,7 +13,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from services.server.store.base import Commit, Retention, Snapshot, StepRecord, StoredAnswer
+from vistarl.services.server.store.base import Commit, Retention, Snapshot, StepRecord, StoredAnswer
 
 
 @dataclass

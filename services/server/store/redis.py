@@ -23,9 +23,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from clients.protocol import ErrorCode
-from services.server.store.base import Commit, Retention, Snapshot, StepRecord, StoredAnswer
-from serving.errors import ServiceError
+from vistarl.clients.protocol import ErrorCode
+from vistarl.services.server.store.base import Commit, Retention, Snapshot, StepRecord, StoredAnswer
+from vistarl.serving.errors import ServiceError
 
 T = TypeVar("T")
 

@@ -19,8 +19,8 @@ from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trainer.rollout.engines.sglang_api import FinishReason, PauseMode, SamplingParams
-from trainer.weights.transport import TransportKind
+from vistarl.trainer.rollout.engines.sglang_api import FinishReason, PauseMode, SamplingParams
+from vistarl.trainer.weights.transport import TransportKind
 
 UNKNOWN_VERSION = "unknown"
 """The weight version of a result from an engine that has reported none (a client that has heard nothing)."""
@@ -110,7 +110,8 @@ class Engine(Protocol):
 
     @property
     def weight_transports(self) -> tuple[TransportKind, ...]:
-        """The transports that bring it new weights (`trainer.weights`), `in_process` first if it is one."""
+        """The transports that bring it new weights (`vistarl.trainer.weights`), `in_process` first if it is
+        one."""
         ...
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:

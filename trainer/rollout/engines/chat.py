@@ -17,11 +17,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.env_api import TOOL_CALL_BLOCK
-from trainer.rollout.engines.base import GenerateRequest, GenerateResult
-from trainer.rollout.engines.sglang_api import SamplingParams
-from trainer.rollout.processor import VLProcessor
-from trainer.rollout.tokenization import image_urls
+from vistarl.services.env_api import TOOL_CALL_BLOCK
+from vistarl.trainer.rollout.engines.base import GenerateRequest, GenerateResult
+from vistarl.trainer.rollout.engines.sglang_api import SamplingParams
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.tokenization import image_urls
 
 DEFAULT_MAX_TOKENS = 256
 ChatFinish = Literal["stop", "length", "tool_calls"]

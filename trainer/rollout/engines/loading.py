@@ -6,12 +6,12 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from trainer.rollout.alignment import check_engine_alignment
-from trainer.rollout.engines.base import Engine
-from trainer.rollout.engines.hf import HFEngine
-from trainer.rollout.engines.sglang import SGLangEngine
-from trainer.rollout.engines.spec import EngineSpec
-from trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.alignment import check_engine_alignment
+from vistarl.trainer.rollout.engines.base import Engine
+from vistarl.trainer.rollout.engines.hf import HFEngine
+from vistarl.trainer.rollout.engines.sglang import SGLangEngine
+from vistarl.trainer.rollout.engines.spec import EngineSpec
+from vistarl.trainer.rollout.processor import VLProcessor
 
 __all__ = ["load_engine", "make_engine"]
 

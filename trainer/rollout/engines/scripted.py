@@ -15,10 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import ClassVar, Literal
 
-from trainer.rollout.engines.base import GenerateRequest, GenerateResult
-from trainer.rollout.engines.sglang_api import FinishReason, PauseMode
-from trainer.rollout.processor import VLProcessor
-from trainer.weights.transport import TransportKind
+from vistarl.trainer.rollout.engines.base import GenerateRequest, GenerateResult
+from vistarl.trainer.rollout.engines.sglang_api import FinishReason, PauseMode
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.weights.transport import TransportKind
 
 __all__ = ["Responder", "ScriptedEngine"]
 

@@ -6,17 +6,17 @@ through `SGLangEngine` exactly as they drive SGLang. Endpoints: `POST /generate`
 `POST /abort_request`, `POST /pause_generation`, `POST /continue_generation`, `GET /metrics` (the batch
 loop's counters, `EngineStats`, and the error answers, in Prometheus' format), and SGLang's NCCL weight
 update, `POST /init_weights_update_group` and `POST /update_weights_from_distributed`
-(`trainer.weights.receiver`: each bucket straight into the parameters; gloo on CPU). Bodies and answers
-are the shared models of `trainer.rollout.engines.sglang_api`; like SGLang 0.5.23, an invalid body (an
-unknown `sampling_params` key, say) gets 400. `POST /v1/chat/completions` is a minimal OpenAI-compatible
-chat completion for agents (`trainer.rollout.engines.chat`, docs/agents.md). The body-size limit, the
-optional bearer token (`VISTARL_API_TOKEN`) and the error bodies are those of the env servers too
-(`serving`).
+(`vistarl.trainer.weights.receiver`: each bucket straight into the parameters; gloo on CPU). Bodies and
+answers are the shared models of `vistarl.trainer.rollout.engines.sglang_api`; like SGLang 0.5.23, an invalid
+body (an unknown `sampling_params` key, say) gets 400. `POST /v1/chat/completions` is a minimal
+OpenAI-compatible chat completion for agents (`vistarl.trainer.rollout.engines.chat`, docs/agents.md). The
+body-size limit, the optional bearer token (`VISTARL_API_TOKEN`) and the error bodies are those of the env
+servers too (`serving`).
 
 With `await_weights` (`vistarl engine serve --await-weights`, as `vistarl up` starts it) the server
 generates nothing until a weight update completes: `/generate` requests wait, `/health_generate` answers
 503, and `/model_info` reports `STARTING_VERSION`, which is no push's version. So a server restarted
-under a running trainer serves only the weights the trainer pushes it (`trainer.run.weight_keeper`).
+under a running trainer serves only the weights the trainer pushes it (`vistarl.trainer.run.weight_keeper`).
 """
 
 from __future__ import annotations
@@ -36,19 +36,24 @@ from prometheus_client.registry import Collector
 from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from clients.protocol import ErrorCode
-from serving.errors import (
+from vistarl.clients.protocol import ErrorCode
+from vistarl.serving.errors import (
     ServiceError,
     describe_validation_errors,
     error_response,
     install_error_handlers,
 )
-from serving.guard import RequestGuard
-from serving.metrics import ServingMetrics
-from trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
-from trainer.rollout.engines.chat import ChatCompletion, ChatCompletionRequest, completion, generate_request
-from trainer.rollout.engines.hf import DEFAULT_MAX_BATCH_SIZE, HFEngine
-from trainer.rollout.engines.sglang_api import (
+from vistarl.serving.guard import RequestGuard
+from vistarl.serving.metrics import ServingMetrics
+from vistarl.trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
+from vistarl.trainer.rollout.engines.chat import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    completion,
+    generate_request,
+)
+from vistarl.trainer.rollout.engines.hf import DEFAULT_MAX_BATCH_SIZE, HFEngine
+from vistarl.trainer.rollout.engines.sglang_api import (
     AbortBody,
     GenerateBody,
     GenerateResponse,
@@ -60,7 +65,7 @@ from trainer.rollout.engines.sglang_api import (
     UpdateWeightsFromDistributedBody,
     UpdateWeightsResponse,
 )
-from trainer.weights.receiver import WeightReceiver
+from vistarl.trainer.weights.receiver import WeightReceiver
 
 OPEN_PATHS = frozenset({"/health", "/health_generate", "/metrics"})
 STARTING_VERSION = "default"

@@ -1,12 +1,12 @@
 """`SGLangEngine`: a client of SGLang's native HTTP API (or of `vistarl engine serve`, which speaks it).
 
-Bodies are built from the shared models in `trainer.rollout.engines.sglang_api`, so only SGLang's own
+Bodies are built from the shared models in `vistarl.trainer.rollout.engines.sglang_api`, so only SGLang's own
 `sampling_params` names are ever sent. Each `/generate` sends single-pad `input_ids` plus the images
 and checks the answer's `meta_info.prompt_tokens` against the locally expanded prompt length.
 
 Every wait is bounded: connection failures and 429 / 503 answers are retried with jittered backoff
 until `retry_deadline_s`; a `/generate` answer may take up to `generate_timeout_s`. An unreachable or
-failing engine gives an abort result (see `trainer.rollout.engines.base`), never a hang.
+failing engine gives an abort result (see `vistarl.trainer.rollout.engines.base`), never a hang.
 """
 
 from __future__ import annotations
@@ -21,18 +21,18 @@ from typing import ClassVar, TypeVar
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
-from clients.calls import Reply, status_phrase
-from clients.http import TOKEN_ENV_VAR
-from clients.pool import LoopPool
-from clients.retry import RetryPolicy, attempt_until_final, retry_delay
-from trainer.rollout.engines.base import (
+from vistarl.clients.calls import Reply, status_phrase
+from vistarl.clients.http import TOKEN_ENV_VAR
+from vistarl.clients.pool import LoopPool
+from vistarl.clients.retry import RetryPolicy, attempt_until_final, retry_delay
+from vistarl.trainer.rollout.engines.base import (
     UNKNOWN_VERSION,
     EngineRequestError,
     EngineUnavailableError,
     GenerateRequest,
     GenerateResult,
 )
-from trainer.rollout.engines.sglang_api import (
+from vistarl.trainer.rollout.engines.sglang_api import (
     SERVER_KEEP_ALIVE_S,
     AbortBody,
     GenerateBody,
@@ -45,8 +45,8 @@ from trainer.rollout.engines.sglang_api import (
     UpdateWeightsFromDistributedBody,
     UpdateWeightsResponse,
 )
-from trainer.rollout.processor import VLProcessor
-from trainer.weights.transport import TransportKind
+from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.weights.transport import TransportKind
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The HF engine: transformers generation in this process (`engine.HFEngine`), its batch loop, rows,
 sampler, prompt preparation and loading, one module each."""
 
-from trainer.rollout.engines.hf.batch import EngineStats
-from trainer.rollout.engines.hf.engine import DEFAULT_MAX_BATCH_SIZE, HFEngine
+from vistarl.trainer.rollout.engines.hf.batch import EngineStats
+from vistarl.trainer.rollout.engines.hf.engine import DEFAULT_MAX_BATCH_SIZE, HFEngine
 
 __all__ = ["DEFAULT_MAX_BATCH_SIZE", "EngineStats", "HFEngine"]

@@ -23,15 +23,15 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from trainer.modeling.attention import SequenceBounds, attention_for, packed_attention_kwargs
-from trainer.modeling.device import host_to_device
-from trainer.modeling.image_features import encode_images, with_image_features
-from trainer.rollout.engines.base import GenerateRequest, GenerateResult
-from trainer.rollout.engines.hf.prompts import Prompt
-from trainer.rollout.engines.hf.rows import DecodeRows, Prefill, Ready, Step
-from trainer.rollout.engines.hf.sampling import RowSampling, SamplingRows, sample
-from trainer.rollout.engines.sglang_api import FinishReason, SamplingParams
-from trainer.rollout.processor import VLProcessor
+from vistarl.trainer.modeling.attention import SequenceBounds, attention_for, packed_attention_kwargs
+from vistarl.trainer.modeling.device import host_to_device
+from vistarl.trainer.modeling.image_features import encode_images, with_image_features
+from vistarl.trainer.rollout.engines.base import GenerateRequest, GenerateResult
+from vistarl.trainer.rollout.engines.hf.prompts import Prompt
+from vistarl.trainer.rollout.engines.hf.rows import DecodeRows, Prefill, Ready, Step
+from vistarl.trainer.rollout.engines.hf.sampling import RowSampling, SamplingRows, sample
+from vistarl.trainer.rollout.engines.sglang_api import FinishReason, SamplingParams
+from vistarl.trainer.rollout.processor import VLProcessor
 
 log = logging.getLogger(__name__)
 
@@ -185,8 +185,8 @@ class BatchRun:
         No padding and no mask: the text model's attention is bounded per prompt (`prompt_attention`),
         and each prompt's positions (found in `prompts.py`) restart at 0. The layout (positions, bounds,
         image rows) is on the host and the images are encoded with their vision inputs precomputed
-        (`trainer.modeling.image_features.encode_images`), so the prompt pass never waits for the GPU to
-        learn a shape: HF's own path asks it several times per row.
+        (`vistarl.trainer.modeling.image_features.encode_images`), so the prompt pass never waits for the GPU
+        to learn a shape: HF's own path asks it several times per row.
         """
         device = self.model.device
         prompts = [job.prompt for job in jobs]

@@ -37,17 +37,17 @@ from typing import ClassVar
 import torch
 from transformers import PreTrainedModel
 
-from trainer.modeling.attention import SEQUENCE_SDPA_ATTENTION, VARLEN_ATTENTION, use_attention
-from trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
-from trainer.rollout.engines.hf.batch import BatchRun, EngineStats, Job
-from trainer.rollout.engines.hf.loading import eos_ids, load_model, static_decoder
-from trainer.rollout.engines.hf.prompts import PromptRules
-from trainer.rollout.engines.hf.rows import DecodeRows, DynamicRows
-from trainer.rollout.engines.hf.sampling import RowSampling
-from trainer.rollout.engines.sglang_api import FinishReason, PauseMode, SamplingParams
-from trainer.rollout.processor import VLProcessor, checkpoint_dir
-from trainer.weights.targets import WeightLoadError, copy_into
-from trainer.weights.transport import TransportKind
+from vistarl.trainer.modeling.attention import SEQUENCE_SDPA_ATTENTION, VARLEN_ATTENTION, use_attention
+from vistarl.trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
+from vistarl.trainer.rollout.engines.hf.batch import BatchRun, EngineStats, Job
+from vistarl.trainer.rollout.engines.hf.loading import eos_ids, load_model, static_decoder
+from vistarl.trainer.rollout.engines.hf.prompts import PromptRules
+from vistarl.trainer.rollout.engines.hf.rows import DecodeRows, DynamicRows
+from vistarl.trainer.rollout.engines.hf.sampling import RowSampling
+from vistarl.trainer.rollout.engines.sglang_api import FinishReason, PauseMode, SamplingParams
+from vistarl.trainer.rollout.processor import VLProcessor, checkpoint_dir
+from vistarl.trainer.weights.targets import WeightLoadError, copy_into
+from vistarl.trainer.weights.transport import TransportKind
 
 log = logging.getLogger(__name__)
 

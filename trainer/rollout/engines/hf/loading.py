@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForImageTextToText, PreTrainedModel
 
-from trainer.rollout.engines.hf.rows import StaticDecoder
-from trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.engines.hf.rows import StaticDecoder
+from vistarl.trainer.rollout.processor import VLProcessor
 
 DEFAULT_STATIC_CACHE_LEN = 4096
 

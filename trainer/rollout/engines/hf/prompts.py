@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from clients.errors import ImageError
-from trainer.rollout.engines.base import EngineRequestError, GenerateRequest
-from trainer.rollout.processor import PixelInputs, VLProcessor
+from vistarl.clients.errors import ImageError
+from vistarl.trainer.rollout.engines.base import EngineRequestError, GenerateRequest
+from vistarl.trainer.rollout.processor import PixelInputs, VLProcessor
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ attention mask each step. For a small model that step is all launch overhead, an
 whole cache with every kv head copied per query head, so on a GPU the engine decodes from a
 `StaticDecoder` instead: every row holds a slot of a cache preallocated at `slots` x `cache_len`, its prompt
 copied in at position 0; each step writes one key and value per row at the row's own length, and attention
-(`trainer.modeling.attention.GROUPED_DECODE_ATTENTION`) reads each kv head once, over the first `length`
-positions of the slots, under a mask of each row's own. Each (rows, length, sampling mode) bucket's step,
-the sampler and the bookkeeping of lengths and positions included, is captured once and replayed. On the CPU
-the same step runs eagerly, which is how the tests hold it to the dynamic path.
+(`vistarl.trainer.modeling.attention.GROUPED_DECODE_ATTENTION`) reads each kv head once, over the first
+`length` positions of the slots, under a mask of each row's own. Each (rows, length, sampling mode) bucket's
+step, the sampler and the bookkeeping of lengths and positions included, is captured once and replayed. On the
+CPU the same step runs eagerly, which is how the tests hold it to the dynamic path.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from typing import Any, Protocol
 import torch
 from transformers import PreTrainedModel
 
-from trainer.modeling.attention import GROUPED_DECODE_ATTENTION, attention_for
-from trainer.modeling.device import host_to_device
-from trainer.rollout.engines.hf.fused import fused_norms, rms_norms
-from trainer.rollout.engines.hf.sampling import Mode, RowSampling, SamplingRows, sample
+from vistarl.trainer.modeling.attention import GROUPED_DECODE_ATTENTION, attention_for
+from vistarl.trainer.modeling.device import host_to_device
+from vistarl.trainer.rollout.engines.hf.fused import fused_norms, rms_norms
+from vistarl.trainer.rollout.engines.hf.sampling import Mode, RowSampling, SamplingRows, sample
 
 
 @dataclass

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.rollout.engines.sglang_api import TOP_K_ALL, SamplingParams
+from vistarl.trainer.rollout.engines.sglang_api import TOP_K_ALL, SamplingParams
 
 
 class Mode(enum.IntEnum):

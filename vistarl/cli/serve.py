@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
-from cli.options import DataPaths, EnvName, Host, LogLevel, MaxBodyBytes, MaxSessions, SessionTtl
+from vistarl.cli.options import DataPaths, EnvName, Host, LogLevel, MaxBodyBytes, MaxSessions, SessionTtl
 
 if TYPE_CHECKING:
-    from services.server.settings import ServerSettings
+    from vistarl.services.server.settings import ServerSettings
 
 
 def serve(
@@ -66,15 +66,15 @@ def serve(
     ] = None,
 ) -> None:
     """Serve an environment over HTTP. Set VISTARL_API_TOKEN to require a bearer token."""
-    from services.server.gc_tuning import collect_garbage_less_often, pause_collection
-    from services.server.malloc_tuning import keep_freed_memory
+    from vistarl.services.server.gc_tuning import collect_garbage_less_often, pause_collection
+    from vistarl.services.server.malloc_tuning import keep_freed_memory
 
     pause_collection()
     keep_freed_memory()
     import uvicorn
 
-    from services.env_api import load_env_factory
-    from services.server.app import create_app
+    from vistarl.services.env_api import load_env_factory
+    from vistarl.services.server.app import create_app
 
     flags: dict[str, Any] = {
         "host": host,
@@ -128,7 +128,7 @@ def websocket_protocol(**connection: Any) -> asyncio.Protocol:
 def settings_from(flags: dict[str, Any]) -> ServerSettings:
     """Server settings from the flags given; a flag left out (None) falls back to `VISTARL_*` or the
     default. A ValueError names a bad value."""
-    from services.server.settings import ServerSettings
+    from vistarl.services.server.settings import ServerSettings
 
     return ServerSettings(**{name: value for name, value in flags.items() if value is not None})
 

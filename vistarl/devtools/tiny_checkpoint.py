@@ -23,7 +23,7 @@ from transformers import (
 )
 from transformers.convert_slow_tokenizer import TikTokenConverter
 
-from devtools.model_shapes import ARCHS, SHAPES, Arch, ModelShape, qwen_vl_config
+from vistarl.devtools.model_shapes import ARCHS, SHAPES, Arch, ModelShape, qwen_vl_config
 
 QWEN_PRETOKENIZE_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -95,7 +95,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 def chat_template(arch: Arch) -> str:
     """Qwen's chat template for `arch` (Qwen2.5-VL adds a default system block; Qwen3-VL does not)."""
-    return (resources.files("devtools") / "templates" / f"{arch}.jinja").read_text()
+    return (resources.files("vistarl.devtools") / "templates" / f"{arch}.jinja").read_text()
 
 
 def preprocessor_config(arch: Arch) -> dict[str, object]:

@@ -71,7 +71,17 @@ def serve_env(name: str, log_path: Path, port: int | None = None) -> Iterator[st
     """
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "cli.main", "serve", name, "--host", "127.0.0.1", "--port", str(port)]
+    command = [
+        sys.executable,
+        "-m",
+        "vistarl.cli.main",
+        "serve",
+        name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as sink:
         proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)

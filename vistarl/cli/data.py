@@ -50,8 +50,8 @@ def sokoban_command(
     """Generate solvable Sokoban levels and write them in the seed's processed parquet schema."""
     from pydantic import ValidationError
 
-    from services.sokoban.dataset import DatasetError, write_dataset
-    from services.sokoban.options import SokobanOptions
+    from vistarl.services.sokoban.dataset import DatasetError, write_dataset
+    from vistarl.services.sokoban.options import SokobanOptions
 
     try:
         options = SokobanOptions.model_validate(
@@ -83,7 +83,7 @@ def vsi_command(
 ) -> None:
     """Import VSI-Bench's questions (id, dataset, scene_name, question_type, question, ground_truth, options)
     as the VSI test split; each row's scene must be one of the 288 vendored layouts."""
-    from services.vsi.dataset import DatasetError, import_vsibench
+    from vistarl.services.vsi.dataset import DatasetError, import_vsibench
 
     console = Console()
     with _exit_on(console, DatasetError):
@@ -108,7 +108,7 @@ def geo3k_command(
     ],
 ) -> None:
     """Convert the real Geometry3K (folders or parquet) into Geo3k samples, one parquet per split."""
-    from services.geo3k.geometry3k import ConversionError, convert, count_rows, source_files
+    from vistarl.services.geo3k.geometry3k import ConversionError, convert, count_rows, source_files
 
     console = Console()
     with _exit_on(console, ConversionError):

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from trainer.config import TrainConfig
+    from vistarl.trainer.config import TrainConfig
 
 ConfigOption = Annotated[
     Path, typer.Option("--config", exists=True, dir_okay=False, help="YAML config (see configs/).")
@@ -31,7 +31,7 @@ SetOption = Annotated[
 
 def _load(config: Path | None, overrides: list[str] | None) -> TrainConfig:
     """The validated config; a bad file or override is a usage error naming the key."""
-    from trainer.config import ConfigError, load_config
+    from vistarl.trainer.config import ConfigError, load_config
 
     try:
         return load_config(config, overrides or [])
@@ -52,8 +52,8 @@ def train(
     ] = False,
 ) -> None:
     """Train a policy as the config says; with no URLs in it, the whole stack runs on this machine."""
-    from trainer.run.directory import run_name
-    from trainer.run.train import run_training
+    from vistarl.trainer.run.directory import run_name
+    from vistarl.trainer.run.train import run_training
 
     cfg = _load(config, set_)
     _quiet_logs()
@@ -71,8 +71,8 @@ def train(
 
 def sft(config: ConfigOption, set_: SetOption = None) -> None:
     """Supervised fine-tuning on `sft.data` (demonstrations or trajectories), through the RL learner."""
-    from trainer.run.directory import run_name
-    from trainer.sft import run_sft
+    from vistarl.trainer.run.directory import run_name
+    from vistarl.trainer.sft import run_sft
 
     cfg = _load(config, set_)
     _quiet_logs()
@@ -112,12 +112,12 @@ def eval_command(
 ) -> None:
     """Evaluate greedily on the held-out tasks (env.eval_split, else env.eval_seeds); save every episode's
     images and trajectory JSON; print the summary and the env's benchmark scores."""
-    from services.env_api import load_env_factory
-    from trainer.eval import baseline_policy, evaluate
-    from trainer.rollout.engines.scripted import ScriptedEngine
-    from trainer.rollout.processor import VLProcessor
-    from trainer.run.directory import run_name
-    from trainer.run.stack import open_stack
+    from vistarl.services.env_api import load_env_factory
+    from vistarl.trainer.eval import baseline_policy, evaluate
+    from vistarl.trainer.rollout.engines.scripted import ScriptedEngine
+    from vistarl.trainer.rollout.processor import VLProcessor
+    from vistarl.trainer.run.directory import run_name
+    from vistarl.trainer.run.stack import open_stack
 
     cfg = _load(config, [*([f"env.name={env}"] if env else []), *(set_ or [])])
     _quiet_logs()
@@ -159,7 +159,7 @@ def eval_command(
 def _player_processor(cfg: TrainConfig, run_dir: Path) -> Path:
     """What the random player needs of a checkpoint, as it has no weights: Qwen's tokenizer and image
     processor (of `model.arch`; Qwen2.5-VL's for auto), written under the run directory."""
-    from devtools.tiny_checkpoint import write_processor
+    from vistarl.devtools.tiny_checkpoint import write_processor
 
     arch = "qwen2_5_vl" if cfg.model.arch == "auto" else cfg.model.arch
     return write_processor(run_dir / "processor", arch)

@@ -20,9 +20,9 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from clients.protocol import ErrorCode
-from serving.errors import error_response
-from serving.metrics import ServingMetrics
+from vistarl.clients.protocol import ErrorCode
+from vistarl.serving.errors import error_response
+from vistarl.serving.metrics import ServingMetrics
 
 
 class RequestGuard:

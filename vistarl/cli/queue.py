@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from trainer.queue.base import EpisodeQueue
+    from vistarl.trainer.queue.base import EpisodeQueue
 
 T = TypeVar("T")
 
@@ -26,7 +26,7 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a ta
 
 def _with_queue(redis_url: str, namespace: str, action: Callable[[EpisodeQueue], Awaitable[T]]) -> T:
     """Open the queue, run `action` on it, close it; an unreachable Redis is exit code 1, bad input 2."""
-    from trainer.queue.redis import RedisQueue
+    from vistarl.trainer.queue.redis import RedisQueue
 
     async def run() -> T:
         async with RedisQueue(redis_url, namespace, retries=2) as queue:

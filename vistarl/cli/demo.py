@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from clients.http import EnvClient
+    from vistarl.clients.http import EnvClient
 
 demo_app = typer.Typer(help="End-to-end demonstrations that run on this machine; with no command, `solver`.")
 
@@ -81,10 +81,10 @@ def learn_command(
     """SFT on solver demonstrations, then GRPO; prints held-out success before, after SFT and after RL."""
     import asyncio
 
-    from cli.sokoban import write_demonstrations
-    from services.sokoban.options import SokobanOptions
-    from trainer.config import ConfigError, load_config
-    from trainer.curriculum import run_curriculum
+    from vistarl.cli.sokoban import write_demonstrations
+    from vistarl.services.sokoban.options import SokobanOptions
+    from vistarl.trainer.config import ConfigError, load_config
+    from vistarl.trainer.curriculum import run_curriculum
 
     try:
         cfg = load_config(config, set_ or [])
@@ -119,9 +119,9 @@ def solver_command(
     seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the first level; the next add 1.")] = 0,
 ) -> None:
     """Serve Sokoban, play generated levels with a scripted BFS agent over HTTP, and save what it saw."""
-    from clients.errors import EnvClientError
-    from clients.http import EnvClient
-    from serving.launch import serve_env
+    from vistarl.clients.errors import EnvClientError
+    from vistarl.clients.http import EnvClient
+    from vistarl.serving.launch import serve_env
 
     run_dir = out or Path("runs") / f"demo-solver-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -141,9 +141,9 @@ def solver_command(
 
 def _play(client: EnvClient, seed: int, out_dir: Path) -> EpisodeResult:
     """Play one level: solve the level the server sent, send the moves in turns, save images and JSON."""
-    from services.sokoban.game import Level
-    from services.sokoban.options import SokobanOptions
-    from services.sokoban.solver import solve
+    from vistarl.services.sokoban.game import Level
+    from vistarl.services.sokoban.options import SokobanOptions
+    from vistarl.services.sokoban.solver import solve
 
     out_dir.mkdir(parents=True, exist_ok=True)
     per_turn = SokobanOptions().max_actions_per_turn
@@ -193,7 +193,7 @@ def _answer(moves: list[str]) -> str:
 
 def _save_images(urls: list[str], out_dir: Path, turn: int) -> list[str]:
     """Write a turn's images as PNG files; return their names."""
-    from clients.images import decode_image
+    from vistarl.clients.images import decode_image
 
     names = []
     for index, url in enumerate(urls):

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from trainer.rollout.trajectory import Trajectory
+    from vistarl.trainer.rollout.trajectory import Trajectory
 
 
 def rollout(
@@ -56,10 +56,10 @@ def rollout(
     deadline: Annotated[float | None, typer.Option(min=0.0, help="Seconds an episode may take.")] = None,
 ) -> None:
     """Run episodes concurrently, write each trajectory as it finishes, then print a summary."""
-    from trainer.config import RolloutConfig
-    from trainer.rollout.engines.base import EngineError
-    from trainer.rollout.engines.spec import EngineSpec
-    from trainer.rollout.rewards import load_reward_fn
+    from vistarl.trainer.config import RolloutConfig
+    from vistarl.trainer.rollout.engines.base import EngineError
+    from vistarl.trainer.rollout.engines.spec import EngineSpec
+    from vistarl.trainer.rollout.rewards import load_reward_fn
 
     if episodes % group_size:
         raise typer.BadParameter(f"{episodes} episodes do not split into groups of {group_size}")
@@ -84,9 +84,9 @@ def rollout(
     out.parent.mkdir(parents=True, exist_ok=True)
 
     async def main() -> tuple[list[Trajectory], float]:
-        from trainer.rollout.engines.loading import load_engine
-        from trainer.rollout.job import group_jobs
-        from trainer.rollout.runner import RolloutRunner, run_jobs
+        from vistarl.trainer.rollout.engines.loading import load_engine
+        from vistarl.trainer.rollout.job import group_jobs
+        from vistarl.trainer.rollout.runner import RolloutRunner, run_jobs
 
         jobs = group_jobs(env, starts, group_size, seed=seed)
         loaded, processor = await load_engine(spec)
@@ -125,7 +125,7 @@ def _starts(
         return [{"task_id": f"{task_split}/{g}", "options": options} for g in range(groups)]
     if tasks is None:
         return [{"seed": seed + g, "options": options} for g in range(groups)]
-    from services.datasets import ParquetSplit
+    from vistarl.services.datasets import ParquetSplit
 
     rows = ParquetSplit(tasks)
     if len(rows) < groups:
@@ -161,7 +161,7 @@ def _progress() -> Progress:
 
 def _print_summary(trajectories: Sequence[Trajectory], wall_s: float, out: Path) -> None:
     """Statuses, mean reward of scored episodes, turns, and generated tokens per second of episodes."""
-    from trainer.rollout.trajectory import Status
+    from vistarl.trainer.rollout.trajectory import Status
 
     statuses = Counter(t.status for t in trajectories)
     scored = [t.episode_reward for t in trajectories if t.status.played]

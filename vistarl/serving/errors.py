@@ -16,8 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from clients.protocol import ERROR_STATUS, ErrorCode, ErrorResponse
-from serving.metrics import ServingMetrics
+from vistarl.clients.protocol import ERROR_STATUS, ErrorCode, ErrorResponse
+from vistarl.serving.metrics import ServingMetrics
 
 logger = logging.getLogger(__name__)
 

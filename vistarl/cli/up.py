@@ -1,6 +1,6 @@
 """`vistarl up` (the whole system on this host, as separate processes) and `vistarl status DIR` (how such
-a run stands). What runs is `launcher.plan`'s, how it is watched `launcher.supervisor`'s; docs/deploy.md,
-"One GPU host without Docker", shows both."""
+a run stands). What runs is `vistarl.launcher.plan`'s, how it is watched `vistarl.launcher.supervisor`'s;
+docs/deploy.md, "One GPU host without Docker", shows both."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.train import ConfigOption, SetOption
+from vistarl.cli.train import ConfigOption, SetOption
 
 Gpus = Annotated[
     str | None,
@@ -81,10 +81,10 @@ def up(
     """Run the whole system on this host: Redis, the env server, the engine, the rollout workers and the
     trainer, each a process of its own, restarted when it dies (within --max-restarts); SIGTERM or
     Ctrl-C stops them all."""
-    from launcher.gpus import SAMPLES_FILE, GpuSampler
-    from launcher.plan import ROLES, PlanError, UpOptions, plan_processes
-    from launcher.status import PLAN_FILE
-    from launcher.supervisor import Supervisor
+    from vistarl.launcher.gpus import SAMPLES_FILE, GpuSampler
+    from vistarl.launcher.plan import ROLES, PlanError, UpOptions, plan_processes
+    from vistarl.launcher.status import PLAN_FILE
+    from vistarl.launcher.supervisor import Supervisor
 
     roles = tuple(role or ROLES)
     unknown = sorted(set(roles) - set(ROLES))
@@ -144,7 +144,7 @@ def status(
     from rich.console import Console
     from rich.table import Table
 
-    from launcher.status import RunStatus
+    from vistarl.launcher.status import RunStatus
 
     try:
         run = RunStatus(out)
@@ -191,7 +191,7 @@ def _gpus(text: str | None, flag: str) -> tuple[int, ...]:
 
 def _detach(out: Path) -> None:
     """Run this same command, without `--detach`, in a session of its own, its output in DIR/logs/up.log."""
-    argv = [sys.executable, "-m", "cli.main", *(arg for arg in sys.argv[1:] if arg != "--detach")]
+    argv = [sys.executable, "-m", "vistarl.cli.main", *(arg for arg in sys.argv[1:] if arg != "--detach")]
     log_path = out / "logs" / "up.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from launcher.plan import ROLES, ProcessSpec
+from vistarl.launcher.plan import ROLES, ProcessSpec
 
 __all__ = ["PROCESSES_FILE", "Ending", "Supervisor", "log_tail"]
 

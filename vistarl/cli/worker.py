@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from trainer.queue.worker import RunnerFactory
+    from vistarl.trainer.queue.worker import RunnerFactory
 
 
 def _env_urls(pairs: list[str]) -> dict[str, str]:
@@ -74,8 +74,8 @@ def worker(
     log_level: Annotated[str, typer.Option(help="Python log level.")] = "INFO",
 ) -> None:
     """Run episodes from the queue and publish their trajectories; SIGTERM drains gracefully."""
-    from trainer.queue.worker import WorkerOptions, load_runner_factory, run_worker
-    from trainer.rollout.engines.spec import EngineSpec
+    from vistarl.trainer.queue.worker import WorkerOptions, load_runner_factory, run_worker
+    from vistarl.trainer.rollout.engines.spec import EngineSpec
 
     if runner is None and engine is None:
         raise typer.BadParameter("is required unless --runner is given", param_hint="--engine")
@@ -121,7 +121,7 @@ def worker(
 
 def _default_runner_factory() -> RunnerFactory:
     """The rollout runner on `--engine`, imported only when no `--runner` replaces it (it loads torch)."""
-    from trainer.queue.episode_runner import make_episode_runner
+    from vistarl.trainer.queue.episode_runner import make_episode_runner
 
     return make_episode_runner
 

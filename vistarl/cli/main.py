@@ -35,7 +35,7 @@ def _register(argv: list[str]) -> None:
     named = next((arg for arg in argv[1:] if not arg.startswith("-")), None)
     group = COMMANDS_ELSEWHERE.get(named or "", named)
     for name in (group,) if group in GROUPS else GROUPS:
-        importlib.import_module(f"cli.{name}").register(app)
+        importlib.import_module(f"vistarl.cli.{name}").register(app)
 
 
 _register(sys.argv)

@@ -19,11 +19,11 @@ def render_command(
     map_size: Annotated[int, typer.Option("--map-size", min=128, max=2048, help="Map side in pixels.")] = 640,
 ) -> None:
     """Write tour_01.png … (the frames an episode shows at reset), start.png (the first view) and map.png."""
-    from services.vsi.camera import start_pose, tour_poses
-    from services.vsi.catalog import get_scene
-    from services.vsi.render import render_frames
-    from services.vsi.scenes import SceneError
-    from services.vsi.topdown import top_down_map
+    from vistarl.services.vsi.camera import start_pose, tour_poses
+    from vistarl.services.vsi.catalog import get_scene
+    from vistarl.services.vsi.render import render_frames
+    from vistarl.services.vsi.scenes import SceneError
+    from vistarl.services.vsi.topdown import top_down_map
 
     try:
         room = get_scene(scene)

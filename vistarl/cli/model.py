@@ -22,7 +22,7 @@ def tiny(
         "tiny",
         "--shape",
         help="Model size: tiny, small, medium, or a released model's (qwen2_5_vl_3b, qwen3_vl_2b), "
-        "devtools/model_shapes.py.",
+        "vistarl/devtools/model_shapes.py.",
     ),
     dtype: str | None = typer.Option(
         None, "--dtype", help="float32 or bfloat16; released shapes default to bfloat16, as they ship."
@@ -33,7 +33,7 @@ def tiny(
 ) -> None:
     """Write a random-init Qwen-VL checkpoint (real tokenizer and template) for CPU runs, tests and GPU
     benchmarks of the released shapes."""
-    from devtools.model_shapes import REAL_SHAPES, SHAPES, arch_for
+    from vistarl.devtools.model_shapes import REAL_SHAPES, SHAPES, arch_for
 
     try:
         chosen = arch_for(shape, arch)
@@ -43,7 +43,7 @@ def tiny(
         raise typer.BadParameter(f"choose one of {', '.join(DTYPES)}", param_hint="--dtype")
     import torch  # here: the checks above answer without importing torch
 
-    from devtools.tiny_checkpoint import write_tiny_checkpoint
+    from vistarl.devtools.tiny_checkpoint import write_tiny_checkpoint
 
     weights = getattr(torch, dtype or ("bfloat16" if shape in REAL_SHAPES else "float32"))
     path = write_tiny_checkpoint(out, chosen, seed, SHAPES[shape], dtype=weights, device=device)

@@ -17,8 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from launcher.gpus import SAMPLES_FILE
-from launcher.supervisor import PROCESSES_FILE
+from vistarl.launcher.gpus import SAMPLES_FILE
+from vistarl.launcher.supervisor import PROCESSES_FILE
 
 __all__ = ["COUNTS", "FIGURES", "PLAN_FILE", "RunStatus", "alive", "read_jsonl", "step_figures"]
 

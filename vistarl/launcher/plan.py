@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from serving.launch import free_port
-from trainer.config import ConfigError, TrainConfig, load_config
+from vistarl.serving.launch import free_port
+from vistarl.trainer.config import ConfigError, TrainConfig, load_config
 
 __all__ = [
     "ROLES",
@@ -61,7 +61,7 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class UpOptions:
-    """What `vistarl up` was asked (see `cli/up.py` for each flag)."""
+    """What `vistarl up` was asked (see `vistarl/cli/up.py` for each flag)."""
 
     config: Path
     out: Path
@@ -145,7 +145,7 @@ def plan_processes(options: UpOptions) -> Plan:
 
 def vistarl(*args: str) -> tuple[str, ...]:
     """A `vistarl` command line, run by this interpreter (the checkout need not be installed)."""
-    return (sys.executable, "-m", "cli.main", *args)
+    return (sys.executable, "-m", "vistarl.cli.main", *args)
 
 
 def _load(options: UpOptions, overrides: tuple[str, ...]) -> TrainConfig:
@@ -281,7 +281,14 @@ def _trainer(options: UpOptions, urls: dict[str, str | None]) -> ProcessSpec:
     ]
     if options.host == LOOPBACK:
         overrides.append(f"sync.master_port={free_port()}")
-    train = ("-m", "cli.main", "train", "--config", str(options.config), *(f"--set={o}" for o in overrides))
+    train = (
+        "-m",
+        "vistarl.cli.main",
+        "train",
+        "--config",
+        str(options.config),
+        *(f"--set={o}" for o in overrides),
+    )
     if not options.trainer_gpus:  # on the CPU, even where GPUs are
         return ProcessSpec("trainer", "trainer", (sys.executable, *train), env=_visible(()), restart=False)
     nodes: tuple[str, ...] = ("--standalone",)

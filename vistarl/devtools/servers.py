@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from serving.launch import free_port, stop_process
+from vistarl.serving.launch import free_port, stop_process
 
 __all__ = ["env_server", "redis_server", "running_process", "vistarl_cmd", "wait_http"]
 
@@ -55,7 +55,7 @@ def running_process(
 
 def vistarl_cmd(*args: str) -> list[str]:
     """The `vistarl` CLI as a command line, run with this interpreter."""
-    return [sys.executable, "-m", "cli.main", *args]
+    return [sys.executable, "-m", "vistarl.cli.main", *args]
 
 
 @contextlib.contextmanager

@@ -8,8 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.options import Host, MaxBodyBytes
-from cli.serve import _exit_cleanly, log_to_stderr
+from vistarl.cli.options import Host, MaxBodyBytes
+from vistarl.cli.serve import _exit_cleanly, log_to_stderr
 
 engine_app = typer.Typer(help="Generation engines.", no_args_is_help=True)
 
@@ -46,9 +46,9 @@ def serve(
     import uvicorn
     from pydantic import ValidationError
 
-    from trainer.rollout.engines.hf import HFEngine
-    from trainer.rollout.engines.server import EngineServerSettings, create_app
-    from trainer.rollout.engines.sglang_api import SERVER_KEEP_ALIVE_S
+    from vistarl.trainer.rollout.engines.hf import HFEngine
+    from vistarl.trainer.rollout.engines.server import EngineServerSettings, create_app
+    from vistarl.trainer.rollout.engines.sglang_api import SERVER_KEEP_ALIVE_S
 
     flags: dict[str, Any] = {
         "host": host,

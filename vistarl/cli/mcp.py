@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from cli.options import DataPaths, EnvName, LogLevel, MaxSessions, SessionTtl
-from cli.serve import log_to_stderr, settings_from
+from vistarl.cli.options import DataPaths, EnvName, LogLevel, MaxSessions, SessionTtl
+from vistarl.cli.serve import log_to_stderr, settings_from
 
 
 def mcp(
@@ -19,9 +19,9 @@ def mcp(
     in this process, with the session rules of `vistarl serve`; logs go to stderr."""
     import anyio
 
-    from services.env_api import load_env_factory
-    from services.server.embedded import EnvService
-    from services.server.mcp_tools import serve_stdio
+    from vistarl.services.env_api import load_env_factory
+    from vistarl.services.server.embedded import EnvService
+    from vistarl.services.server.mcp_tools import serve_stdio
 
     flags = {"max_sessions": max_sessions, "session_ttl_s": session_ttl, "data": data, "log_level": log_level}
     try:

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from services.sokoban.options import SokobanOptions
+    from vistarl.services.sokoban.options import SokobanOptions
 
 sokoban_app = typer.Typer(
     help="Sokoban tools: the solver over the vendored Boxoban levels, expert demonstrations.",
@@ -57,7 +57,7 @@ def solve_command(
     A level counts as solved only when replaying the solution's moves solves it; levels not reached
     before the budget runs out count as unsolved.
     """
-    from services.sokoban.boxoban import BOXOBAN_FILES, boxoban_file_name
+    from vistarl.services.sokoban.boxoban import BOXOBAN_FILES, boxoban_file_name
 
     try:
         files = [boxoban_file_name(name) for name in file] if file else list(BOXOBAN_FILES)
@@ -72,9 +72,9 @@ def _solve_file(
     name: str, limit: int | None, budget: float, per_level: float, console: Console
 ) -> FileReport:
     """Solve the levels of one file in order until they or the budget run out."""
-    from services.sokoban.boxoban import boxoban_levels
-    from services.sokoban.game import Game
-    from services.sokoban.solver import solve
+    from vistarl.services.sokoban.boxoban import boxoban_levels
+    from vistarl.services.sokoban.game import Game
+    from vistarl.services.sokoban.solver import solve
 
     levels = boxoban_levels(name)[:limit]
     report = FileReport(name, len(levels))
@@ -136,7 +136,7 @@ def demos_command(
 
     from pydantic import ValidationError
 
-    from services.sokoban.options import SokobanOptions
+    from vistarl.services.sokoban.options import SokobanOptions
 
     try:
         env_options = SokobanOptions.model_validate(json.loads(options) if options else {})
@@ -154,8 +154,8 @@ def write_demonstrations(options: SokobanOptions, seeds: Iterable[int], out: Pat
     `vistarl sft` reads; returns each one's number of turns."""
     import json
 
-    from services.server.encoding import message_to_wire
-    from services.sokoban.demos import demonstration
+    from vistarl.services.server.encoding import message_to_wire
+    from vistarl.services.sokoban.demos import demonstration
 
     turns = []
     with out.open("w", encoding="utf-8") as sink:
