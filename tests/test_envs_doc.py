@@ -57,7 +57,9 @@ def test_the_minimal_env_is_served_and_played_as_the_page_says(package: Path) ->
     with running_process(command, ready_url=f"{url}/health", env=python_path, cwd=ROOT):
         assert httpx.get(f"{url}/ready", timeout=30).json()["ready"] is True  # the env worker loaded it
         printed = io.StringIO()
-        client_code = block("python", "from clients import EnvClient").replace("http://127.0.0.1:8000", url)
+        client_code = block("python", "from vistarl.clients import EnvClient").replace(
+            "http://127.0.0.1:8000", url
+        )
         with contextlib.redirect_stdout(printed):
             exec(compile(client_code, "docs/envs.md", "exec"), {})  # the page's own example, as printed
         assert printed.getvalue().split() == ["2", "1.0"]
