@@ -31,6 +31,7 @@ from vistarl.clients.protocol import (
     ResetResponse,
     StepRequest,
     StepResponse,
+    ToolCall,
 )
 
 T = TypeVar("T")
@@ -148,10 +149,18 @@ def reset_call(
     return Call("POST", "/reset", lambda r: decode_reply(r, ResetResponse), body, idempotent=False)
 
 
-def step_call(session_id: str, action: str, request_id: str | None, format: bool) -> Call[StepResponse]:
-    """POST /step with a request_id (a fresh uuid4 unless given), which makes resending it safe."""
+def step_call(
+    session_id: str, action: str | ToolCall, request_id: str | None, format: bool
+) -> Call[StepResponse]:
+    """POST /step of the response text, or of a call of one of the env's tools, with a request_id (a fresh
+    uuid4 unless given), which makes resending it safe."""
+    call, text = (action, "") if isinstance(action, ToolCall) else (None, action)
     body = StepRequest(
-        session_id=session_id, action=action, request_id=request_id or uuid.uuid4().hex, format=format
+        session_id=session_id,
+        action=text,
+        tool_call=call,
+        request_id=request_id or uuid.uuid4().hex,
+        format=format,
     )
     return Call("POST", "/step", lambda r: decode_reply(r, StepResponse), body, session_id=session_id)
 

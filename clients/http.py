@@ -48,6 +48,7 @@ from vistarl.clients.protocol import (
     ReadyResponse,
     ResetResponse,
     StepResponse,
+    ToolCall,
 )
 from vistarl.clients.replicas import Replicas
 from vistarl.clients.retry import (
@@ -269,13 +270,14 @@ class AsyncEnvClient:
     async def step(
         self,
         session_id: str,
-        action: str,
+        action: str | ToolCall,
         *,
         request_id: str | None = None,
         format: bool = False,
         timeout: float | None = None,
     ) -> StepResponse:
-        """Send one action; resent safely on a lost response because it carries a request_id."""
+        """Send one turn: the response text, or a `ToolCall` of the env's tools (the server steps with the
+        text it stands for); resent safely on a lost response because it carries a request_id."""
         return await self._run(step_call(session_id, action, request_id, format), timeout)
 
     async def format(
@@ -387,9 +389,9 @@ class AsyncEpisode:
         self.turns = 0
 
     async def step(
-        self, action: str, *, request_id: str | None = None, timeout: float | None = None
+        self, action: str | ToolCall, *, request_id: str | None = None, timeout: float | None = None
     ) -> StepResponse:
-        """Send one action and record its result."""
+        """Send one turn (the response text, or a `ToolCall`) and record its result."""
         result = await self._client.step(
             self.session_id, action, request_id=request_id, format=self.format, timeout=timeout
         )

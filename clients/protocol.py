@@ -9,6 +9,7 @@ SGLang's `image_data`.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -233,6 +234,14 @@ class StepResponse(BaseModel):
     def terminated(self) -> bool:
         """Whether the episode reached an ending of its own (Gymnasium's name): done and not truncated."""
         return self.done and not self.truncated
+
+
+def episode_reward(turn_rewards: Sequence[float], info: Mapping[str, Any]) -> float:
+    """An episode's reward: the env's own `info["episode_reward"]`, which an env gives on the episode's last
+    turn, else the sum of its turn rewards (an episode that ended before the env gave one). vistarl's
+    trainer and the TRL envs (`clients/trl.py`) both read an episode's reward so."""
+    given = info.get("episode_reward")
+    return float(given) if given is not None else float(sum(turn_rewards))
 
 
 class FormatRequest(_Strict):

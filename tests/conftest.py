@@ -26,6 +26,7 @@ SLOW_FIRST = (
     "test_sft.py",
     "test_eval.py",
     "test_train_cli.py",
+    "test_trl.py",
     "test_engine_serve.py",
     "test_fsdp.py",
     "test_engine_hf.py",

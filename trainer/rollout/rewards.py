@@ -8,7 +8,8 @@ A reward function has one signature:
 env call (the last step's, or the reset's when no step was taken), plus `generated_ids`: the
 episode's generated (loss-mask 1) token ids, in order. `vistarl.services.sokoban.reward` is one.
 Without a configured function, the episode reward is the environment's own `info["episode_reward"]`,
-or the sum of the turn rewards when the episode ended before the environment gave one.
+or the sum of the turn rewards when the episode ended before the environment gave one
+(`vistarl.clients.protocol.episode_reward`, the rule TRL's envs read too).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
+from vistarl.clients.protocol import episode_reward as env_reward
 from vistarl.trainer.imports import load_callable
 
 __all__ = ["RewardFn", "env_reward", "load_reward_fn"]
@@ -24,12 +26,6 @@ __all__ = ["RewardFn", "env_reward", "load_reward_fn"]
 RewardFn = Callable[[Sequence[float], Mapping[str, Any]], float]
 
 DEFAULT_FUNCTION = "reward"
-
-
-def env_reward(turn_rewards: Sequence[float], info: Mapping[str, Any]) -> float:
-    """The environment's own episode reward, else the sum of its turn rewards."""
-    episode_reward = info.get("episode_reward")
-    return float(episode_reward) if episode_reward is not None else float(sum(turn_rewards))
 
 
 def load_reward_fn(path: str | None) -> RewardFn:
