@@ -4,8 +4,8 @@
 # train.eval_every RL steps), its final line once there is one, and the paired comparisons of SFT and
 # RL (both held-out sets) once they are written. With `--archive FILE` it also packs what to keep of the
 # runs into FILE (tar.gz): logs, metrics, curves, the stage evaluations and the paired tests, without the
-# checkpoints and the periodic evaluations' episodes. Copy it off at each call: a machine handed back
-# between two calls then loses only the checkpoints.
+# checkpoints, the periodic evaluations' episodes and the SFT data (demos.jsonl, boards.jsonl). Copy it
+# off at each call: a machine handed back between two calls then loses only the checkpoints.
 #   bash scripts/demo_gpu_status.sh [OUT] [--archive FILE]    # OUT defaults to runs/demo-gpu
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,6 +61,6 @@ done
 if [ -n "$archive" ]; then
     # exit status 1: a file changed while it was read, as the runs' files do while they run
     tar czf "$archive" --exclude=checkpoints --exclude='*.safetensors' --exclude='step-*' \
-        --warning=no-file-changed -C "$(dirname "$out")" "$(basename "$out")" || [ $? = 1 ]
+        --exclude=demos.jsonl --exclude=boards.jsonl --warning=no-file-changed -C "$(dirname "$out")" "$(basename "$out")" || [ $? = 1 ]
     echo "archived to $archive ($(du -h "$archive" | cut -f1))"
 fi
