@@ -29,6 +29,10 @@ def test_status_reports_each_runs_last_step_held_out_points_and_final_line(tmp_p
         "solved by the first only: 4; by the second only: 43\nexact McNemar p = 0.000\n"
     )
     (tmp_path / "1move.log").write_text("held-out evaluation before SFT (runs/base)\n")
+    sft = [{"step": k, "train/nll": 2.0 if k < 5 else 0.5, "sft/stage": 0.0} for k in range(1, 31)]
+    sft += [{"step": 31, "train/nll": 0.25, "sft/stage": 1.0}]
+    (tmp_path / "1move" / "sft").mkdir(parents=True)
+    (tmp_path / "1move" / "sft" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sft))
     (tmp_path / "driver.pid").write_text("999999999\n")
     script = REPO / "scripts" / "demo_gpu_status.sh"
     done = subprocess.run(["bash", str(script), str(tmp_path)], capture_output=True, text=True, check=True)
@@ -45,13 +49,19 @@ def test_status_reports_each_runs_last_step_held_out_points_and_final_line(tmp_p
         "exact McNemar p = 0.000",
     ]
     one = lines[lines.index("== 1move") + 1 :]
-    assert one[:2] == ["last step: none yet", "held-out: none yet"]
+    assert one[:4] == [
+        "last step: none yet",
+        "held-out: none yet",
+        "SFT reading: 30 steps, nll 0.500 (last 20)",
+        "SFT demonstrations: 1 steps, nll 0.250 (last 20)",
+    ]
 
 
 def test_archive_keeps_logs_metrics_and_evaluations_without_checkpoints(tmp_path: Path) -> None:
     out = tmp_path / "runs"
     kept = ["3moves.log", "3moves/rl/metrics.jsonl", "3moves/eval-rl/episode-000/trajectory.json"]
     dropped = ["3moves/rl/checkpoints/step-000010/actor/config.json", "3moves/rl/eval/step-000010/x.json"]
+    dropped += ["3moves/demos.jsonl", "3moves/boards.jsonl"]  # the SFT data: tens of MB a run
     for name in kept + dropped + ["3moves/sft/model.safetensors"]:
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text("{}\n")
@@ -65,3 +75,4 @@ def test_archive_keeps_logs_metrics_and_evaluations_without_checkpoints(tmp_path
         names = {name.removeprefix("runs/") for name in tar.getnames()}
     assert set(kept) <= names
     assert not any("checkpoints" in n or "step-000010" in n or n.endswith(".safetensors") for n in names)
+    assert not any(n.endswith(("demos.jsonl", "boards.jsonl")) for n in names)

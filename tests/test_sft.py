@@ -3,6 +3,7 @@ is tests/test_demo_learns.py)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
@@ -14,15 +15,19 @@ from typer.testing import CliRunner
 
 from benchmarks import paired_eval, perception_probe
 from vistarl.cli.main import app
+from vistarl.cli.sokoban import write_transcriptions
+from vistarl.clients.images import decode_image
 from vistarl.devtools.servers import vistarl_cmd
-from vistarl.services.sokoban.demos import demonstration
+from vistarl.services.sokoban.demos import TRANSCRIBE_FIRST_SEED, TRANSCRIBE_INSTRUCTION, demonstration
 from vistarl.services.sokoban.env import SokobanEnv
+from vistarl.services.sokoban.game import Level
 from vistarl.services.sokoban.options import SokobanOptions
+from vistarl.services.sokoban.render import render_image
 from vistarl.trainer.config import load_config
 from vistarl.trainer.learner.models import load_lm
 from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.rollout.tokenization import TurnEncoder
-from vistarl.trainer.sft import load_sft_data, run_sft
+from vistarl.trainer.sft import load_sft_data, run_sft, stage_schedule
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_CONFIG = REPO / "configs" / "sokoban_demo.yaml"
@@ -97,6 +102,74 @@ def test_sft_lowers_the_loss_and_its_checkpoint_loads_as_the_policy(
     name = "model.language_model.norm.weight"
     assert not torch.equal(tuned.state_dict()[name], base.state_dict()[name])
     assert (result.run_dir / "metrics.jsonl").is_file()
+
+
+@pytest.fixture(scope="module")
+def boards_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """12 boards to read, written as `vistarl demo learn` writes them for the reading stage."""
+    out = tmp_path_factory.mktemp("boards") / "boards.jsonl"
+    options = SokobanOptions.model_validate(OPTIONS | {"render_mode": "both"})
+    assert write_transcriptions(options, 12, out) == [1] * 12
+    return out
+
+
+def test_a_board_to_read_is_its_image_alone_and_the_true_grid_of_that_image(boards_file: Path) -> None:
+    """Each board's reply is the text grid of the very state its image shows (drawn again from the
+    reply, pixel for pixel), the prompt holds the env's system prompt and the image without the grid
+    (though `render_mode` is `both`), and some boards are states a few moves into their level."""
+    records = [json.loads(line) for line in boards_file.read_text().splitlines()]
+    moved = 0
+    for offset, record in enumerate(records):
+        system, user, reply = record["messages"]
+        seed = TRANSCRIBE_FIRST_SEED + offset
+        env = SokobanEnv(SokobanOptions.model_validate(OPTIONS), seed)
+        assert record["seed"] == seed and system["content"] == env.system_prompt
+        image, text = user["content"]
+        assert text["text"].endswith(TRANSCRIBE_INSTRUCTION) and "#" not in text["text"]
+        shown = Level.from_xsb(reply["content"])
+        drawn = render_image(shown.grid, shown.boxes, shown.player, OPTIONS["cell_size"])
+        pixels = decode_image(image["image_url"]["url"]).convert("RGB")
+        assert pixels.tobytes() == drawn.convert("RGB").tobytes(), seed
+        assert shown.grid == env.level.grid
+        moved += reply["content"] != env.render_text()
+    assert 0 < moved < len(records)
+
+
+def test_an_sft_stage_warms_up_then_decays_as_configured() -> None:
+    def factors(schedule: str, warmup: int | None) -> list[float]:
+        sets = [f"sft.schedule={schedule}", "optim.warmup_steps=2"]
+        cfg = load_config(DEMO_CONFIG, sets + ([] if warmup is None else [f"sft.warmup_steps={warmup}"]))
+        factor = stage_schedule(cfg, 10)
+        return [round(factor(done), 3) for done in range(10)]
+
+    assert factors("constant", None) == [0.5] + [1.0] * 9  # optim.warmup_steps when sft's is unset
+    assert factors("linear", 0) == [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]
+    cosine = factors("cosine", 4)
+    assert cosine[:5] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    assert all(a > b > 0 for a, b in itertools.pairwise(cosine[4:])) and cosine[-1] < 0.1
+
+
+def test_sft_reads_boards_first_then_imitates_the_demonstrations(
+    boards_file: Path, demos_file: Path, tiny_qwen25: Path, tmp_path: Path
+) -> None:
+    """With `sft.transcribe_data` the boards are imitated once each before the demonstrations, each
+    stage with its own schedule: the learning rate warms up again when the demonstrations begin."""
+    overrides = [
+        f"model.path={tiny_qwen25}",
+        f"sft.data={demos_file}",
+        f"sft.transcribe_data={boards_file}",
+        *("sft.epochs=1", "sft.batch_size=4", "sft.lr=1e-3", "sft.warmup_steps=2", "sft.schedule=linear"),
+        f"train.run_dir={tmp_path / 'sft'}",
+        "logging.tensorboard=false",
+    ]
+    result = run_sft(load_config(DEMO_CONFIG, overrides))
+    assert result.steps == 3 + 4  # 12 boards, then 16 demonstrations, 4 a step
+    assert [row["sft/stage"] for row in result.history] == [0, 0, 0, 1, 1, 1, 1]
+    assert all(row["train/trajectories"] == 4 and row["train/nll"] > 0 for row in result.history)
+    # the rate the next step takes: each stage warms up over 2 steps, then decays to 0 after its last
+    lr = [row["train/lr"] / 1e-3 for row in result.history]
+    assert lr == pytest.approx([1.0, 1.0, 0.0, 1.0, 1.0, 0.5, 0.0])
+    assert (result.model_dir / "config.json").is_file()
 
 
 def test_demo_learn_refuses_a_run_directory_that_is_a_file(tmp_path: Path) -> None:

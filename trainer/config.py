@@ -442,6 +442,25 @@ class SFTConfig(_Section):
     min_reward: float | None = Field(
         default=None, description="keep only trajectories whose episode reward is at least this"
     )
+    transcribe_data: Path | None = Field(
+        default=None,
+        description="JSONL of boards to read (the image in, its text grid out: `transcription` in "
+        "services/sokoban/demos.py), each imitated once before `data`: the reading stage; None: none",
+    )
+    transcribe_boards: int = Field(
+        default=0,
+        ge=0,
+        description="`vistarl demo learn`: generated boards it writes to `transcribe_data` for the reading "
+        "stage (seeds from 1,000,000); 0: no reading stage",
+    )
+    warmup_steps: int | None = Field(
+        default=None, ge=0, description="each SFT stage's linear warmup in optimizer steps; None: optim's"
+    )
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        default="constant",
+        description="each SFT stage's learning rate after its warmup: constant, or decaying linearly or "
+        "along a half cosine towards zero at the stage's last step",
+    )
 
 
 class WandbConfig(_Section):

@@ -6,11 +6,15 @@
    `vistarl sokoban demos` writes) or of trajectories (as `vistarl rollout` writes);
 2. turns each demonstration into a `Trajectory` with the policy's own token tracks
    (`TokenTracks.from_conversation`), so the loss mask covers the assistant's tokens and nothing else;
-3. for `sft.epochs` epochs, shuffles them (reproducibly per epoch) and takes `sft.batch_size` per
+3. with `sft.transcribe_data` set, first runs the reading stage: each board of that JSONL (the image
+   in, its text grid out) imitated once, `sft.batch_size` a step;
+4. for `sft.epochs` epochs, shuffles them (reproducibly per epoch) and takes `sft.batch_size` per
    optimizer step: `imitate` (`trainer/learner/imitation.py`), the NLL of the assistant tokens over the
-   same packing, micro-batches, FSDP sharding, clipping and learning-rate schedule as the RL update;
-4. logs every step (metrics.jsonl, the loss curve, TensorBoard) and saves a checkpoint at the end,
-   whose `actor/` directory is an HF checkpoint that `model.path` takes as the RL policy.
+   same packing, micro-batches, FSDP sharding, clipping and optimizer as the RL update; each stage has
+   its own learning-rate schedule (`sft.warmup_steps`, then `sft.schedule`: constant or decaying);
+5. logs every step (metrics.jsonl, the loss curve, TensorBoard; `sft/stage` is 0 while reading, 1 on
+   `sft.data`) and saves a checkpoint at the end, whose `actor/` directory is an HF checkpoint that
+   `model.path` takes as the RL policy.
 
 Under torchrun every rank reads the same file and takes the same batches; each trains its share.
 """
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,13 +31,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from rich.console import Console
+from torch.optim.lr_scheduler import LambdaLR
 
 from vistarl.trainer.config import TrainConfig
 from vistarl.trainer.learner.checkpoint import TrainerState, save_checkpoint
 from vistarl.trainer.learner.fsdp import init_distributed, is_distributed, rank_device
 from vistarl.trainer.learner.imitation import imitate
 from vistarl.trainer.learner.models import Models, load_actor
-from vistarl.trainer.learner.update import PolicyTrainer
+from vistarl.trainer.learner.update import PolicyTrainer, warmup
 from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.rollout.tokenization import TokenTrackError, TokenTracks, TurnEncoder
 from vistarl.trainer.rollout.trajectory import Status, Trajectory
@@ -42,7 +47,7 @@ from vistarl.trainer.run.outputs import RunLogger
 from vistarl.trainer.run.ranks import current_rank
 from vistarl.trainer.seeds import permutation
 
-__all__ = ["SFTResult", "load_sft_data", "run_sft"]
+__all__ = ["SFTResult", "Stage", "load_sft_data", "run_sft", "stage_schedule"]
 
 
 @dataclass
@@ -95,14 +100,47 @@ def _trajectory(record: Any, encoder: TurnEncoder, number: int) -> Trajectory:
     )
 
 
-def batches(count: int, cfg: TrainConfig) -> Iterator[tuple[int, list[int]]]:
-    """(epoch, indices) of every optimizer step: each epoch a fresh reproducible shuffle, cut into
-    `sft.batch_size` pieces (the last one may be smaller)."""
-    size = cfg.sft.batch_size
-    for epoch in range(cfg.sft.epochs):
-        order = permutation(count, cfg.train.seed, epoch)
-        for start in range(0, count, size):
-            yield epoch, order[start : start + size]
+@dataclass(frozen=True)
+class Stage:
+    """One SFT stage: the trajectories it imitates, and how many times each; `number` is what
+    `sft/stage` logs (0 the reading stage, 1 the demonstrations')."""
+
+    number: int
+    name: str
+    data: list[Trajectory]
+    epochs: int
+
+    def batches(self, cfg: TrainConfig) -> Iterator[tuple[int, list[int]]]:
+        """(epoch, indices) of every optimizer step: each epoch a fresh reproducible shuffle, cut into
+        `sft.batch_size` pieces (the last one may be smaller)."""
+        size = cfg.sft.batch_size
+        for epoch in range(self.epochs):
+            order = permutation(len(self.data), cfg.train.seed, epoch)
+            for start in range(0, len(self.data), size):
+                yield epoch, order[start : start + size]
+
+    def steps(self, cfg: TrainConfig) -> int:
+        """The stage's optimizer steps."""
+        return self.epochs * math.ceil(len(self.data) / cfg.sft.batch_size)
+
+
+def stage_schedule(cfg: TrainConfig, steps: int) -> Callable[[int], float]:
+    """`LambdaLR`'s factor for one stage of `steps` optimizer steps: linear warmup over
+    `sft.warmup_steps` (None: `optim.warmup_steps`), then `sft.schedule`: constant, or a linear or
+    half-cosine decay that reaches zero one step after the stage's last."""
+    start = cfg.optim.warmup_steps if cfg.sft.warmup_steps is None else cfg.sft.warmup_steps
+    ramp, shape = warmup(start), cfg.sft.schedule
+
+    def factor(done: int) -> float:
+        progress = min(1.0, max(0.0, (done - start) / max(1, steps - start)))
+        decay = {
+            "constant": 1.0,
+            "linear": 1.0 - progress,
+            "cosine": 0.5 * (1 + math.cos(math.pi * progress)),
+        }
+        return ramp(done) * decay[shape]
+
+    return factor
 
 
 def run_sft(cfg: TrainConfig, *, name: str = "sft", console: Console | None = None) -> SFTResult:
@@ -121,9 +159,14 @@ def run_sft(cfg: TrainConfig, *, name: str = "sft", console: Console | None = No
     nll_only = cfg.algo.model_copy(update={"kl_loss_coef": 0.0, "entropy_coef": 0.0})
     cfg = cfg.model_copy(update={"algo": nll_only})
     processor = VLProcessor.from_pretrained(cfg.model.path)
-    data = load_sft_data(data_path, TurnEncoder(processor), cfg.sft.min_reward)
+    encoder = TurnEncoder(processor)
+    stages = [
+        Stage(1, "demonstrations", load_sft_data(data_path, encoder, cfg.sft.min_reward), cfg.sft.epochs)
+    ]
+    if cfg.sft.transcribe_data is not None:
+        stages.insert(0, Stage(0, "reading", load_sft_data(cfg.sft.transcribe_data, encoder), 1))
     trainer = PolicyTrainer(cfg, Models(load_actor(cfg.model.path), None, None), processor, device)
-    total = cfg.sft.epochs * math.ceil(len(data) / cfg.sft.batch_size)
+    total = sum(stage.steps(cfg) for stage in stages)
     logger = None
     if rank == 0:
         logger = RunLogger(
@@ -134,12 +177,21 @@ def run_sft(cfg: TrainConfig, *, name: str = "sft", console: Console | None = No
             wandb=cfg.logging.wandb,
             console=console or Console(),
         )
-        logger.note(f"SFT on {len(data)} trajectories from {data_path}; run directory: {run_dir}")
+        for stage in stages:
+            logger.note(f"SFT {stage.name}: {len(stage.data)} trajectories, {stage.steps(cfg)} steps")
+        logger.note(f"SFT on {data_path}; run directory: {run_dir}")
     try:
-        for step, (epoch, indices) in enumerate(batches(len(data), cfg), 1):
-            metrics = imitate(trainer, [data[i] for i in indices])
-            if logger is not None:
-                logger.log_step(step, {**metrics, "sft/epoch": float(epoch)})
+        step = 0
+        for stage in stages:
+            schedule = stage_schedule(cfg, stage.steps(cfg))
+            trainer.lr_schedulers["actor"] = LambdaLR(trainer.actor_optimizer, schedule)
+            for epoch, indices in stage.batches(cfg):
+                metrics = imitate(trainer, [stage.data[i] for i in indices])
+                step += 1
+                if logger is not None:
+                    logger.log_step(
+                        step, {**metrics, "sft/epoch": float(epoch), "sft/stage": float(stage.number)}
+                    )
         checkpoint = save_checkpoint(
             run_dir,
             TrainerState(step=total, policy_version=0, prompt_cursor=0),

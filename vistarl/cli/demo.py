@@ -78,10 +78,12 @@ def learn_command(
         typer.Option("--out", file_okay=False, help="Run directory (default runs/demo-<time>)."),
     ] = None,
 ) -> None:
-    """SFT on solver demonstrations, then GRPO; prints held-out success before, after SFT and after RL."""
+    """SFT on solver demonstrations (after a reading stage with `sft.transcribe_boards`), then GRPO; prints
+    held-out success before, after SFT and after RL."""
     import asyncio
 
-    from vistarl.cli.sokoban import write_demonstrations
+    from vistarl.cli.sokoban import write_demonstrations, write_transcriptions
+    from vistarl.services.sokoban.demos import TRANSCRIBE_FIRST_SEED
     from vistarl.services.sokoban.options import SokobanOptions
     from vistarl.trainer.config import ConfigError, load_config
     from vistarl.trainer.curriculum import run_curriculum
@@ -98,7 +100,16 @@ def learn_command(
     if demos_from is None:
         write_demonstrations(options, _training_seeds(demos, cfg.env.eval_seed_range), data)
         console.print(f"wrote {demos} solver demonstrations to {data}")
-    cfg = cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"data": data})})
+    sft: dict[str, Any] = {"data": data}
+    boards = range(TRANSCRIBE_FIRST_SEED, TRANSCRIBE_FIRST_SEED + cfg.sft.transcribe_boards)
+    held_out = cfg.env.eval_seed_range
+    if boards and max(boards.start, held_out.start) < min(boards.stop, held_out.stop):
+        raise typer.BadParameter(f"the boards to read ({boards}) overlap env.eval_seeds", param_hint="--set")
+    if cfg.sft.transcribe_boards:
+        sft["transcribe_data"] = root / "boards.jsonl"
+        write_transcriptions(options, cfg.sft.transcribe_boards, sft["transcribe_data"])
+        console.print(f"wrote {cfg.sft.transcribe_boards} boards to read to {sft['transcribe_data']}")
+    cfg = cfg.model_copy(update={"sft": cfg.sft.model_copy(update=sft)})
     result = asyncio.run(run_curriculum(cfg, root, console))
     console.print(f"runs, curves and saved episodes under {root}")
     console.print(result.headline(), markup=False)

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -152,15 +152,30 @@ def demos_command(
 def write_demonstrations(options: SokobanOptions, seeds: Iterable[int], out: Path) -> list[int]:
     """Write the solved levels `seeds` to `out` as JSONL conversations (images as data URLs), the form
     `vistarl sft` reads; returns each one's number of turns."""
+    from vistarl.services.sokoban.demos import demonstration
+
+    return write_conversations((demonstration(options, seed) for seed in seeds), out)
+
+
+def write_transcriptions(options: SokobanOptions, count: int, out: Path) -> list[int]:
+    """Write `count` boards to read (`transcription`, seeds from `TRANSCRIBE_FIRST_SEED`) to `out` as
+    JSONL conversations, for SFT's reading stage (`sft.transcribe_data`); returns their turns (1 each)."""
+    from vistarl.services.sokoban.demos import TRANSCRIBE_FIRST_SEED, transcription
+
+    seeds = range(TRANSCRIBE_FIRST_SEED, TRANSCRIBE_FIRST_SEED + count)
+    return write_conversations((transcription(options, seed) for seed in seeds), out)
+
+
+def write_conversations(records: Iterable[dict[str, Any]], out: Path) -> list[int]:
+    """Write conversation records (messages holding PIL images) to `out` as JSONL, images as data URLs;
+    returns each one's number of assistant replies."""
     import json
 
     from vistarl.services.server.encoding import message_to_wire
-    from vistarl.services.sokoban.demos import demonstration
 
     turns = []
     with out.open("w", encoding="utf-8") as sink:
-        for seed in seeds:
-            record = demonstration(options, seed)
+        for record in records:
             record["messages"] = [message_to_wire(m).model_dump(mode="json") for m in record["messages"]]
             sink.write(json.dumps(record) + "\n")
             turns.append(sum(m["role"] == "assistant" for m in record["messages"]))
