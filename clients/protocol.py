@@ -300,7 +300,10 @@ class InfoResponse(BaseModel):
 
 
 class HealthResponse(BaseModel):
-    status: Literal["ok"] = "ok"
+    """`GET /health`: the process answers. `healthy` is OpenEnv's value (its `HealthStatus`), so that
+    `openenv validate` and OpenEnv's tools read a vistarl server as they read their own."""
+
+    status: Literal["healthy"] = "healthy"
 
 
 class ReadyResponse(BaseModel):
@@ -425,9 +428,9 @@ OPENENV_ERROR_CODES: dict[ErrorCode, OpenEnvErrorCode] = {
 
 
 class OpenEnvMessage(_Strict):
-    """A client's message on `/ws`: `type` is `reset`, `step`, `state` or `close`; `data` is a reset's
-    `OpenEnvReset` or a step's `OpenEnvAction`. Send it with `exclude_defaults=True`: OpenEnv's own server
-    refuses a `state` or `close` message with any `data`."""
+    """A client's message on `/ws`: `type` is `reset`, `step`, `state`, `mcp` or `close`; `data` is a
+    reset's `OpenEnvReset`, a step's `OpenEnvAction` or an `mcp` message's `JsonRpcRequest`. Send it with
+    `exclude_defaults=True`: OpenEnv's own server refuses a `state` or `close` message with any `data`."""
 
     model_config = _BUILT_AT_FIRST_USE
 
@@ -509,11 +512,12 @@ class OpenEnvError(BaseModel):
 
 
 class OpenEnvReply(BaseModel):
-    """A server's answer on `/ws`: `observation`, `state` or `error`, with its data."""
+    """A server's answer on `/ws`: `observation`, `state`, `mcp` (a `JsonRpcResponse`) or `error`, with its
+    data."""
 
     model_config = _BUILT_AT_FIRST_USE
 
-    type: Literal["observation", "state", "error"]
+    type: Literal["observation", "state", "mcp", "error"]
     data: dict[str, Any]
 
 
@@ -538,3 +542,65 @@ class OpenEnvMetadata(BaseModel):
     version: str | None = None
     author: str | None = None
     documentation_url: str | None = None
+
+
+# --- JSON-RPC 2.0: OpenEnv's `mcp` message on /ws, and /mcp's answer to a body that is no message ------
+
+JSONRPC_PARSE_ERROR = -32700
+"""The body is not JSON."""
+JSONRPC_INVALID_REQUEST = -32600
+"""The JSON is not a JSON-RPC request (or, on `/mcp`, not a JSON-RPC message of any kind)."""
+JSONRPC_METHOD_NOT_FOUND = -32601
+JSONRPC_INVALID_PARAMS = -32602
+"""A method's params that do not fit it: on `/ws`, a tool call the env's tools do not allow."""
+JSONRPC_SERVER_ERROR = -32000
+"""Any other error a call meets (its `data.error_code` is the vistarl code HTTP would answer)."""
+
+
+class JsonRpcRequest(BaseModel):
+    """A JSON-RPC 2.0 request, the data of an `mcp` message on `/ws` (OpenEnv's `JsonRpcRequest`)."""
+
+    model_config = ConfigDict(extra="forbid", defer_build=True)
+
+    jsonrpc: Literal["2.0"]
+    method: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    id: int | str | None = None
+
+
+class JsonRpcError(BaseModel):
+    """The `error` member of a JSON-RPC answer: its code, a message, and what more the server says."""
+
+    model_config = _BUILT_AT_FIRST_USE
+
+    code: int
+    message: str
+    data: dict[str, Any] | None = None
+
+
+class JsonRpcResponse(BaseModel):
+    """A JSON-RPC 2.0 answer: `result` or `error`, never both (`wire` leaves out the other), under the
+    request's `id` (null when the request could not be read)."""
+
+    model_config = _BUILT_AT_FIRST_USE
+
+    jsonrpc: Literal["2.0"] = "2.0"
+    id: int | str | None = None
+    result: Any = None
+    error: JsonRpcError | None = None
+
+    @classmethod
+    def failure(
+        cls, code: int, message: str, request_id: int | str | None = None, **data: Any
+    ) -> JsonRpcResponse:
+        """An error answer; `data`, when given, becomes the error's data."""
+        return cls(id=request_id, error=JsonRpcError(code=code, message=message, data=data or None))
+
+    def wire(self) -> dict[str, Any]:
+        """The answer as JSON-RPC has it: `jsonrpc`, `id`, then `error` (no null `data`) or `result`."""
+        answer: dict[str, Any] = {"jsonrpc": self.jsonrpc, "id": self.id}
+        if self.error is not None:
+            answer["error"] = self.error.model_dump(mode="json", exclude_none=True)
+        else:
+            answer["result"] = self.result
+        return answer

@@ -47,9 +47,10 @@ class StepResult:
     """One turn's outcome, with Gymnasium's names: the next observation, the turn reward, whether the
     episode ended by its own rules (`terminated`) or by a budget of the env (`truncated`), and the info.
 
-    The info is the env's own JSON-safe extras (`metrics`, and `episode_reward` on the last turn); the
-    reward is never read from it. A reward that is not a finite number, or a flag that is not a bool, is a
-    TypeError or ValueError here, where the env builds it, rather than a silent 0 later.
+    The info is the env's own JSON-safe extras (`metrics`, and `episode_end`'s `episode_reward` and
+    `end_reward` on the last turn); the reward is never read from it. A reward that is not a finite
+    number, or a flag that is not a bool, is a TypeError or ValueError here, where the env builds it,
+    rather than a silent 0 later.
     """
 
     observation: EnvObservation
@@ -74,6 +75,14 @@ class StepResult:
     def done(self) -> bool:
         """Whether the episode is over, either way: no step may follow."""
         return self.terminated or self.truncated
+
+
+def episode_end(episode_reward: float, turn_total: float) -> dict[str, float]:
+    """The last turn's reward info: the env's `episode_reward`, and `end_reward`, the part of it that no
+    turn reward carries (`episode_reward` minus `turn_total`, the sum of the episode's turn rewards, the
+    last included), so that the turn rewards plus `end_reward` add up to the episode reward on every env
+    (docs/envs.md, "Rewards")."""
+    return {"episode_reward": episode_reward, "end_reward": episode_reward - turn_total}
 
 
 def user_message(obs: EnvObservation) -> dict[str, Any]:

@@ -127,7 +127,7 @@ class ScriptedEnvServer:
         if method == "GET" and path == "/info":
             return 200, _INFO.model_dump_json().encode()
         if method == "GET" and path == "/health":
-            return 200, b'{"status": "ok"}'
+            return 200, b'{"status": "healthy"}'
         return 404, error_body("not_found", f"no route {method} {path}")
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
@@ -400,7 +400,7 @@ async def test_async_client_refuses_a_second_event_loop_and_use_after_shutdown(
     server: ScriptedEnvServer,
 ) -> None:
     c = AsyncEnvClient(server.url, token="")
-    assert (await c.health()).status == "ok"
+    assert (await c.health()).status == "healthy"
     with concurrent.futures.ThreadPoolExecutor(1) as other_thread:
         on_another_loop = other_thread.submit(asyncio.run, c.health())
         with pytest.raises(RuntimeError, match="event loop of its first call"):

@@ -23,6 +23,7 @@ from PIL import Image
 
 from tests.envs.serving import served
 from tests.wire import assert_error
+from vistarl.services.server.mcp_route import UNAUTHENTICATED_BODY_BYTES
 from vistarl.services.sokoban.game import Level
 from vistarl.services.sokoban.prompt import ACTION_FORMAT
 from vistarl.services.sokoban.solver import solve
@@ -208,6 +209,28 @@ async def test_mcp_needs_the_token(url: str, headers: dict[str, str]) -> None:
     assert metric(url, 'vistarl_env_errors_total{code="unauthorized"}') >= refused + 2
 
 
+@pytest.mark.parametrize("headers", [{}, AUTH], ids=["no-token", "token"])
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [(b"{}", -32600), (b"[1, 2]", -32600), (b'{"jsonrpc": "2.0"}', -32600), (b"{not json", -32700)],
+)
+def test_a_body_that_is_no_json_rpc_message_gets_openenvs_json_rpc_error_with_or_without_the_token(
+    url: str, headers: dict[str, str], body: bytes, code: int
+) -> None:
+    """As OpenEnv's server answers it (200, a JSON-RPC error under a null id), which `openenv validate`
+    asks of `POST /mcp {}`; without the token that is all a client learns."""
+    answer = httpx.post(f"{url}/mcp", content=body, headers={**headers, "Content-Type": "application/json"})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["jsonrpc"] == "2.0" and answer.json()["id"] is None
+    assert answer.json()["error"]["code"] == code
+
+
+def test_a_long_body_without_the_token_is_refused_unread(url: str) -> None:
+    junk = b"x" * (UNAUTHENTICATED_BODY_BYTES + 1)
+    assert httpx.post(f"{url}/mcp", content=junk).status_code == 401
+    assert httpx.post(f"{url}/mcp", content=junk, headers=AUTH).json()["error"]["code"] == -32700
+
+
 @pytest.mark.parametrize(
     ("header", "status", "code"),
     [
@@ -229,6 +252,7 @@ def test_get_on_mcp_is_405_as_no_stream_is_served(url: str) -> None:
     answer = httpx.get(f"{url}/mcp", headers={**AUTH, "Accept": "text/event-stream"}, timeout=5)
     assert_error(answer, 405, "bad_request", "no SSE stream")
     assert answer.headers["allow"] == "POST"
+    assert httpx.get(f"{url}/mcp", timeout=5).status_code == 401
 
 
 # In a fresh interpreter: the server answers /health without the MCP SDK, and /mcp imports it on first use.

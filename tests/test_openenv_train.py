@@ -76,13 +76,15 @@ def user(color: str, turn: int) -> dict[str, Any]:
 
 
 def check_played(trajectory: Trajectory, image_dir: Path, processor: VLProcessor) -> None:
-    """The trajectory is what the token rules make of the env's observations and the generated ids, and its
-    rewards are the env's for the replies it was sent."""
+    """The trajectory is what the token rules make of the env's observations and the generated ids, its
+    rewards are the env's for the replies it was sent, and its seed is the one the env was reset with (the
+    seed picks the square's colour)."""
     shown = []
     for index in range(len(trajectory.images)):
         with Image.open(image_dir / f"image-{index:02d}.png") as image:
             shown.append(image.convert("RGB"))
     color = next(name for name, rgb in COLORS.items() if rgb == shown[0].getpixel((0, 0)))
+    assert trajectory.seed is not None and color == color_of(trajectory.seed)
     assert all(image.tobytes() == square(color).tobytes() for image in shown)
     runs = generated_runs(trajectory)
     replies = [processor.tokenizer.decode(run, skip_special_tokens=True) for run in runs]
@@ -108,7 +110,11 @@ def test_vistarl_train_runs_grpo_steps_against_an_openenv_server(
     run_dir = tmp_path / "run"
     config = {
         "model": {"path": str(tiny_qwen25), "dtype": "float32", "gradient_checkpointing": False},
-        "env": {"url": colors.replace("http://", "openenv+ws://"), "openenv": ADAPTER.model_dump()},
+        "env": {  # env.name is left at its default: the server's own options are not checked against it
+            "url": colors.replace("http://", "openenv+ws://"),
+            "openenv": ADAPTER.model_dump(),
+            "options": {"turns": 3},
+        },
         "rollout": {
             "n_samples_per_prompt": 2,
             "rollout_batch_size": 2,
@@ -139,6 +145,8 @@ def test_vistarl_train_runs_grpo_steps_against_an_openenv_server(
         assert record["train/logprob_abs_diff"] < 1e-3, "the embedded engine and the trainer disagree"
     samples = sorted((run_dir / "samples").glob("step-*/*/trajectory.json"))
     assert len(samples) == 8
+    seeds = sorted(json.loads(path.read_text())["seed"] for path in samples)
+    assert seeds == [0, 0, 1, 1, 2, 2, 3, 3]  # two starts a step, two samples each
     played = 0
     for path in samples:
         record = json.loads(path.read_text())
@@ -175,6 +183,13 @@ async def test_scripted_replies_play_with_the_env_rewards_and_a_json_action(
     assert color_of(2) == "blue"
     named = await play(processor, colors, ["green?", "It is blue"])
     assert named.status is Status.COMPLETED and named.turn_rewards == [reward("green?", "blue"), 1.0]
+    assert named.seed == 2
+    longer = await play(processor, colors, ["red", "green", "blue"], seed=2, options={"turns": 3})
+    assert longer.turn_rewards == [
+        reward("red", "blue"),
+        reward("green", "blue"),
+        1.0,
+    ]  # the env's own option
     as_json = OpenEnvAdapter(**{**ADAPTER.model_dump(), "json_action": True})
     parsed = await play(
         processor, colors, ['I say {"message": "blue"} {"note": 1} and {"message": "blue"}'], as_json
@@ -267,7 +282,10 @@ def test_the_adapter_travels_in_the_env_url_and_the_config_checks_it() -> None:
         OpenEnvAdapter.parse("openenv+ws://h:1?text_fieldz=a")
     cfg = load_config(None, ["env.url=openenv+ws://h:1", "env.openenv.image_fields=[image]"])
     assert cfg.env.remote == "openenv+ws://h:1?image_fields=image"
+    own = ["env.url=openenv+ws://h:1", "env.openenv.text_fields=[a]", "env.options.turns=3"]
+    assert load_config(None, own).env.options == {"turns": 3}  # the reset's arguments, not Sokoban's options
     for overrides, message in [
+        (["env.options.turns=3"], "env.options.turns: unknown key"),  # Sokoban's options, on its own server
         (["env.url=openenv+ws://h:1"], "needs text_fields or image_fields"),
         (["env.openenv.text_fields=[a]"], "env.openenv adapts an OpenEnv server"),
         (

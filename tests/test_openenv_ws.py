@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from openenv.core.env_server.mcp_types import WSMCPResponse
 from openenv.core.env_server.types import (
     EnvironmentMetadata,
     SchemaResponse,
@@ -200,6 +201,65 @@ async def test_a_bad_message_is_an_error_answer_and_the_socket_stays_open(
         assert (await ask(socket, {"type": "reset", "data": {"seed": 2}}))["type"] == "observation"
 
 
+def rpc(method: str, request_id: int, **params: Any) -> dict[str, Any]:
+    """An `mcp` message: a JSON-RPC request."""
+    return {"type": "mcp", "data": {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}}
+
+
+async def test_the_mcp_message_lists_the_envs_tools_and_calls_them_on_the_sockets_session(
+    sokoban: str,
+) -> None:
+    """OpenEnv's `mcp` message type: JSON-RPC on the socket's session; every failure a JSON-RPC error."""
+    act = {"name": "act", "arguments": {"moves": ["Left", "Up"]}}
+    async with connect(ws_url(sokoban)) as socket:
+        listing = WSMCPResponse.model_validate(await ask(socket, rpc("tools/list", 1)))
+        assert listing.type == "mcp" and listing.data["id"] == 1
+        (tool,) = listing.data["result"]["tools"]
+        assert tool["name"] == "act" and tool["inputSchema"]["required"] == ["moves"]
+        early = (await ask(socket, rpc("tools/call", 2, **act)))["data"]
+        assert (
+            early["error"]["code"] == -32000 and early["error"]["data"]["error_code"] == "session_not_found"
+        )
+        await ask(socket, {"type": "reset", "data": {"seed": 7, "options": SOKOBAN_OPTIONS}})
+        called = (await ask(socket, rpc("tools/call", 3, **act)))["data"]
+        assert called["id"] == 3 and "error" not in called
+        assert (await ask(socket, {"type": "state"}))["data"]["step_count"] == 1
+        failures = [
+            (rpc("tools/call", 4, name="jump"), -32602, "validation_error", "no tool 'jump'"),
+            (
+                rpc("tools/call", 5, name="act", arguments={"moves": ["Sideways"]}),
+                -32602,
+                "validation_error",
+                "",
+            ),
+            (rpc("resources/list", 6), -32601, "bad_request", "tools/list and tools/call"),
+            ({"type": "mcp", "data": {"method": "tools/list"}}, -32600, "validation_error", "data.jsonrpc"),
+        ]
+        for message, code, error_code, words in failures:
+            answer = await ask(socket, message)
+            assert answer["type"] == "mcp" and answer["data"]["error"]["code"] == code, answer
+            assert answer["data"]["error"]["data"]["error_code"] == error_code and words in str(answer)
+        assert (await ask(socket, {"type": "state"}))["data"]["step_count"] == 1  # nothing else stepped
+    observation = called["result"]
+    turn = (observation["reward"], observation["done"], observation["observation"]["truncated"])
+    over_http = http_rewards(sokoban, {"seed": 7, "options": SOKOBAN_OPTIONS}, [{"tool_call": act}])
+    assert [(*turn, observation["observation"]["info"])] == over_http
+
+
+async def test_generic_env_client_continues_a_lost_sockets_session_at_its_sessions_path(sokoban: str) -> None:
+    """OpenEnv's client appends `/ws` to its base URL, so `/sessions/ID` as the base reaches the session."""
+    async with connect(ws_url(sokoban)) as lost:
+        await ask(lost, {"type": "reset", "data": {"seed": 3, "episode_id": "lost-3"}})
+        await ask(lost, {"type": "step", "data": {"action": "<answer>Up</answer>"}})
+        lost.transport.abort()  # no close frame: the session stays for its TTL
+    async with GenericEnvClient(base_url=f"{sokoban}/sessions/lost-3") as env:
+        assert await env.state() == {"episode_id": "lost-3", "step_count": 1, "done": False}
+        await env.step({"action": "<answer>Down</answer>"})
+        assert (await env.state())["step_count"] == 2
+    with pytest.raises(ConnectionError, match="HTTP 404"):  # the client's close ended the session
+        await GenericEnvClient(base_url=f"{sokoban}/sessions/lost-3").connect()
+
+
 async def test_a_step_after_the_end_is_episode_done_and_a_reset_starts_afresh(sokoban: str) -> None:
     async with GenericEnvClient(base_url=sokoban) as env:
         await env.reset(seed=5, options={"max_steps": 1})
@@ -250,8 +310,11 @@ async def test_the_bearer_token_guards_the_handshake_and_rides_in_the_url_for_op
             assert not (await env.reset(seed=1)).done
         async with connect(ws_url(url), additional_headers={"Authorization": "Bearer sesame"}) as socket:
             assert (await ask(socket, {"type": "reset", "data": {"seed": 1}}))["type"] == "observation"
-        assert httpx.get(f"{url}/schema").status_code == 401
-        assert metric(url, 'vistarl_env_errors_total{code="unauthorized"}') == 3
+        assert httpx.get(f"{url}/state").status_code == 401
+        assert httpx.get(f"{url}/schema").status_code == httpx.get(f"{url}/metadata").status_code == 200
+        with pytest.raises(ConnectionError, match="HTTP 401"):
+            await GenericEnvClient(base_url=f"{url}/sessions/any").connect()
+        assert metric(url, 'vistarl_env_errors_total{code="unauthorized"}') == 4
 
 
 async def test_a_socket_session_goes_on_through_another_replica_after_its_own_is_killed(

@@ -88,7 +88,7 @@ def test_info_describes_the_env_and_the_limits(http: httpx.Client) -> None:
 
 def test_health_and_ready(http: httpx.Client) -> None:
     health = http.get("/health")
-    assert health.json() == {"status": "ok"}
+    assert health.json() == {"status": "healthy"}  # OpenEnv's value, which `openenv validate` checks
     assert "server" not in health.headers  # `vistarl serve` does not advertise uvicorn
     ready = http.get("/ready")
     assert ready.status_code == 200

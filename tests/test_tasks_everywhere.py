@@ -90,3 +90,4 @@ async def test_one_task_one_trajectory_in_process_over_http_and_through_the_queu
     assert by_id.images, "the diagram reached the trajectory"
     for path, trajectories in played.items():
         assert [fingerprint(t) for t in trajectories] == [fingerprint(by_id)] * 2, path
+        assert [t.task_id for t in trajectories] == ["test/3", None], path  # the start each was reset from

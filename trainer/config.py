@@ -127,7 +127,11 @@ class OpenEnvAdapter(_Section):
 class EnvConfig(_Section):
     """Which environment to train against: a running server (`url`), or `name` served on this machine."""
 
-    name: str = Field(default="sokoban", min_length=1, description="registered env name or import path")
+    name: str = Field(
+        default="sokoban",
+        min_length=1,
+        description="registered env name or import path; with an OpenEnv env.url, only the run's name",
+    )
     url: str | None = Field(
         default=None,
         pattern=r"^(https?|openenv\+wss?)://[^\s?]+$",
@@ -138,7 +142,11 @@ class EnvConfig(_Section):
     serve: bool = Field(
         default=True, description="without url: run `vistarl serve NAME` on a loopback port (else in process)"
     )
-    options: dict[str, Any] = Field(default_factory=dict)
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the env's reset options, checked against env.name's options model; with an OpenEnv "
+        "env.url, the reset's arguments, sent unchecked (OpenEnv's /schema describes no reset)",
+    )
     dataset: Path | None = Field(
         default=None, description="train on the rows of this parquet (samples of the env), instead of seeds"
     )
@@ -583,7 +591,11 @@ def load_config(path: str | Path | None, overrides: list[str]) -> TrainConfig:
 def _env_options_errors(env: EnvConfig) -> list[str]:
     """`env.options` checked against the env's own options model, one line per problem, so that options
     the env refuses fail here rather than at the first reset. Nothing when the env cannot be loaded on
-    this machine but runs at `env.url`: its server checks them at every reset."""
+    this machine but runs at `env.url`: its server checks them at every reset. Nothing for an OpenEnv
+    server: the options are its reset's arguments, which its `/schema` does not describe (docs/training.md,
+    "OpenEnv envs")."""
+    if env.is_openenv:
+        return []
     try:
         factory = load_env_factory(env.name)
     except ValueError as exc:

@@ -96,6 +96,7 @@ def _trajectory(record: Any, encoder: TurnEncoder, number: int) -> Trajectory:
         policy_version=0,
         status=Status.COMPLETED,
         env=str(record.get("env", "")),
+        seed=record.get("seed"),
         episode_reward=float(record.get("episode_reward", 0.0)),
     )
 

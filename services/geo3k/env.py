@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vistarl.clients.images import decode_image
 from vistarl.services.choices import choice_letter
-from vistarl.services.env_api import Env, EnvObservation, StepResult, check_steppable
+from vistarl.services.env_api import Env, EnvObservation, StepResult, check_steppable, episode_end
 from vistarl.services.geo3k import prompt
 from vistarl.services.geo3k.answers import last_boxed
 from vistarl.services.geo3k.generator import generate
@@ -152,7 +152,8 @@ class Geo3kEnv(Env[Geo3kOptions]):
         }
         reward = 0.0
         if episode.done:
-            reward = info["episode_reward"] = self._finish(response_text)
+            reward = self._finish(response_text)
+            info.update(episode_end(reward, reward))  # the turns before this one carried 0
             info["final_answer"] = episode.final_answer
             info["final_answer_source"] = episode.final_source.value if episode.final_source else None
         info["metrics"] = self.metrics()

@@ -1,14 +1,14 @@
 """The environment server: `create_app(env_factory, settings)` serves one env over the wire protocol.
 
-Endpoints (see docs/server.md): POST /reset, POST /step, POST /format, DELETE /sessions/{id},
-GET /info, GET /health, GET /ready, GET /metrics; MCP at /mcp; OpenEnv's WebSocket sessions at /ws, with
-GET /schema and GET /metadata; the browser playground at GET /play and GET /play/replay. The sessions
-and what runs them come from `embedded` (session rules in `sessions`, tasks in `tasks`, where envs run in
-`env_pool`); the open paths and CORS in `security`, what the OpenAPI schema adds in `openapi`, the lean
-path of the env endpoints in `json_route`, tool calls as actions in `tool_calls`, the MCP tools in
-`mcp_tools`, OpenEnv's protocol in `openenv_ws`, the pages in `play` (all in `vistarl.services.server`); error
-shapes and the request guard (auth, the body limit) come from `serving`, shared with the engine server. This
-module only wires them together.
+Endpoints (see docs/server.md): POST /reset, POST /step, POST /format, DELETE /sessions/{id}, GET /info,
+GET /health, GET /ready, GET /metrics; MCP at /mcp; OpenEnv's WebSocket sessions at /ws (and
+/sessions/{id}/ws), with GET /schema, GET /metadata and GET /state; the browser playground at GET /play and
+GET /play/replay. The sessions and what runs them come from `embedded` (session rules in `sessions`, tasks in
+`tasks`, where envs run in `env_pool`); the open paths and CORS in `security`, what the OpenAPI schema adds in
+`openapi`, the lean path of the env endpoints in `json_route`, tool calls as actions in `tool_calls`, the MCP
+tools in `mcp_tools`, OpenEnv's protocol in `openenv_ws`, the pages in `play` (all in
+`vistarl.services.server`); error shapes and the request guard (auth, the body limit) come from `serving`,
+shared with the engine server. This module only wires them together.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from vistarl.services.server.mcp_route import LazyMCP
 from vistarl.services.server.openapi import METRICS_RESPONSES, READY_RESPONSES, errors, guarded_router
 from vistarl.services.server.openenv_ws import OpenEnvRoutes
 from vistarl.services.server.play import PLAY_PATHS, play_routes
-from vistarl.services.server.security import OPEN_PATHS, cors_options
+from vistarl.services.server.security import OPEN_PATHS, ROUTE_GUARDED_PATHS, cors_options
 from vistarl.services.server.settings import ServerSettings
 from vistarl.services.server.tool_calls import ToolActions
 from vistarl.serving.errors import install_error_handlers
@@ -49,7 +49,8 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
     service = EnvService(env_factory, settings)
     settings, metrics, manager = service.settings, service.metrics, service.manager
     tool_actions = ToolActions(env_factory, settings.max_action_chars)
-    mcp = LazyMCP(service)
+    token = None if settings.api_token is None else settings.api_token.get_secret_value()
+    mcp = LazyMCP(service, token)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -70,7 +71,6 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
         telemetry={"tracing": settings.otel, "metrics": settings.otel, "logs": settings.otel},
     )
     install_error_handlers(app, metrics)
-    token = None if settings.api_token is None else settings.api_token.get_secret_value()
     guarded = guarded_router(token_required=token is not None)
 
     async def reset(request: ResetRequest) -> bytes:
@@ -112,9 +112,11 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
         return service.info
 
     openenv = OpenEnvRoutes(service, tool_actions)
-    guarded.get("/schema")(openenv.schema)
-    guarded.get("/metadata")(openenv.metadata)
+    app.get("/schema", responses=errors())(openenv.schema)  # open, as OpenEnv's: they describe the env
+    app.get("/metadata", responses=errors())(openenv.metadata)
+    guarded.get("/state", responses=errors(404, 503))(openenv.state)
     app.add_api_websocket_route("/ws", openenv.socket)
+    app.add_api_websocket_route("/sessions/{session_id}/ws", openenv.socket)
 
     @app.get("/ready", responses=READY_RESPONSES)
     async def ready(response: Response) -> ReadyResponse:
@@ -142,7 +144,7 @@ def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) 
         max_bytes=settings.max_body_bytes,
         metrics=metrics,
         token=token,
-        open_paths=OPEN_PATHS | PLAY_PATHS,
+        open_paths=OPEN_PATHS | PLAY_PATHS | ROUTE_GUARDED_PATHS,
     )
     if settings.cors_origins:  # added last, so outermost: a preflight needs no token
         app.add_middleware(CORSMiddleware, **cors_options(settings.cors_origins))

@@ -8,7 +8,8 @@ and the same outcome as structured content.
 
 A tool that the server does not have is a JSON-RPC error; arguments that fail validation, and every
 error the HTTP API would answer (unknown session, step after done, at capacity, ...), are tool results
-with `is_error` set, whose text starts with the error code.
+with `is_error` set, whose text starts with the error code. A body that is no JSON-RPC message at all
+(`not_a_message`) is answered as OpenEnv's server answers it, before the SDK sees it (`mcp_route.py`).
 
 Transports: streamable HTTP at `/mcp` inside the env server's app (stateless, JSON answers; behind the
 app's request guard, so the bearer token applies), or stdio for desktop agents (`vistarl mcp ENV`).
@@ -20,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+import pydantic_core
 from mcp import types
 from mcp.server import Server, ServerRequestContext
 from mcp.server.stdio import stdio_server
@@ -28,7 +30,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.routing import BaseRoute
 
 from vistarl.clients.protocol import (
+    JSONRPC_INVALID_REQUEST,
+    JSONRPC_PARSE_ERROR,
     ErrorCode,
+    JsonRpcResponse,
     Observation,
     ResetRequest,
     ResetResponse,
@@ -200,6 +205,22 @@ class EnvTools:
     async def _end(self, arguments: SessionRef) -> types.CallToolResult:
         await self.manager.close(arguments.session_id)
         return types.CallToolResult(content=[types.TextContent(text=f"session {arguments.session_id} ended")])
+
+
+def not_a_message(body: bytes) -> JsonRpcResponse | None:
+    """The JSON-RPC error that OpenEnv's server answers (with 200) to a body that is no JSON-RPC message, read
+    as the SDK reads one (the SDK itself answers 400); None for a message, which the SDK answers."""
+    try:
+        raw = pydantic_core.from_json(body)
+    except ValueError as exc:
+        return JsonRpcResponse.failure(JSONRPC_PARSE_ERROR, f"Parse error: {exc}")
+    try:
+        types.jsonrpc_message_adapter.validate_python(raw, by_name=False)
+    except ValidationError:
+        return JsonRpcResponse.failure(
+            JSONRPC_INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 request, notification or response"
+        )
+    return None
 
 
 async def serve_stdio(service: EnvService) -> None:

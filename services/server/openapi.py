@@ -46,7 +46,8 @@ METRICS_RESPONSES: Responses = {
 _bearer = HTTPBearer(
     scheme_name="bearer",
     description=(
-        "Authorization: Bearer <token> when the server has one; /health, /ready and /metrics are open."
+        "Authorization: Bearer <token> when the server has one; /health, /ready, /metrics, /schema and "
+        "/metadata are open, and /mcp answers a body that is no JSON-RPC message without it."
     ),
     auto_error=False,
 )

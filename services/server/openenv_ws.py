@@ -1,18 +1,21 @@
-"""OpenEnv's WebSocket session protocol on every env server: `/ws`, `/schema` and `/metadata`, as the
-`openenv-core` release of `vistarl.clients.protocol.OPENENV_CORE_VERSION` defines them, so that OpenEnv's
-`EnvClient` (and TRL, which drives envs through it) plays a vistarl env (docs/agents.md, "OpenEnv and TRL").
+"""OpenEnv's WebSocket session protocol on every env server: `/ws`, `/schema`, `/metadata` and `/state`, as
+the `openenv-core` release of `vistarl.clients.protocol.OPENENV_CORE_VERSION` defines them, so that
+OpenEnv's `EnvClient` (and TRL, which drives envs through it) plays a vistarl env (docs/agents.md, "OpenEnv
+and TRL").
 
 A socket holds one vistarl session at a time, run by the same `SessionManager` as `/reset` and `/step`:
 the same limits, task rules, metrics and session store. A `reset` message starts a session (ending the
-socket's previous one), `step` steps it, `state` reports it, `close` ends it and the socket. Every answer
-is `{"type": "observation" | "state" | "error", "data": ...}` (`vistarl.clients.protocol.OpenEnvReply`); an
-error leaves the socket open, as OpenEnv's server does.
+socket's previous one), `step` steps it, `state` reports it, `mcp` calls the env's tools on it as JSON-RPC
+(`tools/list`, `tools/call`), `close` ends it and the socket. Every answer is `{"type": "observation" |
+"state" | "mcp" | "error", "data": ...}` (`vistarl.clients.protocol.OpenEnvReply`); an error leaves the
+socket open, as OpenEnv's server does.
 
 The session ends with the socket when the client ends it (a `close` message or a close frame). When the
 server shuts down, or the connection drops without a close frame, the session stays until its idle TTL,
-and a new socket continues it: `/ws?session_id=ID`, on this replica or, with a shared store, on any
-other. A step resent there with the same `request_id` is answered once. A socket idle for the session
-TTL is closed. The bearer token and the message size limit are checked at the handshake and by uvicorn
+and a new socket continues it: `/ws?session_id=ID`, or `/sessions/ID/ws` (where OpenEnv's client, which
+appends `/ws` to its base URL, reaches it), on this replica or, with a shared store, on any other. A step
+resent there with the same `request_id` is answered once. A socket idle for the session TTL is closed.
+The bearer token and the message size limit are checked at the handshake and by uvicorn
 (`vistarl.serving.guard.RequestGuard`, `vistarl/cli/serve.py`).
 """
 
@@ -27,8 +30,14 @@ from pydantic import ValidationError
 from starlette.websockets import WebSocket
 
 from vistarl.clients.protocol import (
+    JSONRPC_INVALID_PARAMS,
+    JSONRPC_INVALID_REQUEST,
+    JSONRPC_METHOD_NOT_FOUND,
+    JSONRPC_SERVER_ERROR,
     OPENENV_ERROR_CODES,
     ErrorCode,
+    JsonRpcRequest,
+    JsonRpcResponse,
     OpenEnvAction,
     OpenEnvError,
     OpenEnvErrorCode,
@@ -42,7 +51,9 @@ from vistarl.clients.protocol import (
     ResetResponse,
     StepRequest,
     StepResponse,
+    ToolCall,
 )
+from vistarl.services.env_api import EnvFactory
 from vistarl.services.server.embedded import EnvService
 from vistarl.services.server.tool_calls import ToolActions
 from vistarl.serving.errors import ServiceError, describe_validation_errors, error_response
@@ -55,7 +66,8 @@ lost) and the server's own shutdown (1012); any close frame from the client ends
 
 
 class OpenEnvRoutes:
-    """The endpoints of one env service in OpenEnv's protocol: `socket` for `/ws`, `schema`, `metadata`."""
+    """The endpoints of one env service in OpenEnv's protocol: `socket` for `/ws` (and `/sessions/ID/ws`),
+    `schema`, `metadata`, `state`."""
 
     def __init__(self, service: EnvService, tool_actions: ToolActions) -> None:
         self.service = service
@@ -79,6 +91,19 @@ class OpenEnvRoutes:
             readme_content=f"{factory.system_prompt}\n\nActions: {factory.action_format}",
         )
 
+    async def state(self, session_id: str | None = None) -> OpenEnvState:
+        """A session's state: its id, its steps so far and whether it is done; without `session_id`, the
+        state of no episode yet, as OpenEnv's server answers `GET /state` (a fresh env's)."""
+        return await session_state(self.service, session_id)
+
+
+async def session_state(service: EnvService, session_id: str | None) -> OpenEnvState:
+    """The OpenEnv state of `session_id` (404 `session_not_found` when unknown), or a fresh one for None."""
+    if session_id is None:
+        return OpenEnvState()
+    seen = await service.manager.progress(session_id)
+    return OpenEnvState(episode_id=session_id, step_count=seen.version, done=seen.done)
+
 
 @functools.cache
 def _schema() -> OpenEnvSchema:
@@ -101,9 +126,10 @@ class OpenEnvSocket:
         self.format = False
 
     async def serve(self) -> None:
-        """Accept (attaching to the session `?session_id=` names, 404 at the handshake if unknown), answer
-        each message, then end the session unless the connection was lost (`KEPT_ON_DISCONNECT`)."""
-        attach = self.websocket.query_params.get("session_id")
+        """Accept (attaching to the session that `/sessions/ID/ws` or `?session_id=` names, 404 at the
+        handshake if unknown), answer each message, then end the session unless the connection was lost
+        (`KEPT_ON_DISCONNECT`)."""
+        attach = self.websocket.path_params.get("session_id") or self.websocket.query_params.get("session_id")
         if attach is not None:
             try:
                 await self.manager.progress(attach)
@@ -151,10 +177,12 @@ class OpenEnvSocket:
             )
         if message.type == "close":
             return None
+        if message.type == "mcp":
+            return await self._mcp(message.data)
         handlers = {"reset": self._reset, "step": self._step, "state": self._state}
         handler = handlers.get(message.type)
         if handler is None:
-            known = ", ".join([*handlers, "close"])
+            known = ", ".join([*handlers, "mcp", "close"])
             unknown = f"unknown message type {message.type!r}; the types are {known}"
             return self._error("UNKNOWN_TYPE", ErrorCode.BAD_REQUEST, unknown)
         try:
@@ -176,20 +204,53 @@ class OpenEnvSocket:
     async def _step(self, data: dict[str, Any]) -> OpenEnvReply:
         """Step the socket's session with the action: the response text, or a tool call."""
         action = OpenEnvAction.model_validate(data)
+        return _observed(await self._turn(action.model_dump(exclude={"metadata"}, exclude_none=True)))
+
+    async def _turn(self, fields: dict[str, Any]) -> StepResponse:
+        """Step the socket's session with `fields` of a `StepRequest` (an action or a tool call)."""
         if self.session_id is None:
             raise ServiceError(ErrorCode.SESSION_NOT_FOUND, "no session on this socket: send a reset first")
-        fields = action.model_dump(exclude={"metadata"}, exclude_none=True)
         request = StepRequest.model_validate({**fields, "session_id": self.session_id, "format": self.format})
-        answer = (await self.manager.step(self.tool_actions.resolve(request))).typed(StepResponse)
-        return _observed(answer)
+        return (await self.manager.step(self.tool_actions.resolve(request))).typed(StepResponse)
 
     async def _state(self, data: dict[str, Any]) -> OpenEnvReply:
         """The socket's session: its id, its steps so far and whether it is done."""
-        state = OpenEnvState()
-        if self.session_id is not None:
-            seen = await self.manager.progress(self.session_id)
-            state = OpenEnvState(episode_id=self.session_id, step_count=seen.version, done=seen.done)
+        state = await session_state(self.service, self.session_id)
         return OpenEnvReply(type="state", data=state.model_dump(mode="json"))
+
+    async def _mcp(self, data: dict[str, Any]) -> OpenEnvReply:
+        """A JSON-RPC request on the socket's session, as OpenEnv's `mcp` message: `tools/list` lists the
+        env's tools, `tools/call` steps the session with a call of one (its result is the `observation`
+        answer's data); every failure is a JSON-RPC error in the `mcp` answer."""
+        try:
+            request = JsonRpcRequest.model_validate(data)
+        except ValidationError as exc:
+            invalid = describe_validation_errors(exc.errors(include_url=False), prefix="data")
+            return _rpc(self._rpc_failure(JSONRPC_INVALID_REQUEST, ErrorCode.VALIDATION_ERROR, invalid))
+        if request.method == "tools/list":
+            return _rpc(JsonRpcResponse(id=request.id, result={"tools": mcp_tools(self.service.factory)}))
+        if request.method != "tools/call":
+            unknown = f"method not found: {request.method!r}; the methods are tools/list and tools/call"
+            return _rpc(self._rpc_failure(JSONRPC_METHOD_NOT_FOUND, ErrorCode.BAD_REQUEST, unknown, request))
+        try:
+            call = ToolCall.model_validate(request.params)
+            turn = await self._turn({"tool_call": call.model_dump()})
+        except ValidationError as exc:
+            invalid = describe_validation_errors(exc.errors(include_url=False), prefix="params")
+            failure = self._rpc_failure(JSONRPC_INVALID_PARAMS, ErrorCode.VALIDATION_ERROR, invalid, request)
+            return _rpc(failure)
+        except ServiceError as exc:
+            code = JSONRPC_INVALID_PARAMS if exc.code is ErrorCode.VALIDATION_ERROR else JSONRPC_SERVER_ERROR
+            return _rpc(self._rpc_failure(code, exc.code, exc.message, request))
+        return _rpc(JsonRpcResponse(id=request.id, result=_observed(turn).data))
+
+    def _rpc_failure(
+        self, code: int, error_code: ErrorCode, message: str, request: JsonRpcRequest | None = None
+    ) -> JsonRpcResponse:
+        """A JSON-RPC error, the vistarl code HTTP would answer as its data, counted with HTTP's errors."""
+        self.service.metrics.errors.labels(code=error_code.value).inc()
+        request_id = None if request is None else request.id
+        return JsonRpcResponse.failure(code, message, request_id, error_code=error_code.value)
 
     def _error(self, code: OpenEnvErrorCode, error_code: ErrorCode, message: str) -> OpenEnvReply:
         """An error answer with OpenEnv's code and the one HTTP would answer, counted with HTTP's errors."""
@@ -211,6 +272,25 @@ class OpenEnvSocket:
         if session_id is not None:
             with contextlib.suppress(ServiceError):
                 await self.manager.close(session_id)
+
+
+def mcp_tools(factory: EnvFactory) -> list[dict[str, Any]]:
+    """The env's tools as MCP lists them (`name`, `description`, `inputSchema`), from their OpenAI function
+    schemas."""
+    functions = [tool["function"] for tool in factory.tools]
+    return [
+        {
+            "name": function["name"],
+            "description": function.get("description", ""),
+            "inputSchema": function.get("parameters", {"type": "object"}),
+        }
+        for function in functions
+    ]
+
+
+def _rpc(answer: JsonRpcResponse) -> OpenEnvReply:
+    """A JSON-RPC answer as an `mcp` answer on the socket."""
+    return OpenEnvReply(type="mcp", data=answer.wire())
 
 
 def _observed(answer: ResetResponse | StepResponse) -> OpenEnvReply:

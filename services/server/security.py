@@ -1,18 +1,23 @@
-"""The env server's access policy: the paths that need no bearer token, and the CORS options that let
-browser pages of chosen origins call it. The guard that enforces auth and the body limit is
-`vistarl.serving.guard.RequestGuard`, shared with the engine server.
+"""The env server's access policy: the paths that need no bearer token, the path whose route checks it
+itself, and the CORS options that let browser pages of chosen origins call it. The guard that enforces
+auth and the body limit is `vistarl.serving.guard.RequestGuard`, shared with the engine server.
 
 The probe and scrape paths stay open with a token set (docs/server.md, "Authentication"): Kubernetes
 probes and Prometheus send no token, and these paths reveal only counts, never a session or an observation.
-So does `/openapi.json`, which describes the wire and no secret, so that clients can be generated from it.
+So do the paths that describe the env or the wire and no session, as OpenEnv's server leaves them open:
+`/openapi.json` (so that clients can be generated from it), and OpenEnv's `/schema` and `/metadata`.
+`/mcp` checks the token itself, message by message (`mcp_route.py`): a body that is no JSON-RPC message
+gets its JSON-RPC error without one, as `openenv validate` asks.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/openapi.json"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/openapi.json", "/schema", "/metadata"})
 MCP_PATH = "/mcp"
+ROUTE_GUARDED_PATHS = frozenset({MCP_PATH})
+"""Paths the request guard lets through without a token because their route checks it."""
 MCP_HEADERS = ("mcp-protocol-version", "mcp-session-id", "mcp-method", "mcp-name", "last-event-id")
 
 

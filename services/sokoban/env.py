@@ -3,7 +3,8 @@
 A turn is one model response: up to `max_actions_per_turn` moves, each scored by the per-move reward
 table; the turn reward is their sum. The episode ends when every box is on a target or after
 `max_steps` primitive moves (blocked moves count). Every step's info carries `metrics`; the final one
-adds `episode_reward` (see `reward.py`).
+adds `episode_reward` (see `reward.py`), which is not the sum of the turn rewards, and `end_reward`, the
+difference (`env_api.episode_end`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from PIL import Image
 
-from vistarl.services.env_api import Env, EnvObservation, StepResult, check_steppable
+from vistarl.services.env_api import Env, EnvObservation, StepResult, check_steppable, episode_end
 from vistarl.services.sokoban.actions import parse_actions
 from vistarl.services.sokoban.game import Game, Level
 from vistarl.services.sokoban.generator import generate_level
@@ -119,7 +120,8 @@ class SokobanEnv(Env[SokobanOptions]):
             "metrics": metrics,
         }
         if self._done:
-            info["episode_reward"] = episode_reward(self.turn_rewards, solved, self.dist0, metrics["dist1"])
+            ended = episode_reward(self.turn_rewards, solved, self.dist0, metrics["dist1"])
+            info.update(episode_end(ended, sum(self.turn_rewards)))
         return StepResult(
             self._observation(), reward, terminated=solved, truncated=not solved and self._done, info=info
         )

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from vistarl.services.env_api import Env, EnvObservation, StepResult, check_steppable
+from vistarl.services.env_api import Env, EnvObservation, StepResult, check_steppable, episode_end
 from vistarl.services.vsi.appearance import VISIBLE_FRACTION
 from vistarl.services.vsi.camera import Pose, apply_action, start_pose, tour_poses
 from vistarl.services.vsi.catalog import get_scene
@@ -124,7 +124,8 @@ class VsiEnv(Env[VsiOptions]):
             "metrics": self.metrics(),
         }
         if self._done:
-            info["episode_reward"] = sum(self.turn_rewards)
+            total = sum(self.turn_rewards)
+            info.update(episode_end(total, total))
         turns_left = self.options.max_turns - self.turns
         observation: EnvObservation = {"text": turn_text(feedback, turns_left), "images": [frame.image]}
         terminated = self._done and not self._truncated

@@ -4,8 +4,9 @@
 
 An episode shows a square of one of `COLORS` (the reset's seed picks it) as a bare base64 PNG in `image`,
 and asks which colour it is in `prompt`. A reply scores `reward(reply, colour)`; the episode ends when a
-reply names the colour, or after `TURNS` turns. Two replies misbehave on purpose: `crash` makes the env
-raise (OpenEnv's error answer), and `stall` sleeps `STALL_S` before answering, longer than a test waits.
+reply names the colour, or after `turns` turns (an argument of the reset, `TURNS` by default). Two
+replies misbehave on purpose: `crash` makes the env raise (OpenEnv's error answer), and `stall` sleeps
+`STALL_S` before answering, longer than a test waits.
 """
 
 from __future__ import annotations
@@ -74,12 +75,13 @@ class ColorEnv(Environment[ColorAction, ColorObservation, State]):
     def __init__(self) -> None:
         super().__init__()
         self._color = color_of(0)
+        self._turns = TURNS
         self._state = State(episode_id=None, step_count=0)
 
     def reset(
-        self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
+        self, seed: int | None = None, episode_id: str | None = None, turns: int = TURNS, **kwargs: Any
     ) -> ColorObservation:
-        self._color = color_of(seed)
+        self._color, self._turns = color_of(seed), turns
         self._state = State(episode_id=episode_id, step_count=0)
         return self._observation(reward=None, done=False)
 
@@ -90,7 +92,7 @@ class ColorEnv(Environment[ColorAction, ColorObservation, State]):
             time.sleep(STALL_S)
         self._state.step_count += 1
         score = reward(action.message, self._color)
-        return self._observation(reward=score, done=score == 1.0 or self._state.step_count >= TURNS)
+        return self._observation(reward=score, done=score == 1.0 or self._state.step_count >= self._turns)
 
     @property
     def state(self) -> State:

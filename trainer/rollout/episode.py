@@ -227,6 +227,8 @@ async def run_episode(
         error=error,
         attempt=job.attempt,
         env=job.env,
+        seed=job.seed,
+        task_id=job.task_id,
         turn_rewards=episode.turn_rewards,
         episode_reward=reward,
         metrics=episode.metrics(),
@@ -268,5 +270,7 @@ def failed_trajectory(job: EpisodeJob, error: str, started: float) -> Trajectory
         error=error,
         attempt=job.attempt,
         env=job.env,
+        seed=job.seed,
+        task_id=job.task_id,
         timings={"total": time.perf_counter() - started},
     )

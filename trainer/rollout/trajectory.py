@@ -49,6 +49,8 @@ class Trajectory:
     error: str | None = None
     attempt: int = Field(default=1, ge=1)
     env: str = ""
+    seed: int | None = Field(default=None, description="the seed the env was reset with (None: not a seed)")
+    task_id: str | None = Field(default=None, description="the task the env was reset with (SPLIT/INDEX)")
     engine_ids: list[int] = Field(default_factory=list)
     train_ids: list[int] = Field(default_factory=list)
     loss_mask: list[Bit] = Field(default_factory=list)

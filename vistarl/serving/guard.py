@@ -3,7 +3,7 @@
 It runs before routing and before the body is parsed, so an unauthenticated or oversized request costs
 the server almost nothing, and it reads the headers of every request once. Its refusals are
 `ErrorResponse` bodies like every other error, counted by code. Each server names the paths that need
-no token (its probes, say).
+no token: its probes, say, or a route that checks the token itself (`carries_token`, `unauthorized`).
 
 A WebSocket handshake needs the token too. Since OpenEnv's client sends no headers of its own, there the
 token may also come as the password of HTTP Basic credentials, which a WebSocket client sends for the
@@ -23,6 +23,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from vistarl.clients.protocol import ErrorCode
 from vistarl.serving.errors import error_response
 from vistarl.serving.metrics import ServingMetrics
+
+NO_TOKEN = "missing or invalid bearer token"
 
 
 class RequestGuard:
@@ -63,12 +65,7 @@ class RequestGuard:
             elif name == b"content-length":
                 declared = value
         if not self._authorized(scope["path"], authorization, websocket=kind == "websocket"):
-            refusal = refusal_of(
-                self.metrics,
-                ErrorCode.UNAUTHORIZED,
-                "missing or invalid bearer token",
-                {"WWW-Authenticate": "Bearer"},
-            )
+            refusal = unauthorized(self.metrics)
         elif kind == "websocket":  # no body: the server bounds each message (uvicorn's ws_max_size)
             await self.app(scope, receive, send)
             return
@@ -79,22 +76,13 @@ class RequestGuard:
             await self.app(scope, receive if declared.isdigit() else self._counting(receive), send)
             return
         if kind == "websocket" and "websocket.http.response" not in scope.get("extensions", {}):
-            await send({"type": "websocket.close", "code": 1008, "reason": "missing or invalid bearer token"})
+            await send({"type": "websocket.close", "code": 1008, "reason": NO_TOKEN})
             return
         await refusal(scope, receive, send)
 
     def _authorized(self, path: str, authorization: bytes, *, websocket: bool = False) -> bool:
-        """Whether the request may pass: no token is set, the path is open, or it carries the token (a
-        WebSocket handshake: as a bearer token, or as the password of Basic credentials)."""
-        if self.expected is None or path in self.open_paths:
-            return True
-        scheme, _, credentials = authorization.partition(b" ")
-        scheme, credentials = scheme.lower(), credentials.strip(b" ")
-        if websocket and scheme == b"basic":
-            credentials = _basic_password(credentials)
-        elif scheme != b"bearer":
-            return False
-        return hmac.compare_digest(credentials, self.expected)
+        """Whether the request may pass: no token is set, the path is open, or it carries the token."""
+        return path in self.open_paths or carries_token(authorization, self.expected, websocket=websocket)
 
     def _counting(self, receive: Receive) -> Receive:
         """`receive`, raising 413 once the body read so far exceeds `max_bytes`."""
@@ -113,6 +101,26 @@ class RequestGuard:
 
     def _too_large(self, size: str) -> str:
         return f"request body of {size} exceeds the limit of {self.max_bytes} bytes"
+
+
+def carries_token(authorization: bytes, expected: bytes | None, *, websocket: bool = False) -> bool:
+    """Whether an `Authorization` header value carries the `expected` token (always, when none is set): as
+    a bearer token, the scheme name in any case, or, on a WebSocket handshake, as the password of Basic
+    credentials. Compared in constant time."""
+    if expected is None:
+        return True
+    scheme, _, credentials = authorization.partition(b" ")
+    scheme, credentials = scheme.lower(), credentials.strip(b" ")
+    if websocket and scheme == b"basic":
+        credentials = _basic_password(credentials)
+    elif scheme != b"bearer":
+        return False
+    return hmac.compare_digest(credentials, expected)
+
+
+def unauthorized(metrics: ServingMetrics) -> JSONResponse:
+    """The 401 answer to a request without the token, counted."""
+    return refusal_of(metrics, ErrorCode.UNAUTHORIZED, NO_TOKEN, {"WWW-Authenticate": "Bearer"})
 
 
 def refusal_of(
