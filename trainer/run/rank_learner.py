@@ -53,6 +53,7 @@ class RankLearner:
         self.distributed = init_distributed()
         self.rank = current_rank()
         self.device = rank_device()
+        cfg.model.check_arch()  # before anything loads: a checkpoint of another architecture is refused
         self.checkpoint = latest_checkpoint(run_dir) if resume else None
         if not resume and latest_checkpoint(run_dir) is not None:
             raise FileExistsError(

@@ -131,6 +131,8 @@ def eval_command(
     if dummy and checkpoint is None and not model_path.is_dir():
         model_path = _player_processor(cfg, run_dir)
         console.print(f"no checkpoint at {cfg.model.path}: the random player tokenizes with {model_path}")
+    if not dummy:
+        _check_arch(cfg, model_path)
 
     async def main() -> dict[str, float]:
         processor = await asyncio.to_thread(VLProcessor.from_pretrained, model_path)
@@ -154,6 +156,16 @@ def eval_command(
     console.print(table)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     console.print(f"images, trajectories and summary.json saved under {run_dir}")
+
+
+def _check_arch(cfg: TrainConfig, checkpoint: Path) -> None:
+    """A usage error unless `checkpoint` is of the config's `model.arch`."""
+    from vistarl.trainer.config import ConfigError
+
+    try:
+        cfg.model.check_arch(checkpoint)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--checkpoint/--set model.arch") from None
 
 
 def _player_processor(cfg: TrainConfig, run_dir: Path) -> Path:
