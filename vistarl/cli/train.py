@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -51,7 +52,8 @@ def train(
         bool, typer.Option("--resume", help="Continue from the run directory's latest checkpoint.")
     ] = False,
 ) -> None:
-    """Train a policy as the config says; with no URLs in it, the whole stack runs on this machine."""
+    """Train a policy as the config says; with no URLs in it, the whole stack runs on this machine. SIGTERM
+    stops it between steps with a checkpoint of the last one (exit 143); `--resume` continues it."""
     from vistarl.trainer.run.directory import run_name
     from vistarl.trainer.run.train import run_training
 
@@ -64,6 +66,10 @@ def train(
     except (FileExistsError, RuntimeError, TimeoutError, OSError, ValueError) as exc:
         console.print(f"[red]training failed:[/red] {exc}")
         raise typer.Exit(1) from None
+    if result.stopped:
+        console.print(f"stopped after step {result.steps} (SIGTERM); checkpoint: {result.checkpoint}")
+        console.print("`--resume` with the same run directory continues the run")
+        raise typer.Exit(128 + signal.SIGTERM)
     if result.history:
         console.print(f"finished {result.steps} steps; metrics, reward curve and samples in {result.run_dir}")
         console.print(f"checkpoint: {result.checkpoint}")
