@@ -1,23 +1,30 @@
-"""`launcher`: the processes `vistarl up` plans (the compose file's, on this host), the supervisor that runs
-them (restarts within a bound, a run that stops naming what died, stops within the grace periods), and
-the GPU figures `vistarl status` derives. The whole system under `vistarl up` is tests/test_up.py."""
+"""`launcher`: the processes `vistarl up` plans (the compose file's, on this host, reached at the address
+they listen on), the lock that keeps a directory to one run, the supervisor that runs them (restarts
+within a bound, a run that stops naming what died, stops within the grace periods), and the figures
+`vistarl status` derives. The whole system under `vistarl up`, and what its preflight refuses, are
+tests/test_up.py and tests/test_up_preflight.py."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
 from tests.compose_file import load_services
+from tests.servers import wait_until
+from vistarl.launcher.lock import DirectoryInUse, RunLock, held_by
 from vistarl.launcher.plan import PlanError, ProcessSpec, UpOptions, plan_processes
-from vistarl.launcher.status import alive, step_figures
+from vistarl.launcher.status import PLAN_FILE, RunStatus, alive, step_figures
 from vistarl.launcher.supervisor import PROCESSES_FILE, Supervisor
 from vistarl.serving.launch import free_port
+from vistarl.trainer.config import TrainConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = ROOT / "configs" / "sokoban_tiny.yaml"
@@ -46,7 +53,12 @@ def test_the_cpu_plan_is_the_compose_files_services_on_this_hosts_ports(
     specs = {spec.name: spec for spec in plan.processes}
     assert list(specs) == ["redis", "sokoban", "engine", "worker-0", "worker-1", "trainer"]
     compose = load_services(ROOT / "docker-compose.yml", {})
-    for name, service in (("redis", "redis"), ("sokoban", "sokoban"), ("worker-0", "worker")):
+    for name, service in (
+        ("redis", "redis"),
+        ("sokoban", "sokoban"),
+        ("worker-0", "worker"),
+        ("trainer", "trainer"),
+    ):
         assert specs[name].stop_grace_s == compose[service].stop_grace_s
     for wanted in ("--appendonly", "--appendfsync", "--maxmemory-policy"):
         assert flag(specs["redis"].argv, wanted) == flag(tuple(compose["redis"].command), wanted)
@@ -119,6 +131,49 @@ def test_a_host_of_a_larger_run_starts_its_part_and_names_the_rest(tmp_path: Pat
     assert list(specs) == ["redis", "sokoban", "engine", "worker-0"]
     assert flag(specs["redis"].argv, "--port") == "6379" and flag(specs["engine"].argv, "--port") == "30000"
     assert flag(specs["engine"].argv, "--host") == "0.0.0.0"
+
+
+def trainer_config(plan_specs: tuple[ProcessSpec, ...]) -> TrainConfig:
+    """The config the planned trainer runs with: the file and the `--set`s of its command line."""
+    (trainer,) = [spec for spec in plan_specs if spec.name == "trainer"]
+    sets = [arg.removeprefix("--set=") for arg in trainer.argv if arg.startswith("--set=")]
+    return load_config(TINY_CONFIG, sets)
+
+
+def test_the_users_sync_mode_wins_over_vistarl_ups_and_the_urls_win_over_the_users(
+    tmp_path: Path, tiny_qwen25: Path
+) -> None:
+    assert trainer_config(plan_processes(options(tmp_path, tiny_qwen25)).processes).sync.mode == "nccl"
+    mine = options(tmp_path, tiny_qwen25, overrides=("sync.mode=disk", "rollout.local_workers=3"))
+    cfg = trainer_config(plan_processes(mine).processes)
+    assert cfg.sync.mode == "disk" and cfg.rollout.local_workers == 0
+
+
+@pytest.mark.parametrize(
+    ("host", "reached", "fixed"),
+    [("127.0.0.2", "127.0.0.2", False), ("0.0.0.0", "127.0.0.1", True), ("::1", "[::1]", False)],
+)
+def test_servers_are_reached_and_probed_at_the_address_they_listen_on(
+    tmp_path: Path, tiny_qwen25: Path, host: str, reached: str, fixed: bool
+) -> None:
+    plan = plan_processes(options(tmp_path, tiny_qwen25, host=host))
+    specs = {spec.name: spec for spec in plan.processes}
+    for name in ("sokoban", "engine"):
+        assert flag(specs[name].argv, "--host") == host
+    assert flag(specs["redis"].argv, "--bind") == host
+    probes = [spec.ready for spec in plan.processes if spec.ready]
+    assert len(probes) == 4 and all(urlsplit(probe).netloc.startswith(f"{reached}:") for probe in probes)
+    assert all(urlsplit(url).netloc.startswith(f"{reached}:") for url in plan.urls.values())
+    assert (urlsplit(plan.urls["engine"]).port == 30000) == fixed  # the compose file's ports beyond loopback
+    assert ("--protected-mode" in specs["redis"].argv) == fixed
+
+
+def test_a_resumed_run_resumes_its_trainer(tmp_path: Path, tiny_qwen25: Path) -> None:
+    urls = {"redis_url": "redis://r:6379/0", "env_url": "http://e:8000", "engine_url": "http://g:30000"}
+    (trainer,) = plan_processes(
+        options(tmp_path, tiny_qwen25, resume=True, roles=("trainer",), **urls)
+    ).processes
+    assert trainer.argv[3:4] == ("train",) and "--resume" in trainer.argv
 
 
 @pytest.mark.parametrize(
@@ -280,6 +335,68 @@ def test_sigterm_stops_every_process_part_by_part_killing_what_outlives_its_grac
     assert record["worker-0"]["exit_code"] == -signal.SIGKILL  # it ignored SIGTERM for its grace period
     assert record["sokoban"]["exit_code"] == -signal.SIGTERM
     assert not any(alive(p["pid"]) for p in record.values())
+
+
+HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from vistarl.launcher.lock import RunLock
+RunLock(Path(sys.argv[1])).acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_directory_takes_one_run_and_a_dead_holder_releases_it(tmp_path: Path) -> None:
+    assert held_by(tmp_path) is None  # no lock file yet
+    with RunLock(tmp_path):
+        assert held_by(tmp_path) == os.getpid()
+        with pytest.raises(DirectoryInUse, match=rf"in use by a live vistarl up \(pid {os.getpid()}\)"):
+            RunLock(tmp_path).acquire()
+    assert held_by(tmp_path) is None
+    holder = subprocess.Popen(
+        [*python(HOLD_LOCK), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        assert held_by(tmp_path) == holder.pid
+        holder.kill()  # SIGKILL: no handler runs, the kernel drops the lock
+        holder.wait()
+        assert wait_until(lambda: held_by(tmp_path) is None, timeout=5)
+    finally:
+        holder.kill()
+        holder.wait()
+    with RunLock(tmp_path):
+        assert held_by(tmp_path) == os.getpid()
+
+
+def test_status_counts_every_failure_kind_per_step_with_the_tries_played_again(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (tmp_path / PLAN_FILE).write_text(json.dumps({"run_dir": str(run_dir), "processes": []}))
+    clean = {
+        "rollout/status/ABORTED": 0,
+        "rollout/status/FAILED": 0,
+        "rollout/missing": 0,
+        "rollout/stale": 0,
+    }
+    steps = [
+        {"step": 1, "time": 1.0, **clean},
+        {"step": 2, "time": 2.0, **clean, "rollout/status/ABORTED": 1, "rollout/status/FAILED": 2,
+         "rollout/unusable_tries": 1, "rollout/unusable/ABORTED": 8},
+        {"step": 3, "time": 3.0, **clean, "rollout/missing": 3, "rollout/stale": 1,
+         "rollout/unusable/missing": 2},
+    ]  # fmt: skip
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(step) + "\n" for step in steps))
+    run = RunStatus(tmp_path)
+    assert run.failures() == [
+        {"step": 2, "ABORTED": 9, "FAILED": 2, "missing": 0, "stale": 0, "unusable tries": 1},
+        {"step": 3, "ABORTED": 0, "FAILED": 0, "missing": 5, "stale": 1, "unusable tries": 0},
+    ]
+    assert run.failure_totals() == {"ABORTED": 9, "FAILED": 2, "missing": 5, "stale": 1, "unusable tries": 1}
 
 
 def test_each_gpus_idle_time_and_peak_memory_come_from_the_samples_of_its_steps() -> None:

@@ -18,7 +18,7 @@ import pytest
 from vistarl.serving.launch import free_port
 from vistarl.trainer.learner.checkpoint import TrainerState
 from vistarl.trainer.rollout.trajectory import Status, Trajectory
-from vistarl.trainer.run.rank_commands import Push, Stop, Train, decode, encode
+from vistarl.trainer.run.rank_commands import Push, Save, Stop, Train, decode, encode
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,11 +47,12 @@ def played(episode_id: str) -> Trajectory:
         Train(3, [played("a"), played("b")], TrainerState(3, 4, 12, python_rng=[3, [1, 2], None])),
         Train(1, [], None),
         Push(7),
+        Save(TrainerState(5, 5, 20, python_rng=[3, [1, 2], None])),
         Stop(),
     ],
-    ids=["train-and-save", "train", "push", "stop"],
+    ids=["train-and-save", "train", "push", "save", "stop"],
 )
-def test_a_command_decodes_to_an_equal_command(command: Train | Push | Stop) -> None:
+def test_a_command_decodes_to_an_equal_command(command: Train | Push | Save | Stop) -> None:
     assert decode(encode(command)) == command
 
 

@@ -88,6 +88,24 @@ async def test_aborted_episodes_are_counted_and_left_out_of_the_update(
     assert all(r["rollout/missing"] == 0 for r in result.history)
 
 
+def aborts_the_first_try(index: int, request: GenerateRequest) -> str | None:
+    """No reply (ABORTED) for the first 8 requests, a step's first try of one turn each; then as
+    `odd_seeds_count`."""
+    return None if index < 8 else odd_seeds_count(index, request)
+
+
+async def test_a_try_played_again_is_counted_with_how_its_episodes_ended(
+    tiny_qwen25: Path, tmp_path: Path
+) -> None:
+    processor = VLProcessor.from_pretrained(tiny_qwen25)
+    cfg = scripted_config(tiny_qwen25, tmp_path / "run", steps=1)
+    result = await run_training(cfg, engine=ScriptedEngine(processor, aborts_the_first_try))
+    (record,) = result.history
+    assert record["rollout/unusable_tries"] == 1 and record["rollout/unusable/ABORTED"] == 8
+    assert record["rollout/status/ABORTED"] == 0 and record["rollout/episodes"] == 8  # the try trained on
+    assert "rollout/unusable/missing" not in record  # only the endings that happened
+
+
 async def test_async_mode_trains_on_episodes_one_version_old_and_evaluates(
     tiny_qwen25: Path, tmp_path: Path
 ) -> None:

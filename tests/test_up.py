@@ -1,10 +1,13 @@
 """`vistarl up` on the CPU: the tiny Sokoban config trained by Redis, the env server, the engine, a rollout
 worker and the trainer, each a process of its own. Its engine is SIGKILLed mid-run: the run finishes,
 the restarted engine is pushed the trainer's weights before it answers any generation, and no episode
-from its starting weights is trained on. `vistarl status` reads the run back. A process that keeps dying
-stops the run, and SIGTERM stops a detached one, both with real processes of `vistarl up` (the
-supervisor's own cases are tests/test_launcher.py). The run scripts bring a run up this way when given
-a checkpoint."""
+from its starting weights is trained on. `vistarl status` reads the run back, counting the episodes the
+kill aborted. Two `--role` hosts on loopback addresses other than 127.0.0.1 (the Slurm example's layout
+on one machine) train together; a second run into a live directory is refused, `vistarl down` stops the
+trainer with a checkpoint of its last step, and `--resume` continues it to its last step. A process that
+keeps dying stops the run, and SIGTERM stops a detached one, both with real processes of `vistarl up`
+(the supervisor's own cases are tests/test_launcher.py; what the preflight refuses,
+tests/test_up_preflight.py). The run scripts bring a run up this way when given a checkpoint."""
 
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ import shutil
 import signal
 import subprocess
 from pathlib import Path
+
+import pytest
 
 from tests.machine import require
 from tests.servers import wait_until
@@ -49,6 +54,24 @@ def recorded(out: Path) -> dict[str, dict[str, object]]:
     return json.loads((out / "processes.json").read_text())["processes"]  # type: ignore[no-any-return]
 
 
+def status_of(out: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """`vistarl status OUT FLAGS...`, on a console wide enough that rich wraps no table."""
+    wide = {**os.environ, "COLUMNS": "200"}  # rich's tables wrap at 80 columns off a terminal
+    done = subprocess.run(
+        vistarl_cmd("status", str(out), *flags), capture_output=True, text=True, timeout=120, env=wide
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def aborted_in_log(trainer_log: str) -> int:
+    """The ABORTED episodes the trainer's notes name: of tries played again, and of the steps trained."""
+    replayed = re.findall(r"nothing to learn from \((\d+) ABORTED", trainer_log)
+    trained = re.findall(r"(\d+) of \d+ episodes ABORTED", trainer_log)
+    return sum(int(n) for n in replayed + trained)
+
+
+@pytest.mark.timeout(660)
 def test_a_run_outlives_its_engine_killed_mid_run_and_trains_on_no_stale_episode(
     tmp_path: Path, tiny_qwen25: Path
 ) -> None:
@@ -58,9 +81,9 @@ def test_a_run_outlives_its_engine_killed_mid_run_and_trains_on_no_stale_episode
     run = up(out, "--workers", "1", *sets)
     metrics = out / "run" / "metrics.jsonl"
     try:
-        assert wait_until(lambda: metrics.is_file() and metrics.stat().st_size > 0, timeout=400), "no step"
+        assert wait_until(lambda: metrics.is_file() and metrics.stat().st_size > 0, timeout=300), "no step"
         os.kill(int((out / "pids" / "engine.pid").read_text()), signal.SIGKILL)
-        output, _ = run.communicate(timeout=600)
+        output, _ = run.communicate(timeout=300)
     finally:
         stop_process(run)  # type: ignore[arg-type]
     assert run.returncode == 0, output
@@ -91,21 +114,110 @@ def test_a_run_outlives_its_engine_killed_mid_run_and_trains_on_no_stale_episode
     ]
     assert not any(alive(p["pid"]) for p in processes.values())
 
-    wide = {**os.environ, "COLUMNS": "200"}  # rich's tables wrap at 80 columns off a terminal
-    status = subprocess.run(
-        vistarl_cmd("status", str(out)), capture_output=True, text=True, timeout=120, env=wide
-    )
-    assert status.returncode == 0, status.stderr
+    status = status_of(out)
     assert f"last step: {STEPS}," in status.stdout and "vistarl up is not running" in status.stdout
     assert re.search(r"│ engine\s+│ engine\s+│ \d+\s+│ stopped\s+│ 1 ", status.stdout), status.stdout
     for label in ("update (s)", "weight sync (s)", "waiting in the queue, per episode (s)", "episodes/s"):
         assert label in status.stdout
-    as_json = subprocess.run(
-        vistarl_cmd("status", str(out), "--json"), capture_output=True, text=True, timeout=120
-    )
-    figures = json.loads(as_json.stdout)
+    aborted = aborted_in_log(trainer_log)  # the episodes the kill cut, as the trainer logged them
+    assert aborted > 0, trainer_log
+    in_all = re.search(r"│ in all\s+│\s+(\d+) │", status.stdout)  # the failures' ABORTED column
+    assert in_all is not None and int(in_all[1]) == aborted, status.stdout
+    figures = json.loads(status_of(out, "--json").stdout)
     assert [s["step"] for s in figures["steps"]] == [r["step"] for r in records]
     assert {p["name"]: p["state"] for p in figures["processes"]}["trainer"] == "exited"
+    assert sum(row["ABORTED"] for row in figures["failures"]) == aborted
+
+
+def urls_of(out: Path) -> dict[str, str]:
+    """The URLs of the parts a `vistarl up` directory's run started, from its up.json."""
+    return json.loads((out / "up.json").read_text())["urls"]  # type: ignore[no-any-return]
+
+
+def finish(run: subprocess.Popen[str], timeout: float) -> str:
+    """Wait for a `vistarl up` to exit (killing it, and its session, past `timeout`); its output."""
+    try:
+        output, _ = run.communicate(timeout=timeout)
+    finally:
+        stop_process(run)  # type: ignore[arg-type]
+    return output
+
+
+def refused(out: Path, *flags: str) -> str:
+    """A `vistarl up` into `out` that the preflight refuses (exit 2); its one line."""
+    run = up(out, *flags)
+    output = finish(run, 60)
+    assert run.returncode == 2 and len(output.splitlines()) == 1, output
+    return output.strip()
+
+
+@pytest.mark.timeout(660)
+def test_two_role_hosts_on_another_loopback_address_train_stop_with_a_checkpoint_and_resume(
+    tmp_path: Path, tiny_qwen25: Path
+) -> None:
+    """The Slurm example's layout on one machine: a services host (Redis, the env server, the engine, a
+    worker) and a trainer host, each a `vistarl up --role ...` listening on 127.0.0.2."""
+    services, trainer = tmp_path / "services", tmp_path / "trainer"
+    model = f"--set=model.path={tiny_qwen25}"
+    roles = ("--role", "redis", "--role", "env", "--role", "engine", "--role", "workers")
+    served = up(services, *roles, "--workers", "1", "--host", "127.0.0.2", model)
+    try:
+        assert wait_until(
+            lambda: (
+                (services / "processes.json").is_file()
+                and {p["state"] for p in recorded(services).values()} == {"running"}
+            ),
+            timeout=240,
+        ), "the services did not start"
+        urls = urls_of(services)
+        assert all(re.match(r"\w+://127\.0\.0\.2:\d+", url) for url in urls.values()), urls
+        steps = 4
+        sets = [f"--set={key}={value}" for key, value in {**SMALL_RUN, "train.steps": steps}.items()]
+        flags = (
+            "--role", "trainer", "--host", "127.0.0.2", "--redis-url", urls["redis"],
+            "--env-url", urls["env"], "--engine-url", urls["engine"], model, *sets,
+        )  # fmt: skip
+        training = up(trainer, *flags)
+        metrics = trainer / "run" / "metrics.jsonl"
+        assert wait_until(lambda: metrics.is_file() and metrics.stat().st_size > 0, timeout=240), "no step"
+        pids = (trainer / "pids" / "trainer.pid").read_text()
+        for live in (trainer, services):  # a second run into a live directory: refused, the first goes on
+            assert re.fullmatch(
+                r"vistarl up: \S+ is in use by a live vistarl up \(pid \d+\): .*", refused(live, *flags)
+            )
+        assert (trainer / "pids" / "trainer.pid").read_text() == pids and training.poll() is None
+
+        down = subprocess.run(vistarl_cmd("down", str(trainer)), capture_output=True, text=True, timeout=120)
+        assert down.returncode == 0 and "stopped" in down.stdout, down.stdout + down.stderr
+        assert finish(training, 60) and training.returncode == 128 + signal.SIGTERM
+        trained = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+        last = trained[-1]
+        assert trained == list(range(1, last + 1)) and last < steps, trained  # stopped mid-run
+        assert (trainer / "run" / "checkpoints" / "latest").read_text().strip() == f"step-{last:06d}"
+        log = " ".join((trainer / "logs" / "trainer.log").read_text().split())
+        assert f"stopped after step {last} (SIGTERM)" in log
+
+        earlier = r"vistarl up: \S+ holds an earlier run \(its up.json\): continue it with --resume.*"
+        assert re.fullmatch(earlier, refused(trainer, *flags))
+        resumed = up(trainer, *flags, "--resume")
+        output = finish(resumed, 240)
+        assert resumed.returncode == 0 and output.rstrip().endswith("vistarl up: trainer finished"), output
+        assert f"resuming after step {last}" in (trainer / "logs" / "trainer.log").read_text()
+        assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == list(
+            range(1, steps + 1)
+        )
+
+        down = subprocess.run(vistarl_cmd("down", str(services)), capture_output=True, text=True, timeout=150)
+        assert down.returncode == 0, down.stdout + down.stderr
+        finish(served, 60)
+    finally:
+        stop_process(served)  # type: ignore[arg-type]
+    assert served.returncode == 128 + signal.SIGTERM
+    processes = recorded(services)
+    assert {(p["state"], p["restarts"]) for p in processes.values()} == {
+        ("stopped", 0)
+    }  # unharmed throughout
+    assert not any(alive(p["pid"]) for p in processes.values())
 
 
 def test_a_process_that_keeps_dying_stops_the_run_naming_it_with_its_log(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ the key instead of a silently ignored setting. `load_config` turns pydantic's er
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.parse
 from pathlib import Path
@@ -47,11 +48,15 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+Arch = Literal["auto", "qwen2_5_vl", "qwen3_vl"]
+"""A checkpoint's architecture, as its config.json's `model_type` names it; `auto` takes whichever it is."""
+
+
 class ModelConfig(_Section):
     """The policy checkpoint: a local directory (nothing is downloaded) and how to load it."""
 
     path: str = "runs/tiny-qwen2_5_vl"
-    arch: Literal["auto", "qwen2_5_vl", "qwen3_vl"] = "auto"
+    arch: Arch = "auto"
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     gradient_checkpointing: bool = True
     uncheckpointed_layers: int = Field(
@@ -75,6 +80,21 @@ class ModelConfig(_Section):
         description="the trainer's matmul dtype over float32 master weights; auto: bfloat16 on GPU, "
         "float32 on CPU (sharded runs always compute in bfloat16 on GPU)",
     )
+
+    def check_arch(self, path: Path | None = None, *, named_by: str = "model.arch") -> None:
+        """A ConfigError unless the checkpoint at `path` (default: `path`) is of `arch`: one architecture's
+        checkpoint trained under the other's config runs, with nothing to say the two disagree. `named_by`
+        is where the user set `arch`, for the message."""
+        where = Path(self.path) if path is None else path
+        try:
+            found = json.loads((where / "config.json").read_text()).get("model_type")
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{where} is not a checkpoint directory (its config.json: {exc})") from None
+        if self.arch != "auto" and found != self.arch:
+            raise ConfigError(
+                f"{where} holds a {found} checkpoint (its config.json's model_type), but {named_by} is "
+                f"{self.arch}: set {named_by} to {found} (or auto), or give a {self.arch} checkpoint"
+            )
 
 
 class OpenEnvAdapter(_Section):

@@ -149,6 +149,7 @@ def run_sft(cfg: TrainConfig, *, name: str = "sft", console: Console | None = No
     data_path = cfg.sft.data
     if data_path is None:
         raise ValueError("sft.data is not set: give the JSONL of demonstrations or trajectories to imitate")
+    cfg.model.check_arch()
     init_distributed()
     rank = current_rank()
     device = rank_device()

@@ -19,10 +19,11 @@ Only rank 0 logs; other ranks never build a `RunLogger`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ __all__ = [
     "failure_places",
     "read_metrics",
     "save_trajectory",
+    "timed",
 ]
 
 METRICS_FILE = "metrics.jsonl"
@@ -57,6 +59,16 @@ CURVES = [(REWARD_KEY, "mean reward"), (SUCCESS_KEY, "success rate"), ("train/nl
 """The panels of the curve: RL runs report reward and success, SFT runs their loss."""
 HELD_OUT = {SUCCESS_KEY: ("eval/success_rate", "held out, greedy")}
 """A second line on a panel: the periodic held-out evaluation (`train.eval_every`) over training success."""
+
+
+@contextlib.contextmanager
+def timed(timings: dict[str, float], name: str) -> Iterator[None]:
+    """Add the block's wall time to `timings[name]`: a step's `time/...` metrics."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[name] = timings.get(name, 0.0) + time.perf_counter() - started
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ Rank 0 drives the run; every rank (rank 0 included) carries out each command it 
 - `Train`: one update on a step's trajectories, then a checkpoint if it names the state to save;
 - `Push`: the weights to the engine as a policy version (every rank gathers, rank 0 sends), over a
   connection formed afresh when it says `reconnect` (the engine restarted);
+- `Save`: a checkpoint of the run as a state, outside a step (a run stopped between steps);
 - `Stop`: the run is over.
 
 Rank 0 keeps its own command object as it is. Under torchrun the others receive it as msgpack bytes
@@ -26,7 +27,7 @@ from vistarl.trainer.learner.fsdp import is_distributed
 from vistarl.trainer.rollout.trajectory import Trajectory
 from vistarl.trainer.run.ranks import broadcast_bytes, current_rank
 
-__all__ = ["Push", "RankCommand", "Stop", "Train", "decode", "encode", "share_command"]
+__all__ = ["Push", "RankCommand", "Save", "Stop", "Train", "decode", "encode", "share_command"]
 
 
 @dataclass(frozen=True)
@@ -48,13 +49,22 @@ class Push:
 
 
 @dataclass(frozen=True)
+class Save:
+    """Save the run as `state`: the checkpoint of a run stopped after a step that did not save one."""
+
+    state: TrainerState
+
+
+@dataclass(frozen=True)
 class Stop:
     """The run is over: the other ranks stop following."""
 
 
-RankCommand = Train | Push | Stop
+RankCommand = Train | Push | Save | Stop
 
-_ADAPTERS: dict[str, TypeAdapter[Any]] = {kind.__name__: TypeAdapter(kind) for kind in (Train, Push, Stop)}
+_ADAPTERS: dict[str, TypeAdapter[Any]] = {
+    kind.__name__: TypeAdapter(kind) for kind in (Train, Push, Save, Stop)
+}
 
 
 def encode(command: RankCommand) -> bytes:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import signal
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -32,7 +34,7 @@ from vistarl.trainer.learner.models import Models, load_actor, load_critic, load
 from vistarl.trainer.learner.update import PolicyTrainer
 from vistarl.trainer.rollout.engines.base import Engine
 from vistarl.trainer.rollout.processor import VLProcessor
-from vistarl.trainer.run.rank_commands import Push, RankCommand, Stop, Train, share_command
+from vistarl.trainer.run.rank_commands import Push, RankCommand, Save, Stop, Train, share_command
 from vistarl.trainer.run.ranks import current_rank
 from vistarl.trainer.run.stack import DTYPES
 from vistarl.trainer.weights.sync import WeightSync, weight_sync
@@ -53,6 +55,7 @@ class RankLearner:
         self.distributed = init_distributed()
         self.rank = current_rank()
         self.device = rank_device()
+        cfg.model.check_arch()  # before anything loads: a checkpoint of another architecture is refused
         self.checkpoint = latest_checkpoint(run_dir) if resume else None
         if not resume and latest_checkpoint(run_dir) is not None:
             raise FileExistsError(
@@ -104,7 +107,10 @@ class RankLearner:
         return metrics
 
     async def follow(self) -> None:
-        """The other ranks: carry out rank 0's commands until it sends `Stop`."""
+        """The other ranks: carry out rank 0's commands until it sends `Stop`, ignoring SIGTERM (rank 0
+        decides when the run stops: `vistarl.trainer.run.stopping`)."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         while not isinstance((await self._in_compute(None))[0], Stop):
             pass
 
@@ -122,7 +128,8 @@ class RankLearner:
         return shared, self._carry_out(shared)
 
     def _carry_out(self, command: RankCommand) -> dict[str, float]:
-        """One command on this rank: a `Train`'s update (then its checkpoint), a `Push`, or nothing."""
+        """One command on this rank: a `Train`'s update (then its checkpoint), a `Push`, a `Save`, or
+        nothing."""
         match command:
             case Train(step=step, trajectories=trajectories, checkpoint=state):
                 metrics = {**self.trainer.update(step, trajectories), **_peak_memory(self.device)}
@@ -131,6 +138,8 @@ class RankLearner:
                 return metrics
             case Push(version=version, reconnect=reconnect):
                 self.sync.push(self.trainer.actor, version, reconnect=reconnect)
+            case Save(state=state):
+                self._save(state)
         return {}
 
     def _save(self, state: TrainerState) -> Path:

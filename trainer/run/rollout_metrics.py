@@ -10,7 +10,7 @@ import torch
 from vistarl.trainer.rollout.trajectory import Status
 from vistarl.trainer.run.stack import Gathered, Stack
 
-__all__ = ["left_out", "outcomes", "rollout_metrics", "throughput"]
+__all__ = ["endings", "left_out", "outcomes", "rollout_metrics", "throughput"]
 
 ERRORS_SHOWN = 2
 ERROR_CHARS = 200
@@ -25,7 +25,9 @@ RENAMED = {
 
 
 def rollout_metrics(gathered: Gathered, stack: Stack) -> dict[str, float]:
-    """Reward and env metrics over usable episodes; statuses, lengths and losses over all of them."""
+    """Reward and env metrics over usable episodes; statuses, lengths and losses over all of them; how the
+    episodes of the step's earlier tries ended (`rollout/unusable/<STATUS, missing or stale>`), if it had
+    any."""
     trajectories = gathered.trajectories
     usable = [t for t in trajectories if t.status.played]
     metrics: dict[str, float] = {
@@ -40,6 +42,8 @@ def rollout_metrics(gathered: Gathered, stack: Stack) -> dict[str, float]:
     statuses = Counter(t.status for t in trajectories)
     for status in Status:
         metrics[f"rollout/status/{status.value}"] = float(statuses.get(status, 0))
+    for ending, count in gathered.unusable.items():
+        metrics[f"rollout/unusable/{ending}"] = float(count)
     if trajectories:
         lags = [stack.lag(t) for t in trajectories]
         metrics["rollout/policy_lag"] = sum(lags) / len(lags)
@@ -77,6 +81,15 @@ def throughput(gathered: Gathered, step_s: float) -> dict[str, float]:
         "perf/tokens_per_s": generated / step_s,
         "perf/episodes_per_s": len(gathered.trajectories) / step_s,
     }
+
+
+def endings(*batches: Gathered) -> Counter[str]:
+    """How the episodes of `batches` ended: a count per status, and `missing` and `stale` (none at 0)."""
+    counts: Counter[str] = Counter()
+    for batch in batches:
+        counts.update(t.status.value for t in batch.trajectories)
+        counts.update(missing=batch.missing, stale=batch.stale)
+    return +counts
 
 
 def outcomes(gathered: Gathered) -> str:

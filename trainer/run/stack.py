@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,12 +50,14 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 @dataclass
 class Gathered:
     """The trajectories of one batch of jobs, and what became of the rest; `tries`: the batches a step
-    played to get this one (the earlier ones had nothing to learn from)."""
+    played to get this one (the earlier ones had nothing to learn from), and `unusable`: how those earlier
+    tries' episodes ended (a count per status, `missing` and `stale`)."""
 
     trajectories: list[Trajectory]
     expected: int
     stale: int = 0
     tries: int = 1
+    unusable: Counter[str] = field(default_factory=Counter)
 
     @property
     def missing(self) -> int:

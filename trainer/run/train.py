@@ -15,7 +15,7 @@ One step:
    micro-batches by token budget and accumulated, with gradient clipping and AdamW;
 6. push the weights to the engine (bumping `policy_version`);
 7. log; save a checkpoint every `train.save_every` steps (and at the end: after `train.steps`, or after
-   the first step that ends past `train.max_time_s`).
+   the first step that ends past `train.max_time_s`, or on SIGTERM: `vistarl.trainer.run.stopping`).
 
 In synchronous mode (the default) every episode comes from the current policy: step k+1's jobs are
 enqueued after step k's push, or (`rollout.overlap_resets`) before its update with the engine holding
@@ -32,12 +32,11 @@ push, stop) that every rank's `RankLearner` (`vistarl.trainer.run.rank_learner`)
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -50,12 +49,13 @@ from vistarl.trainer.learner.checkpoint import TrainerState, latest_checkpoint
 from vistarl.trainer.learner.fsdp import init_distributed, rank_device
 from vistarl.trainer.rollout.engines.base import Engine
 from vistarl.trainer.run.directory import agreed_run_dir
-from vistarl.trainer.run.outputs import RunLogger, failure_places
+from vistarl.trainer.run.outputs import RunLogger, failure_places, timed
 from vistarl.trainer.run.prompts import PromptSource, step_jobs
 from vistarl.trainer.run.rank_commands import Stop, Train
 from vistarl.trainer.run.rank_learner import RankLearner
-from vistarl.trainer.run.rollout_metrics import left_out, outcomes, rollout_metrics, throughput
+from vistarl.trainer.run.rollout_metrics import endings, left_out, outcomes, rollout_metrics, throughput
 from vistarl.trainer.run.stack import Gathered, Stack, open_stack
+from vistarl.trainer.run.stopping import StopRequest, checkpoint_last_step
 from vistarl.trainer.run.weight_keeper import WeightKeeper
 
 __all__ = ["TrainResult", "run_training"]
@@ -66,12 +66,13 @@ Submit = Callable[[int, int, int], Awaitable[None]]
 
 @dataclass
 class TrainResult:
-    """What a finished run reports."""
+    """What a finished run reports; `stopped`: SIGTERM ended it before its last step."""
 
     run_dir: Path
     steps: int
     history: list[dict[str, float]]
     checkpoint: Path | None
+    stopped: bool = False
 
 
 class _Lead:
@@ -91,6 +92,7 @@ class _Lead:
             wandb=cfg.logging.wandb,
             console=console,
         )
+        self.stop = StopRequest(self.logger.note)
 
     async def run(self, engine: Engine | None) -> TrainResult:
         """The step loop inside the stack; the other ranks are stopped however it ends."""
@@ -99,6 +101,7 @@ class _Lead:
         self.logger.note(f"run directory: {self.run_dir}{resumed}")
         try:
             async with (
+                self.stop.watching(),
                 open_stack(
                     self.cfg,
                     learner.processor,
@@ -110,11 +113,13 @@ class _Lead:
                 learner.sending_to(stack.engine),
             ):
                 await self._loop(stack)
+            if stopped := self.stop.asked and self.state.step < self.cfg.train.steps:
+                await checkpoint_last_step(learner, self.state, self.logger.note)
         finally:
             await learner.command(Stop())
             self.logger.close()
         history = self.logger.history
-        return TrainResult(self.run_dir, self.state.step, history, latest_checkpoint(self.run_dir))
+        return TrainResult(self.run_dir, self.state.step, history, latest_checkpoint(self.run_dir), stopped)
 
     async def _loop(self, stack: Stack) -> None:
         """Steps `state.step + 1 .. train.steps` (see the module docstring)."""
@@ -159,15 +164,15 @@ class _Lead:
         async with keeper.updating(), stack.holding(hold):
             if ahead:
                 await submit(step + 1, 0, state.policy_version if hold else self.state.policy_version)
-            with _timed(timings, "time/train"):
+            with timed(timings, "time/train"):
                 metrics = await self.learner.command(train)
-            with _timed(timings, "time/sync"):
+            with timed(timings, "time/sync"):
                 await keeper.push(state.policy_version)
         self.state = state
         if not ahead and not last:
             await submit(step + 1, 0, state.policy_version)
         if cfg.train.eval_every and step % cfg.train.eval_every == 0:
-            with _timed(timings, "time/eval"):
+            with timed(timings, "time/eval"):
                 out_dir = self.run_dir / "eval" / f"step-{step:06d}"
                 metrics.update(
                     await evaluate(
@@ -190,8 +195,9 @@ class _Lead:
         and is played again, up to `train.max_unusable_steps` tries in a row, then the run stops."""
         cfg = self.cfg
         tries = cfg.train.max_unusable_steps
+        played_again: list[Gathered] = []
         for attempt in range(1, tries + 1):
-            gathered = await stack.gather(f"s{step}", cfg.rollout.collect_timeout_s)
+            gathered = await self.stop.unless_asked(stack.gather(f"s{step}", cfg.rollout.collect_timeout_s))
             if not gathered.trajectories:
                 raise RuntimeError(
                     f"step {step}: no episode finished within rollout.collect_timeout_s="
@@ -199,7 +205,8 @@ class _Lead:
                     f"{gathered.stale} stale); see {failure_places(cfg, self.run_dir)}"
                 )
             if any(t.trainable for t in gathered.trajectories):
-                return replace(gathered, tries=attempt)
+                return replace(gathered, tries=attempt, unusable=endings(*played_again))
+            played_again.append(gathered)
             if attempt == tries:
                 self.logger.note(f"step {step}: nothing to learn from ({outcomes(gathered)})")
                 break
@@ -211,16 +218,6 @@ class _Lead:
             f"(train.max_unusable_steps={tries}) against the env {stack.env}: {outcomes(gathered)}; "
             f"errors: {'; '.join(errors[:3]) or 'none reported'}; see {failure_places(cfg, self.run_dir)}"
         )
-
-
-@contextlib.contextmanager
-def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
-    """Add the block's wall time to `timings[name]`."""
-    started = time.perf_counter()
-    try:
-        yield
-    finally:
-        timings[name] = timings.get(name, 0.0) + time.perf_counter() - started
 
 
 async def run_training(

@@ -17,6 +17,13 @@ engine_app = typer.Typer(help="Generation engines.", no_args_is_help=True)
 @engine_app.command("serve")
 def serve(
     model: Annotated[Path, typer.Option(exists=True, file_okay=False, help="HF checkpoint directory.")],
+    arch: Annotated[
+        str,
+        typer.Option(
+            help="The architecture the checkpoint must be, as a config's model.arch: qwen2_5_vl, qwen3_vl, "
+            "or auto (either)."
+        ),
+    ] = "auto",
     host: Host = None,
     port: Annotated[int | None, typer.Option(help="TCP port, 30000 by default. (env VISTARL_PORT)")] = None,
     device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N. (env VISTARL_DEVICE)")] = None,
@@ -43,8 +50,15 @@ def serve(
     ] = None,
 ) -> None:
     """Serve a checkpoint with the HF engine over SGLang's /generate API. VISTARL_API_TOKEN sets a token."""
-    import uvicorn
     from pydantic import ValidationError
+
+    from vistarl.trainer.config import ConfigError, ModelConfig
+
+    try:  # before torch loads: a checkpoint of another architecture is refused at once
+        ModelConfig.model_validate({"path": str(model), "arch": arch}).check_arch(named_by="--arch")
+    except (ConfigError, ValidationError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--model/--arch") from None
+    import uvicorn
 
     from vistarl.trainer.rollout.engines.hf import HFEngine
     from vistarl.trainer.rollout.engines.server import EngineServerSettings, create_app

@@ -19,7 +19,7 @@ GROUPS = (
     "train", "up"
 )  # fmt: skip
 """The modules of `cli` that hold the commands, in the order `vistarl --help` lists them."""
-COMMANDS_ELSEWHERE = {"sft": "train", "eval": "train", "status": "up"}
+COMMANDS_ELSEWHERE = {"sft": "train", "eval": "train", "status": "up", "down": "up"}
 """The commands whose module has another name."""
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -51,7 +52,8 @@ def train(
         bool, typer.Option("--resume", help="Continue from the run directory's latest checkpoint.")
     ] = False,
 ) -> None:
-    """Train a policy as the config says; with no URLs in it, the whole stack runs on this machine."""
+    """Train a policy as the config says; with no URLs in it, the whole stack runs on this machine. SIGTERM
+    stops it between steps with a checkpoint of the last one (exit 143); `--resume` continues it."""
     from vistarl.trainer.run.directory import run_name
     from vistarl.trainer.run.train import run_training
 
@@ -64,6 +66,10 @@ def train(
     except (FileExistsError, RuntimeError, TimeoutError, OSError, ValueError) as exc:
         console.print(f"[red]training failed:[/red] {exc}")
         raise typer.Exit(1) from None
+    if result.stopped:
+        console.print(f"stopped after step {result.steps} (SIGTERM); checkpoint: {result.checkpoint}")
+        console.print("`--resume` with the same run directory continues the run")
+        raise typer.Exit(128 + signal.SIGTERM)
     if result.history:
         console.print(f"finished {result.steps} steps; metrics, reward curve and samples in {result.run_dir}")
         console.print(f"checkpoint: {result.checkpoint}")
@@ -131,6 +137,8 @@ def eval_command(
     if dummy and checkpoint is None and not model_path.is_dir():
         model_path = _player_processor(cfg, run_dir)
         console.print(f"no checkpoint at {cfg.model.path}: the random player tokenizes with {model_path}")
+    if not dummy:
+        _check_arch(cfg, model_path)
 
     async def main() -> dict[str, float]:
         processor = await asyncio.to_thread(VLProcessor.from_pretrained, model_path)
@@ -154,6 +162,16 @@ def eval_command(
     console.print(table)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     console.print(f"images, trajectories and summary.json saved under {run_dir}")
+
+
+def _check_arch(cfg: TrainConfig, checkpoint: Path) -> None:
+    """A usage error unless `checkpoint` is of the config's `model.arch`."""
+    from vistarl.trainer.config import ConfigError
+
+    try:
+        cfg.model.check_arch(checkpoint)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--checkpoint/--set model.arch") from None
 
 
 def _player_processor(cfg: TrainConfig, run_dir: Path) -> Path:

@@ -11,8 +11,9 @@ and so are the stop grace periods; the engine waits for the trainer's weights be
 
 `--role` narrows a host to its part of a larger run: each part the roles leave out, or whose URL is
 given (`--redis-url`, `--env-url`, `--engine-url`), is not started here, and the processes that need it
-use the URL. Servers bind `host`; on loopback each takes a free port, on another interface the compose
-file's (Redis 6379, env 8000, engine 30000, worker metrics 9100 and up), which other hosts name.
+use the URL. Servers bind `host`; on a loopback address each takes a free port, on any other the compose
+file's (Redis 6379, env 8000, engine 30000, worker metrics 9100 and up), which other hosts name. The
+processes here, and the readiness checks, reach them at the address they listen on (`addresses.py`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from vistarl.launcher.addresses import is_loopback, reach
 from vistarl.serving.launch import free_port
 from vistarl.trainer.config import ConfigError, TrainConfig, load_config
 
@@ -45,8 +47,9 @@ ROLES: tuple[Role, ...] = ("redis", "env", "engine", "workers", "trainer")
 LOOPBACK = "127.0.0.1"
 COMPOSE_PORTS = {"redis": 6379, "env": 8000, "engine": 30000, "workers": 9100}
 """The ports of docker-compose.yml's services, which servers take when they listen beyond loopback."""
-STOP_GRACE_S = {"redis": 10.0, "env": 20.0, "engine": 10.0, "workers": 45.0, "trainer": 10.0}
-"""docker-compose.yml's `stop_grace_period` of each part (10 s, Compose's default, where it sets none)."""
+STOP_GRACE_S = {"redis": 10.0, "env": 20.0, "engine": 10.0, "workers": 45.0, "trainer": 30.0}
+"""docker-compose.yml's `stop_grace_period` of each part (10 s, Compose's default, where it sets none); the
+trainer's 30 s are for the checkpoint it saves on SIGTERM, and torchrun's own bound on its ranks' exit."""
 START_TIMEOUT_S = {"redis": 30.0, "env": 120.0, "engine": 1200.0, "workers": 120.0, "trainer": 0.0}
 """How long a process may take to answer its readiness check (a big checkpoint loads for minutes)."""
 WORKER_SHUTDOWN_GRACE_S = 30.0
@@ -77,6 +80,7 @@ class UpOptions:
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str | None = None
+    resume: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,22 +115,23 @@ def plan_processes(options: UpOptions) -> Plan:
     cfg = _load(options, options.overrides)
     _check(options, cfg)
     ports = _Ports(options.host)
+    near = reach(options.host)
     specs: list[ProcessSpec] = []
     redis_url = options.redis_url
     if redis_url is None and "redis" in options.roles:
         port = ports.take("redis")
-        redis_url = f"redis://{LOOPBACK}:{port}/0"
+        redis_url = f"redis://{near}:{port}/0"
         specs.append(_redis(options, port))
     env_url = options.env_url
     if env_url is None and "env" in options.roles:
         assert redis_url is not None  # _check: the env server keeps its sessions in Redis
         port = ports.take("env")
-        env_url = f"http://{LOOPBACK}:{port}"
+        env_url = f"http://{near}:{port}"
         specs.append(_env_server(options, cfg, port, redis_url))
     engine_url = options.engine_url
     if engine_url is None and "engine" in options.roles:
         port = ports.take("engine")
-        engine_url = f"http://{LOOPBACK}:{port}"
+        engine_url = f"http://{near}:{port}"
         specs.append(_engine(options, cfg, port))
     urls = {"redis": redis_url, "env": env_url, "engine": engine_url}
     if "workers" in options.roles:
@@ -194,10 +199,10 @@ def _check(options: UpOptions, cfg: TrainConfig) -> None:
 
 
 class _Ports:
-    """Free loopback ports, or the compose file's ports when servers listen beyond loopback."""
+    """Free ports when servers listen on loopback, the compose file's ports when they listen beyond it."""
 
     def __init__(self, host: str) -> None:
-        self.fixed = host != LOOPBACK
+        self.fixed = not is_loopback(host)
 
     def take(self, part: str, index: int = 0) -> int:
         """The port of `part`'s server number `index`."""
@@ -212,11 +217,11 @@ def _redis(options: UpOptions, port: int) -> ProcessSpec:
         "redis-server", "--appendonly", "yes", "--appendfsync", "always", "--maxmemory-policy", "noeviction",
         "--port", str(port), "--bind", options.host, "--dir", str(data.resolve()),
     ]  # fmt: skip
-    if options.host != LOOPBACK:
+    if not is_loopback(options.host):
         argv += ["--protected-mode", "no"]  # other hosts connect; no password, as in compose
     return ProcessSpec(
-        "redis", "redis", tuple(argv), ready=f"tcp://{LOOPBACK}:{port}", stop_grace_s=STOP_GRACE_S["redis"],
-        start_timeout_s=START_TIMEOUT_S["redis"],
+        "redis", "redis", tuple(argv), ready=f"tcp://{reach(options.host)}:{port}",
+        stop_grace_s=STOP_GRACE_S["redis"], start_timeout_s=START_TIMEOUT_S["redis"],
     )  # fmt: skip
 
 
@@ -227,22 +232,24 @@ def _env_server(options: UpOptions, cfg: TrainConfig, port: int, redis_url: str)
         "serve", cfg.env.name, "--host", options.host, "--port", str(port), "--session-store", sessions
     )
     return ProcessSpec(
-        _safe_name(cfg.env.name), "env", argv, ready=f"http://{LOOPBACK}:{port}/health",
+        _safe_name(cfg.env.name), "env", argv, ready=f"http://{reach(options.host)}:{port}/health",
         stop_grace_s=STOP_GRACE_S["env"], start_timeout_s=START_TIMEOUT_S["env"],
     )  # fmt: skip
 
 
 def _engine(options: UpOptions, cfg: TrainConfig, port: int) -> ProcessSpec:
-    """`vistarl engine serve` on the run's checkpoint, on the engine GPU (or the CPU), awaiting weights."""
+    """`vistarl engine serve` on the run's checkpoint (of `model.arch`), on the engine GPU (or the CPU),
+    awaiting weights."""
     device = "cuda" if options.engine_gpus else "cpu"
     argv = vistarl(
-        "engine", "serve", "--model", str(cfg.model.path), "--host", options.host, "--port", str(port),
-        "--device", device, "--await-weights",
+        "engine", "serve", "--model", str(cfg.model.path), "--arch", cfg.model.arch, "--host", options.host,
+        "--port", str(port), "--device", device, "--await-weights",
     )  # fmt: skip
     if "VISTARL_MAX_BATCH_SIZE" not in os.environ:  # batch every episode the workers run at once
         argv += ("--max-batch-size", str(options.workers * cfg.rollout.concurrency))
     return ProcessSpec(
-        "engine", "engine", argv, env=_visible(options.engine_gpus), ready=f"http://{LOOPBACK}:{port}/health",
+        "engine", "engine", argv, env=_visible(options.engine_gpus),
+        ready=f"http://{reach(options.host)}:{port}/health",
         stop_grace_s=STOP_GRACE_S["engine"], start_timeout_s=START_TIMEOUT_S["engine"],
     )  # fmt: skip
 
@@ -262,24 +269,26 @@ def _worker(
         f"--shutdown-grace-s={WORKER_SHUTDOWN_GRACE_S:g}",
     )
     return ProcessSpec(
-        f"worker-{index}", "workers", argv, ready=f"http://{LOOPBACK}:{port}/metrics",
+        f"worker-{index}", "workers", argv, ready=f"http://{reach(options.host)}:{port}/metrics",
         stop_grace_s=STOP_GRACE_S["workers"], start_timeout_s=START_TIMEOUT_S["workers"],
     )  # fmt: skip
 
 
 def _trainer(options: UpOptions, urls: dict[str, str | None]) -> ProcessSpec:
     """`vistarl train` on the config, its rollouts through the queue, the external workers and the engine
-    server, weights pushed over NCCL; under torchrun on the trainer GPUs (and nodes), plainly on the CPU."""
+    server, weights pushed over NCCL unless the user's `--set sync.mode` says otherwise (the defaults come
+    before the user's overrides, the URLs after); under torchrun on the trainer GPUs (and nodes), plainly on
+    the CPU; with `--resume` when the run resumes."""
     overrides = [
         f"train.run_dir={options.out.resolve() / 'run'}",
+        "sync.mode=nccl",
         *options.overrides,
         f"rollout.queue={urls['redis']}",
         "rollout.local_workers=0",
         f"rollout.engine=sglang:{urls['engine']}",
         f"env.url={urls['env']}",
-        "sync.mode=nccl",
     ]
-    if options.host == LOOPBACK:
+    if is_loopback(options.host):
         overrides.append(f"sync.master_port={free_port()}")
     train = (
         "-m",
@@ -287,10 +296,14 @@ def _trainer(options: UpOptions, urls: dict[str, str | None]) -> ProcessSpec:
         "train",
         "--config",
         str(options.config),
+        *(("--resume",) if options.resume else ()),
         *(f"--set={o}" for o in overrides),
     )
     if not options.trainer_gpus:  # on the CPU, even where GPUs are
-        return ProcessSpec("trainer", "trainer", (sys.executable, *train), env=_visible(()), restart=False)
+        return ProcessSpec(
+            "trainer", "trainer", (sys.executable, *train), env=_visible(()), restart=False,
+            stop_grace_s=STOP_GRACE_S["trainer"],
+        )  # fmt: skip
     nodes: tuple[str, ...] = ("--standalone",)
     if options.nnodes > 1:  # static rendezvous: global rank 0, which drives the run, is on node rank 0
         address, _, port = (options.rdzv_endpoint or "").rpartition(":")

@@ -1,8 +1,10 @@
-"""What `vistarl status DIR` reports of a `vistarl up` run: each process's state, the last step, and the
-step breakdown: where a step's time goes, throughput, what each episode took, the engine and trainer
-agreeing on logprobs, the episodes a step could not use, and how long each GPU sat idle.
+"""What `vistarl status DIR` reports of a `vistarl up` run: each process's state, the last step, the
+step breakdown (where a step's time goes, throughput, what each episode took, the engine and trainer
+agreeing on logprobs, how long each GPU sat idle) and the failures: each kind of episode a step could not
+learn from (ABORTED, FAILED, missing, stale) and its tries with nothing to learn from, per step and in all,
+those of the tries the trainer played again included.
 
-It reads what the run writes: `DIR/up.json` (the plan), `DIR/processes.json` and the pid files (the
+It reads what the run writes: `DIR/up.json` (the plan), `DIR/processes.json` and `DIR/up.lock` (the
 supervisor's), the trainer's `metrics.jsonl` (one record per step) and `DIR/gpus.jsonl` (the GPU
 samples). A GPU's idle time in a step is the step's time times the mean share of its samples, over the
 step's span, in which no kernel ran; its peak memory the most any sample of the span saw.
@@ -18,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from vistarl.launcher.gpus import SAMPLES_FILE
+from vistarl.launcher.lock import held_by
 from vistarl.launcher.supervisor import PROCESSES_FILE
 
-__all__ = ["COUNTS", "FIGURES", "PLAN_FILE", "RunStatus", "alive", "read_jsonl", "step_figures"]
+__all__ = ["COUNTS", "FAILURES", "FIGURES", "PLAN_FILE", "RunStatus", "alive", "read_jsonl", "step_figures"]
 
 PLAN_FILE = "up.json"
 METRICS_FILE = "metrics.jsonl"
@@ -44,15 +47,17 @@ FIGURES: tuple[tuple[str, str], ...] = (
     ("perf/peak_memory_gib", "trainer rank 0 peak memory (GiB)"),
 )
 """The per-step figures, by metric name (`share/...`: derived by `step_figures`), with their labels."""
-COUNTS: tuple[tuple[str, str, bool], ...] = (
-    ("rollout/unusable_tries", "tries with nothing to learn from", False),
-    ("rollout/missing", "episodes lost (no trajectory came)", False),
-    ("rollout/duplicates", "duplicate results dropped", True),
-    ("rollout/stale", "stale episodes left out", False),
-    ("rollout/status/FAILED", "FAILED episodes", False),
-    ("rollout/status/ABORTED", "ABORTED episodes", False),
+COUNTS: tuple[tuple[str, str], ...] = (("rollout/duplicates", "duplicate results dropped"),)
+"""Running totals the trainer logs: (metric, label)."""
+FAILURES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("ABORTED", ("rollout/status/ABORTED", "rollout/unusable/ABORTED")),
+    ("FAILED", ("rollout/status/FAILED", "rollout/unusable/FAILED")),
+    ("missing", ("rollout/missing", "rollout/unusable/missing")),
+    ("stale", ("rollout/stale", "rollout/unusable/stale")),
+    ("unusable tries", ("rollout/unusable_tries",)),
 )
-"""Counts over the run: (metric, label, whether the metric is already a running total)."""
+"""Each kind of failure a step's record counts, and its metrics: the step's trained try and the tries it
+played again (`rollout/unusable/...`, docs/training.md, "Metrics")."""
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -108,8 +113,8 @@ class RunStatus:
 
     @property
     def supervisor_alive(self) -> bool:
-        """Whether the `vistarl up` process that runs this directory is alive."""
-        return alive(_pid(self.out / "pids" / "up.pid"))
+        """Whether a live `vistarl up` runs this directory (it holds the directory's lock)."""
+        return held_by(self.out) is not None
 
     def processes(self) -> list[dict[str, Any]]:
         """Each process of the plan: name, role, pid, state, restarts and last exit code. A process
@@ -143,13 +148,26 @@ class RunStatus:
         return rows
 
     def counts(self) -> list[tuple[str, float]]:
-        """(label, total over the run) of each count the run reports."""
+        """(label, total over the run) of each running total the run reports."""
+        return [
+            (label, values[-1])
+            for key, label in COUNTS
+            if (values := [s[key] for s in self.steps if key in s])
+        ]
+
+    def failures(self) -> list[dict[str, float]]:
+        """Each step with a failure of any kind (`FAILURES`): its step and the count of each kind."""
         rows = []
-        for key, label, running in COUNTS:
-            values = [s[key] for s in self.steps if key in s]
-            if values:
-                rows.append((label, values[-1] if running else sum(values)))
+        for step in self.steps:
+            row = {kind: sum(step.get(key, 0.0) for key in keys) for kind, keys in FAILURES}
+            if any(row.values()):
+                rows.append({"step": step["step"], **row})
         return rows
+
+    def failure_totals(self) -> dict[str, float]:
+        """The count of each kind of failure over the whole run."""
+        rows = self.failures()
+        return {kind: sum(row[kind] for row in rows) for kind, _ in FAILURES}
 
 
 def _gpu_figures(steps: list[dict[str, float]]) -> list[tuple[str, str]]:
@@ -163,14 +181,6 @@ def _gpu_figures(steps: list[dict[str, float]]) -> list[tuple[str, str]]:
             (f"gpu/{index}/peak_mib", f"GPU {index} peak memory (MiB)"),
         )
     ]
-
-
-def _pid(path: Path) -> int | None:
-    """The pid a pid file holds, if it exists."""
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
 
 
 def alive(pid: int | None) -> bool:
