@@ -27,8 +27,6 @@ from vistarl.trainer.modeling.attention import (
 )
 from vistarl.trainer.rollout.processor import VLProcessor
 
-cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="the varlen kernel runs on CUDA only")
-
 
 def reference_varlen_attn(
     q: torch.Tensor,
@@ -130,7 +128,7 @@ def test_sequence_sdpa_runs_a_packed_row_as_sdpa(tiny_checkpoints: dict[str, Pat
     assert text.config._attn_implementation == SDPA_ATTENTION
 
 
-@cuda_only
+@pytest.mark.gpu
 @pytest.mark.parametrize("arch", ARCHS)
 def test_varlen_kernel_packed_matches_unpacked_in_bf16(tiny_checkpoints: dict[str, Path], arch: str) -> None:
     """On GPU in bf16: packed rows on the real kernel score like each sequence alone, and like SDPA."""
