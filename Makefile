@@ -61,8 +61,9 @@ slow-test: install
 	$(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile --durations=10 -m slow
 
 # The tests marked gpu, which need CUDA and are skipped without it, so CI (CPUs only) never runs them: the
-# varlen FlashAttention kernel on packed rows, and the HF engine's decode steps captured in CUDA graphs
-# against eager ones. Run it on a machine with a GPU.
+# varlen FlashAttention kernel (packed rows, and cached keys before a prompt's rest), the HF engine's decode
+# steps captured in CUDA graphs against eager ones, and its prefix cache on the static cache in graphs.
+# Run it on a machine with a GPU (docs/engines.md, "Prefix cache").
 gpu-test: install
 	$(PY) -m pytest -q -p no:cacheprovider --durations=10 -m gpu
 
