@@ -22,7 +22,7 @@ from vistarl.clients.images import encode_image
 from vistarl.trainer.rollout.engines.base import GenerateRequest, GenerateResult
 from vistarl.trainer.rollout.engines.hf import HFEngine
 from vistarl.trainer.rollout.engines.hf.prefix_cache import BLOCK, PrefixCache, PromptKey
-from vistarl.trainer.rollout.engines.server import create_app
+from vistarl.trainer.rollout.engines.server import EngineServerSettings, create_app
 from vistarl.trainer.rollout.engines.sglang_api import SamplingParams
 from vistarl.trainer.rollout.processor import VLProcessor
 
@@ -342,6 +342,15 @@ async def test_flush_cache_empties_it_and_metrics_count_cached_and_computed_toke
         again = (await http.post("/generate", json=turn)).json()["meta_info"]
         assert again["cached_tokens"] == 0
     await engine.close()
+
+
+def test_vistarl_engine_serve_turns_it_off_or_bounds_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--no-prefix-cache` and `--prefix-cache-mb N` (or their variables) set the engine's bound; 0: off."""
+    monkeypatch.setenv("VISTARL_PREFIX_CACHE_MB", "16")
+    assert EngineServerSettings().prefix_cache_bound_mb == 16
+    assert EngineServerSettings(prefix_cache=False).prefix_cache_bound_mb == 0
+    monkeypatch.setenv("VISTARL_PREFIX_CACHE", "false")
+    assert EngineServerSettings().prefix_cache_bound_mb == 0
 
 
 @pytest.mark.gpu
