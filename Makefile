@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: slow-test install demo test lint typecheck deploy-check pytest compose-test bench clean
+.PHONY: slow-test gpu-test install demo test lint typecheck deploy-check pytest compose-test bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -59,6 +59,13 @@ pytest: install
 slow-test: install
 	bash scripts/ensure-redis.sh
 	$(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile --durations=10 -m slow
+
+# The tests marked gpu, which need CUDA and are skipped without it, so CI (CPUs only) never runs them: the
+# varlen FlashAttention kernel (packed rows, and cached keys before a prompt's rest), the HF engine's decode
+# steps captured in CUDA graphs against eager ones, and its prefix cache on the static cache in graphs.
+# Run it on a machine with a GPU (docs/engines.md, "Prefix cache").
+gpu-test: install
+	$(PY) -m pytest -q -p no:cacheprovider --durations=10 -m gpu
 
 # Lint, mypy and the deploy checks run beside pytest, each check's output whole when it ends (-Otarget);
 # pytest prints as it goes. Every check and pytest run to the end; any failure fails `make test`.

@@ -45,10 +45,21 @@ SLOW_FIRST = (
 starts last and keeps one worker busy after the others are done."""
 
 
+NO_GPU = pytest.mark.skip(reason="needs CUDA, which CI's machines lack: `make gpu-test` runs it on a GPU")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The files of `SLOW_FIRST` first, in that order, then the rest as collected; each file stays whole."""
+    """The files of `SLOW_FIRST` first, in that order, then the rest as collected; each file stays whole.
+    Tests marked `gpu` are skipped where CUDA is not available."""
     rank = {name: at for at, name in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            for item in gpu:
+                item.add_marker(NO_GPU)
 
 
 @pytest.fixture(scope="session")

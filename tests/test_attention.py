@@ -27,8 +27,6 @@ from vistarl.trainer.modeling.attention import (
 )
 from vistarl.trainer.rollout.processor import VLProcessor
 
-cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="the varlen kernel runs on CUDA only")
-
 
 def reference_varlen_attn(
     q: torch.Tensor,
@@ -130,7 +128,7 @@ def test_sequence_sdpa_runs_a_packed_row_as_sdpa(tiny_checkpoints: dict[str, Pat
     assert text.config._attn_implementation == SDPA_ATTENTION
 
 
-@cuda_only
+@pytest.mark.gpu
 @pytest.mark.parametrize("arch", ARCHS)
 def test_varlen_kernel_packed_matches_unpacked_in_bf16(tiny_checkpoints: dict[str, Path], arch: str) -> None:
     """On GPU in bf16: packed rows on the real kernel score like each sequence alone, and like SDPA."""
@@ -155,3 +153,66 @@ def test_varlen_kernel_packed_matches_unpacked_in_bf16(tiny_checkpoints: dict[st
     grads = [p.grad for p in lm.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads)
     assert lm.model.visual.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
+
+
+def cached_prefix_row(device: str, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """A packed row of three sequences (13, 7 and 20 tokens, 8 query heads, 2 kv heads) whose first 9, 0 and
+    16 tokens are cached: each sequence's queries are its other tokens', its keys all of its tokens'; what
+    the row must give (each sequence attended whole, causal, at those queries); and the queries' and the
+    keys' `cu_seqlens`."""
+    generator = torch.Generator().manual_seed(0)
+    lengths, cached = [13, 7, 20], [9, 0, 16]
+    whole = [torch.randn(3, 1, 8, n, 16, generator=generator) for n in lengths]
+    query = torch.cat([w[0, :, :, c:] for w, c in zip(whole, cached, strict=True)], dim=2)
+    key = torch.cat([w[1, :, :2] for w in whole], dim=2)
+    value = torch.cat([w[2, :, :2] for w in whole], dim=2)
+    expected = torch.cat(
+        [
+            F.scaled_dot_product_attention(w[0], w[1, :, :2], w[2, :, :2], is_causal=True, enable_gqa=True)[
+                :, :, c:
+            ]
+            for w, c in zip(whole, cached, strict=True)
+        ],
+        dim=2,
+    ).transpose(1, 2)
+    ends = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+    computed = torch.tensor([0, *itertools.accumulate(n - c for n, c in zip(lengths, cached, strict=True))])
+    tensors = (query, key, value, expected, computed.int(), ends)
+    return tuple(t.to(device, dtype) if t.is_floating_point() else t.to(device) for t in tensors)
+
+
+def test_cached_keys_put_the_causal_mask_at_the_sequences_end() -> None:
+    """With fewer queries than keys (a prompt pass after a cached prefix), each query attends to the keys up
+    to its own token, as in the whole sequence's attention."""
+    query, key, value, expected, cu_q, cu_k = cached_prefix_row("cpu", torch.float32)
+    out, _ = attention.sequence_sdpa_attention(
+        torch.nn.Module(),
+        query,
+        key,
+        value,
+        None,
+        is_causal=True,
+        packed_cu_seqlens=cu_q,
+        packed_cu_seqlens_k=cu_k,
+    )
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_the_varlen_kernel_with_cached_keys_puts_the_causal_mask_at_the_end() -> None:
+    """On the GPU, FlashAttention with the keys' bounds apart from the queries' aligns its causal mask at each
+    sequence's end (bottom right), in bf16."""
+    query, key, value, expected, cu_q, cu_k = cached_prefix_row("cuda", torch.bfloat16)
+    out, _ = attention.varlen_attention(
+        torch.nn.Module(),
+        query,
+        key,
+        value,
+        None,
+        is_causal=True,
+        packed_cu_seqlens=cu_q,
+        packed_max_seqlen=7,
+        packed_cu_seqlens_k=cu_k,
+        packed_max_seqlen_k=20,
+    )
+    torch.testing.assert_close(out.float(), expected.float(), rtol=0, atol=2e-2)

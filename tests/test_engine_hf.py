@@ -293,7 +293,7 @@ async def test_the_static_kv_cache_decodes_as_the_dynamic_one(
         np.testing.assert_allclose(static.logprobs, dynamic.logprobs, atol=ATOL)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
 async def test_captured_steps_replay_as_eager_ones_across_batches_and_joins(
     request: pytest.FixtureRequest, arch: str

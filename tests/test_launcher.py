@@ -74,6 +74,7 @@ def test_the_cpu_plan_is_the_compose_files_services_on_this_hosts_ports(
     assert "--await-weights" in engine and flag(engine, "--device") == "cpu"
     assert flag(engine, "--max-batch-size") == "16"  # the tiny config's 8 episodes a worker, 2 workers
     assert flag(engine, "--model") == str(tiny_qwen25)
+    assert flag(engine, "--prefix-cache-mb") == "8192"  # rollout.prefix_cache_mb
     trainer = specs["trainer"]
     assert trainer.argv[:4] == (sys.executable, "-m", "vistarl.cli.main", "train") and not trainer.restart
     sets = [arg.removeprefix("--set=") for arg in trainer.argv if arg.startswith("--set=")]

@@ -263,6 +263,14 @@ class RolloutConfig(_Section):
         description="the embedded engine captures each decode step from its static KV cache on a GPU in a "
         "CUDA graph and replays it (off: the same step runs eagerly, about 4x slower at 3B; docs/engines.md)",
     )
+    prefix_cache: bool = Field(
+        default=True,
+        description="the embedded engine keeps finished requests' KV cache, so an episode's next turn "
+        "prefills only what it adds to the last one (docs/engines.md, 'Prefix cache')",
+    )
+    prefix_cache_mb: int = Field(
+        default=8192, ge=1, description="the prefix cache's bound in MiB on the engine's device (LRU)"
+    )
     queue: str | None = Field(default=None, pattern=r"^(redis|rediss|unix)://\S+$")
     local_workers: int = Field(default=1, ge=0, description="in-process rollout workers; 0: external ones")
     collect_timeout_s: float = Field(default=1800.0, gt=0, description="longest wait for one step's episodes")

@@ -12,7 +12,10 @@ layer where the row's text positions restart at 0.
 
 Where the kernel cannot run (the CPU, float32), `SEQUENCE_SDPA_ATTENTION` computes the same packed row with
 SDPA once per sequence, from the same bounds: the HF engine's prompt pass runs on one or the other
-(`attention_for`), and a dense block mask over a row of many prompts would be quadratic in the row.
+(`attention_for`), and a dense block mask over a row of many prompts would be quadratic in the row. In that
+pass a prompt whose first tokens came from the engine's prefix cache has fewer queries than keys: the keys'
+bounds come apart from the queries' (`packed_attention_kwargs`' `keys`), and each query attends to the keys
+up to its own position, the causal mask aligned at the sequence's end (FlashAttention's alignment).
 
 The HF engine's decode steps run `GROUPED_DECODE_ATTENTION`: one query token a row against its cache slot,
 the query heads that share a kv head passed to SDPA as that head's queries, so each cached key and value is
@@ -72,12 +75,18 @@ def sequence_bounds(
     return cu_seqlens, int(cu_seqlens.diff().max())
 
 
-def packed_attention_kwargs(config: PretrainedConfig, bounds: SequenceBounds) -> dict[str, object]:
+def packed_attention_kwargs(
+    config: PretrainedConfig, bounds: SequenceBounds, keys: SequenceBounds | None = None
+) -> dict[str, object]:
     """Backbone kwargs that give every decoder layer the packed row's sequence bounds (`{}` unless a packed
-    implementation)."""
+    implementation): the queries', and the keys' where they differ (each sequence's keys end with its
+    queries' tokens, after tokens whose keys and values were cached)."""
     if config._attn_implementation not in _PACKED:
         return {}
-    return {"packed_cu_seqlens": bounds.cu_seqlens, "packed_max_seqlen": bounds.longest}
+    kwargs: dict[str, object] = {"packed_cu_seqlens": bounds.cu_seqlens, "packed_max_seqlen": bounds.longest}
+    if keys is not None:
+        kwargs |= {"packed_cu_seqlens_k": keys.cu_seqlens, "packed_max_seqlen_k": keys.longest}
+    return kwargs
 
 
 def varlen_attention(
@@ -95,9 +104,12 @@ def varlen_attention(
     max_length_q: int | None = None,
     packed_cu_seqlens: torch.Tensor | None = None,
     packed_max_seqlen: int | None = None,
+    packed_cu_seqlens_k: torch.Tensor | None = None,
+    packed_max_seqlen_k: int | None = None,
     **_: object,
 ) -> tuple[torch.Tensor, None]:
-    """HF attention function: `[B, H, T, D]` q/k/v (k/v may have fewer heads) to `[B, T, H, D]`.
+    """HF attention function: `[B, H, T, D]` q/k/v (k/v may have fewer heads, and in a packed row with
+    `packed_*_k` bounds more tokens) to `[B, T, H, D]`.
 
     Vision blocks pass `cu_seq_lens_q`; decoder layers get `packed_*` from `packed_attention_kwargs`,
     or else their text `position_ids`.
@@ -114,17 +126,19 @@ def varlen_attention(
             cu_seq_lens_q, max_length_q = packed_cu_seqlens, packed_max_seqlen
         else:
             cu_seq_lens_q, max_length_q = sequence_bounds(position_ids, batch, length, query.device)
-    q, k, v = (x.transpose(1, 2).reshape(batch * length, -1, dim) for x in (query, key, value))
+    cu_seqlens_k, max_length_k = cu_seq_lens_q, max_length_q
+    if packed_cu_seqlens_k is not None and packed_max_seqlen_k is not None:
+        cu_seqlens_k, max_length_k = packed_cu_seqlens_k, packed_max_seqlen_k
+    q, k, v = (x.transpose(1, 2).reshape(-1, x.shape[1], dim) for x in (query, key, value))
     causal = bool(getattr(module, "is_causal", False)) if is_causal is None else is_causal
-    cu_seqlens = cu_seq_lens_q.int()
-    out = varlen_attn(  # a plain tensor: no auxiliary outputs are requested
+    out = varlen_attn(  # a plain tensor: no auxiliary outputs are requested; causal aligned at the end
         q,
         k,
         v,
-        cu_seqlens,
-        cu_seqlens,
+        cu_seq_lens_q.int(),
+        cu_seqlens_k.int(),
         max_length_q,
-        max_length_q,
+        max_length_k,
         scale=scaling,
         window_size=(-1, 0) if causal else (-1, -1),
         **_GQA,
@@ -141,6 +155,7 @@ def sequence_sdpa_attention(
     scaling: float | None = None,
     is_causal: bool | None = None,
     packed_cu_seqlens: torch.Tensor | None = None,
+    packed_cu_seqlens_k: torch.Tensor | None = None,
     **options: object,
 ) -> tuple[torch.Tensor, None]:
     """HF attention function: what `varlen_attention` computes for a packed row with `packed_*` bounds, as
@@ -149,21 +164,30 @@ def sequence_sdpa_attention(
         raise ValueError(f"{SEQUENCE_SDPA_ATTENTION} takes packed rows with their bounds only, and no mask")
     causal = bool(getattr(module, "is_causal", False)) if is_causal is None else is_causal
     grouped = key.shape[1] != query.shape[1]
-    out = torch.cat(
-        [
+    queries = list(itertools.pairwise(packed_cu_seqlens.tolist()))
+    keys = queries if packed_cu_seqlens_k is None else list(itertools.pairwise(packed_cu_seqlens_k.tolist()))
+    parts = []
+    for (q_start, q_end), (k_start, k_end) in zip(queries, keys, strict=True):
+        queried, known = q_end - q_start, k_end - k_start
+        ending = causal and queried != known  # fewer queries than keys: the causal mask ends with the keys
+        parts.append(
             F.scaled_dot_product_attention(
-                query[:, :, start:end],
-                key[:, :, start:end],
-                value[:, :, start:end],
-                is_causal=causal,
+                query[:, :, q_start:q_end],
+                key[:, :, k_start:k_end],
+                value[:, :, k_start:k_end],
+                attn_mask=_causal_at_end(queried, known, query.device) if ending else None,
+                is_causal=causal and not ending,
                 scale=scaling,
                 enable_gqa=grouped,
             )
-            for start, end in itertools.pairwise(packed_cu_seqlens.tolist())
-        ],
-        dim=2,
-    )
-    return out.transpose(1, 2), None
+        )
+    return torch.cat(parts, dim=2).transpose(1, 2), None
+
+
+def _causal_at_end(queries: int, keys: int, device: torch.device) -> torch.Tensor:
+    """The causal mask of the last `queries` of `keys` tokens: query i sees the keys up to
+    `keys - queries + i`."""
+    return torch.ones(queries, keys, dtype=torch.bool, device=device).tril(keys - queries)
 
 
 def grouped_decode_attention(

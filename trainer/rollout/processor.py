@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import hashlib
 import io
 import os
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ MAX_IMAGE_BYTES = 32 * 1024 * 1024
 MAX_IMAGE_PIXELS = 64 * 1024 * 1024
 _HEADER_CHARS = 4096  # base64 characters read for a header: a multiple of 4
 PIXEL_CACHE_SIZE = 64  # data URLs whose pixel inputs a processor keeps (a rollout step's distinct images)
+CONTENT_KEY_CACHE_SIZE = 1024  # data URLs whose content keys a processor keeps (every turn resends them all)
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class VLProcessor:
         self.image_processor = image_processor
         self.ids = SpecialIds.from_tokenizer(tokenizer)
         self._cached_pixels = functools.lru_cache(maxsize=PIXEL_CACHE_SIZE)(self._pixels)
+        self._cached_content_key = functools.lru_cache(maxsize=CONTENT_KEY_CACHE_SIZE)(self._content_key)
         self.patch_size = int(image_processor.patch_size)  # type: ignore[attr-defined]
         self.merge_size = int(image_processor.merge_size)  # type: ignore[attr-defined]
         size = image_processor.size  # type: ignore[attr-defined]
@@ -142,6 +145,22 @@ class VLProcessor:
         return PixelInputs(
             torch.cat([p.pixel_values for p in parts]), torch.cat([p.image_grid_thw for p in parts])
         )
+
+    def content_keys(self, images: Sequence[ImageLike]) -> list[int]:
+        """A 63-bit key of each image's content: a hash of the pixel inputs the vision tower takes and their
+        grid, by which the HF engine's prefix cache tells images apart (SGLang's hashes them too); a data
+        URL's is kept for the last `CONTENT_KEY_CACHE_SIZE` seen."""
+        return [
+            self._cached_content_key(img) if isinstance(img, str) else self._content_key(img)
+            for img in images
+        ]
+
+    def _content_key(self, image: ImageLike) -> int:
+        """One image's content key (`content_keys`)."""
+        pixels = self._cached_pixels(image) if isinstance(image, str) else self._pixels(image)
+        digest = hashlib.blake2b(pixels.image_grid_thw.numpy().astype(np.int64).tobytes(), digest_size=8)
+        digest.update(pixels.pixel_values.numpy().tobytes())
+        return int.from_bytes(digest.digest(), "little") >> 1
 
     def _pixels(self, image: ImageLike) -> PixelInputs:
         """One image's inputs. An image already at its resized size (an env that renders to the patch

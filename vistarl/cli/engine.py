@@ -48,6 +48,22 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    prefix_cache: Annotated[
+        bool | None,
+        typer.Option(
+            help="Keep finished requests' KV cache, so a conversation's next turn prefills only what it "
+            "adds. [default: on] (env VISTARL_PREFIX_CACHE)",
+            show_default=False,
+        ),
+    ] = None,
+    prefix_cache_mb: Annotated[
+        int | None,
+        typer.Option(
+            help="The prefix cache's bound in MiB on the model's device; the least recently used goes first. "
+            "[default: 8192] (env VISTARL_PREFIX_CACHE_MB)",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Serve a checkpoint with the HF engine over SGLang's /generate API. VISTARL_API_TOKEN sets a token."""
     from pydantic import ValidationError
@@ -73,6 +89,8 @@ def serve(
         "log_level": log_level,
         "await_weights": await_weights,
         "cuda_graphs": cuda_graphs,
+        "prefix_cache": prefix_cache,
+        "prefix_cache_mb": prefix_cache_mb,
     }
     try:
         settings = EngineServerSettings(**{name: value for name, value in flags.items() if value is not None})
@@ -84,6 +102,7 @@ def serve(
         device=settings.device,
         max_batch_size=settings.max_batch_size,
         cuda_graphs=settings.cuda_graphs,
+        prefix_cache_mb=settings.prefix_cache_bound_mb,
     )
     signal.signal(signal.SIGTERM, _exit_cleanly)
     app = create_app(engine, settings)

@@ -239,7 +239,7 @@ def _env_server(options: UpOptions, cfg: TrainConfig, port: int, redis_url: str)
 
 def _engine(options: UpOptions, cfg: TrainConfig, port: int) -> ProcessSpec:
     """`vistarl engine serve` on the run's checkpoint (of `model.arch`), on the engine GPU (or the CPU),
-    awaiting weights."""
+    awaiting weights, with the run's prefix cache."""
     device = "cuda" if options.engine_gpus else "cpu"
     argv = vistarl(
         "engine", "serve", "--model", str(cfg.model.path), "--arch", cfg.model.arch, "--host", options.host,
@@ -247,6 +247,8 @@ def _engine(options: UpOptions, cfg: TrainConfig, port: int) -> ProcessSpec:
     )  # fmt: skip
     if "VISTARL_MAX_BATCH_SIZE" not in os.environ:  # batch every episode the workers run at once
         argv += ("--max-batch-size", str(options.workers * cfg.rollout.concurrency))
+    prefixes = cfg.rollout.prefix_cache
+    argv += ("--prefix-cache-mb", str(cfg.rollout.prefix_cache_mb)) if prefixes else ("--no-prefix-cache",)
     return ProcessSpec(
         "engine", "engine", argv, env=_visible(options.engine_gpus),
         ready=f"http://{reach(options.host)}:{port}/health",

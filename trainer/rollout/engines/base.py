@@ -71,6 +71,7 @@ class GenerateResult(BaseModel):
     logprobs: list[float]
     finish_reason: FinishReason
     prompt_tokens: int = Field(ge=0, description="the prompt length after image-pad expansion")
+    cached_tokens: int = Field(default=0, ge=0, description="of those, the ones taken from a prefix cache")
     weight_version: str
     text: str = ""
 

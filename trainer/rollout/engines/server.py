@@ -2,11 +2,12 @@
 
 With it the one-machine stack runs over the same HTTP path as production: rollout workers drive it
 through `SGLangEngine` exactly as they drive SGLang. Endpoints: `POST /generate`, `GET /health`,
-`GET /health_generate`, `GET /model_info`, `POST /update_weights_from_disk`, `POST /flush_cache`,
-`POST /abort_request`, `POST /pause_generation`, `POST /continue_generation`, `GET /metrics` (the batch
-loop's counters, `EngineStats`, and the error answers, in Prometheus' format), and SGLang's NCCL weight
-update, `POST /init_weights_update_group` and `POST /update_weights_from_distributed`
-(`vistarl.trainer.weights.receiver`: each bucket straight into the parameters; gloo on CPU). Bodies and
+`GET /health_generate`, `GET /model_info`, `POST /update_weights_from_disk`, `POST /flush_cache` (the
+prefix cache emptied), `POST /abort_request`, `POST /pause_generation`, `POST /continue_generation`,
+`GET /metrics` (the batch loop's counters, `EngineStats`, and the error answers, in Prometheus' format),
+and SGLang's NCCL weight update, `POST /init_weights_update_group` and
+`POST /update_weights_from_distributed` (`vistarl.trainer.weights.receiver`: each bucket straight into
+the parameters; gloo on CPU). Bodies and
 answers are the shared models of `vistarl.trainer.rollout.engines.sglang_api`; like SGLang 0.5.23, an invalid
 body (an unknown `sampling_params` key, say) gets 400. `POST /v1/chat/completions` is a minimal
 OpenAI-compatible chat completion for agents (`vistarl.trainer.rollout.engines.chat`, docs/agents.md). The
@@ -52,7 +53,7 @@ from vistarl.trainer.rollout.engines.chat import (
     completion,
     generate_request,
 )
-from vistarl.trainer.rollout.engines.hf import DEFAULT_MAX_BATCH_SIZE, HFEngine
+from vistarl.trainer.rollout.engines.hf import DEFAULT_MAX_BATCH_SIZE, DEFAULT_PREFIX_CACHE_MB, HFEngine
 from vistarl.trainer.rollout.engines.sglang_api import (
     AbortBody,
     GenerateBody,
@@ -87,6 +88,15 @@ class EngineServerSettings(BaseSettings):
     api_token: SecretStr | None = Field(default=None, description="Bearer token required on all but health.")
     await_weights: bool = Field(default=False, description="Generate nothing before the first weight update.")
     cuda_graphs: bool = Field(default=True, description="Capture each decode step in a CUDA graph (GPU).")
+    prefix_cache: bool = Field(default=True, description="Keep finished requests' KV cache for later turns.")
+    prefix_cache_mb: int = Field(
+        default=DEFAULT_PREFIX_CACHE_MB, ge=1, description="The prefix cache's bound."
+    )
+
+    @property
+    def prefix_cache_bound_mb(self) -> int:
+        """The engine's `prefix_cache_mb`: 0 when the prefix cache is off."""
+        return self.prefix_cache_mb if self.prefix_cache else 0
 
 
 def create_app(engine: HFEngine, settings: EngineServerSettings | None = None) -> FastAPI:
@@ -208,7 +218,8 @@ def create_app(engine: HFEngine, settings: EngineServerSettings | None = None) -
 
     @app.post("/flush_cache")
     async def flush_cache() -> PlainTextResponse:
-        """The HF engine keeps no prefix cache across requests, so there is nothing to drop."""
+        """Empty the prefix cache once the running batch has ended (SGLang's radix cache flush)."""
+        await engine.flush_cache()
         return PlainTextResponse("Cache flushed.\n")
 
     @app.post("/pause_generation")
@@ -251,10 +262,16 @@ class EngineCollector(Collector):
             ("rows", "Requests taken into batches, joining ones included.", stats.rows),
             ("joins", "Prompt passes that added requests to a running batch.", stats.joins),
             ("prompt_passes", "Prompt passes.", stats.prompt_passes),
+            ("prompt_tokens", "Prompt tokens of the requests, image pads expanded.", stats.prompt_tokens),
             (
-                "prompt_tokens",
-                "Prompt tokens through the prompt passes, image pads expanded.",
-                stats.prompt_tokens,
+                "cached_prompt_tokens",
+                "Prompt tokens whose keys and values came from the prefix cache.",
+                stats.cached_prompt_tokens,
+            ),
+            (
+                "computed_prompt_tokens",
+                "Prompt tokens through the prompt passes.",
+                stats.computed_prompt_tokens,
             ),
             ("prompt_seconds", "Seconds in prompt passes, their first tokens read.", stats.prompt_s),
             ("batch_seconds", "Seconds of the batches, their prompt passes included.", stats.batch_s),
@@ -264,6 +281,12 @@ class EngineCollector(Collector):
             yield CounterMetricFamily(f"vistarl_engine_{name}", documentation, value=value)
         yield GaugeMetricFamily(
             "vistarl_engine_largest_batch", "The most rows a batch held.", stats.largest_batch
+        )
+        cache = self.engine.prefix_cache
+        yield GaugeMetricFamily(
+            "vistarl_engine_prefix_cache_bytes",
+            "Bytes of keys and values the prefix cache holds.",
+            cache.bytes if cache is not None else 0,
         )
 
 
@@ -300,7 +323,7 @@ def _sglang_answer(result: GenerateResult, return_logprob: bool) -> GenerateResp
         id=result.rid,
         prompt_tokens=result.prompt_tokens,
         completion_tokens=len(result.output_ids),
-        cached_tokens=0,
+        cached_tokens=result.cached_tokens,
         finish_reason=result.finish_reason,
         output_token_logprobs=logprobs,
         weight_version=result.weight_version,

@@ -160,6 +160,7 @@ class SGLangEngine:
             logprobs=[logprob for logprob, _, _ in entries],
             finish_reason=meta.finish_reason,
             prompt_tokens=meta.prompt_tokens,
+            cached_tokens=meta.cached_tokens,
             weight_version=version,
             text=answer.text,
         )

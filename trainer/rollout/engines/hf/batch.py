@@ -2,7 +2,9 @@
 
 Jobs that join run one prompt pass over their prompts packed in one row (no padding; attention bounded per
 prompt, on varlen FlashAttention on a GPU in bf16/fp16, else SDPA per prompt), each with its own mRoPE
-positions, and draw their first tokens from it. Then every live row decodes one token a step from the
+positions, and draw their first tokens from it. A prompt that begins with a finished request's tokens
+(`prefix_cache.py`) takes their keys and values from the cache, and the pass computes only the rest of it;
+a job that finishes leaves its own there. Then every live row decodes one token a step from the
 batch's rows (`rows.py`). Each step is launched before the last one is read: while the device runs step
 t + 1, the host reads step t, hands finished rows to their callers and takes the rows that go on into step
 t + 2. A row that finished at step t has run one step more, whose token nobody reads. Requests that arrive
@@ -27,8 +29,9 @@ from vistarl.trainer.modeling.attention import SequenceBounds, attention_for, pa
 from vistarl.trainer.modeling.device import host_to_device
 from vistarl.trainer.modeling.image_features import encode_images, with_image_features
 from vistarl.trainer.rollout.engines.base import GenerateRequest, GenerateResult
+from vistarl.trainer.rollout.engines.hf.prefix_cache import PrefixCache
 from vistarl.trainer.rollout.engines.hf.prompts import Prompt
-from vistarl.trainer.rollout.engines.hf.rows import DecodeRows, Prefill, Ready, Step
+from vistarl.trainer.rollout.engines.hf.rows import DecodeRows, Prefill, PromptPassCache, Ready, Step
 from vistarl.trainer.rollout.engines.hf.sampling import RowSampling, SamplingRows, sample
 from vistarl.trainer.rollout.engines.sglang_api import FinishReason, SamplingParams
 from vistarl.trainer.rollout.processor import VLProcessor
@@ -49,6 +52,8 @@ class Job:
     abort_message: str | None = None
     done: bool = False  # handed over; its rows' later tokens are not read
     queued_at: float = field(default_factory=time.monotonic)
+    cached: int = 0  # its prompt's tokens whose keys and values came from the prefix cache
+    extends: int | None = None  # the prefix cache's entry they came from
 
     @property
     def params(self) -> SamplingParams:
@@ -71,7 +76,9 @@ class EngineStats:
     static_batches: int = 0  # batches decoded from the static KV cache (always on a GPU)
     joins: int = 0  # prompt passes that added queued requests to a running batch
     prompt_passes: int = 0
-    prompt_tokens: int = 0  # through the prompt passes, each image's pads expanded
+    prompt_tokens: int = 0  # the prompts', each image's pads expanded: cached and computed ones
+    cached_prompt_tokens: int = 0  # their keys and values taken from the prefix cache
+    computed_prompt_tokens: int = 0  # through the prompt passes
     prompt_s: float = 0.0
     batch_s: float = 0.0  # the batches' whole time, their prompt passes included
     generated_tokens: int = 0
@@ -80,8 +87,8 @@ class EngineStats:
 @dataclass
 class BatchRun:
     """The batch loop's collaborators: the model, the prompt pass's attention, how joining jobs are taken
-    (`admit`, given the rows running), whether the engine closed, how finished jobs are handed over, and the
-    engine's counters."""
+    (`admit`, given the rows running), whether the engine closed, how finished jobs are handed over, the
+    engine's counters, and its prefix cache (None: off)."""
 
     model: PreTrainedModel
     processor: VLProcessor
@@ -90,6 +97,7 @@ class BatchRun:
     closed: Callable[[], bool]
     finish: Finish
     stats: EngineStats
+    prefixes: PrefixCache | None
 
     def run(self, jobs: list[Job], rows: DecodeRows) -> None:
         """Decode `jobs` and every job that joins them while some are running, until none is left or the
@@ -105,7 +113,7 @@ class BatchRun:
                 if joining:
                     batch += joining
                     if launched is not None:
-                        live = self._settle(live, *launched)
+                        live = self._settle(live, rows, *launched)
                         launched = None
                     rows.keep(live)  # the rows that finished make room for those that join
                     live += self._timed_prefill(joining, rows)
@@ -113,7 +121,7 @@ class BatchRun:
                     return
                 step = (live, rows.launch(live))
                 if launched is not None:
-                    live = self._settle(live, *launched)
+                    live = self._settle(live, rows, *launched)
                 launched = step
                 if not live:  # every row finished: what arrives next starts a batch of its own
                     return
@@ -127,13 +135,16 @@ class BatchRun:
             rows.close()
             self.stats.batch_s += time.perf_counter() - started
 
-    def _settle(self, live: list[Job], jobs: list[Job], step: Step) -> list[Job]:
+    def _settle(self, live: list[Job], rows: DecodeRows, jobs: list[Job], step: Step) -> list[Job]:
         """Read `step` (launched for `jobs`), and the jobs of `live` that go on."""
-        self._advance(jobs, *step.results())
+        self._advance(jobs, rows, *step.results())
         return [job for job in live if not job.done]
 
-    def _advance(self, jobs: list[Job], tokens: list[int], logprobs: list[float]) -> list[Job]:
-        """Append each unfinished job's new token, hand over the jobs it ends, and return those that go on."""
+    def _advance(
+        self, jobs: list[Job], rows: DecodeRows, tokens: list[int], logprobs: list[float]
+    ) -> list[Job]:
+        """Append each unfinished job's new token, hand over the jobs it ends (keeping the prefixes of those
+        that ended on a stop or their length), and return those that go on."""
         going = []
         for job, token, logprob in zip(jobs, tokens, logprobs, strict=True):
             if job.done:
@@ -146,9 +157,21 @@ class BatchRun:
                 reason = FinishReason(type="abort", message=job.abort_message)
             if reason is None:
                 going.append(job)
-            else:
-                self._hand_over(job, reason)
+                continue
+            if reason.type != "abort":
+                self._keep_prefix(job, rows)
+            self._hand_over(job, reason)
         return going
+
+    def _keep_prefix(self, job: Job, rows: DecodeRows) -> None:
+        """Put `job`'s prompt and its output but the last token (which no step has run through the model) in
+        the prefix cache, if there is one: the next turn of its conversation begins with them."""
+        if self.prefixes is None:
+            return
+        length = len(job.prompt.input_ids) + len(job.output_ids) - 1
+        key = job.prompt.key.extended(job.output_ids[:-1])
+        if key.blocks:
+            self.prefixes.store(key, rows.prefix_of(job, length), extends=job.extends)
 
     def _hand_over(self, job: Job, reason: FinishReason) -> None:
         job.done = True
@@ -172,53 +195,72 @@ class BatchRun:
         """`_prefill`, counted in `stats`."""
         started = time.perf_counter()
         going = self._prefill(jobs, rows)
+        prompts = sum(len(job.prompt.input_ids) for job in jobs)
+        cached = sum(job.cached for job in jobs)
         self.stats.prompt_passes += 1
-        self.stats.prompt_tokens += sum(len(job.prompt.input_ids) for job in jobs)
+        self.stats.prompt_tokens += prompts
+        self.stats.cached_prompt_tokens += cached
+        self.stats.computed_prompt_tokens += prompts - cached
         self.stats.prompt_s += time.perf_counter() - started
         return going
 
     @torch.inference_mode()
     def _prefill(self, jobs: list[Job], rows: DecodeRows) -> list[Job]:
-        """Run the prompt pass over the prompts packed in one row, draw each first token from its prompt's
-        last position, add the prompts to `rows`, and return the jobs that go on.
+        """Run the prompt pass over the prompts packed in one row, each but its cached prefix, draw each
+        first token from its prompt's last position, add the prompts to `rows`, and return the jobs that go
+        on.
 
-        No padding and no mask: the text model's attention is bounded per prompt (`prompt_attention`),
-        and each prompt's positions (found in `prompts.py`) restart at 0. The layout (positions, bounds,
-        image rows) is on the host and the images are encoded with their vision inputs precomputed
+        No padding and no mask: the text model's attention is bounded per prompt (`prompt_attention`), its
+        queries the tokens computed, its keys the whole prompt's; each prompt's positions (found in
+        `prompts.py`) start at 0 or where its cached prefix ends. The layout (positions, bounds, image rows)
+        is on the host and the images are encoded with their vision inputs precomputed
         (`vistarl.trainer.modeling.image_features.encode_images`), so the prompt pass never waits for the GPU
         to learn a shape: HF's own path asks it several times per row.
         """
         device = self.model.device
-        prompts = [job.prompt for job in jobs]
-        lengths = torch.tensor([len(p.input_ids) for p in prompts])
-        ends = lengths.cumsum(0)
-        input_ids = torch.tensor([token for p in prompts for token in p.input_ids])
+        hits = [self.prefixes.match(job.prompt.key) if self.prefixes is not None else None for job in jobs]
+        for job, hit in zip(jobs, hits, strict=True):
+            job.cached, job.extends = (hit.length, hit.entry.id) if hit is not None else (0, None)
+        rests = [job.prompt.rest(job.cached) for job in jobs]
+        computed = torch.tensor([len(rest.input_ids) for rest in rests])
+        lengths = torch.tensor([len(job.prompt.input_ids) for job in jobs])
+        input_ids = torch.tensor([token for rest in rests for token in rest.input_ids])
         image_rows = (input_ids == self.processor.ids.image_pad).nonzero().squeeze(-1)
         to_device = functools.partial(host_to_device, device=device)  # copies that never wait
-        bounds = SequenceBounds(to_device(torch.cat([ends.new_zeros(1), ends]).int()), int(lengths.max()))
-        positions = to_device(torch.cat([p.positions for p in prompts], dim=2))  # each from 0
-        next_positions = to_device(lengths + torch.tensor([p.rope_delta for p in prompts]))
+        bounds = _bounds(computed, to_device)
+        cached = any(hit is not None for hit in hits)
+        whole = _bounds(lengths, to_device) if cached else None  # the keys' bounds, when they differ
+        positions = to_device(torch.cat([rest.positions for rest in rests], dim=2))
+        next_positions = to_device(lengths + torch.tensor([job.prompt.rope_delta for job in jobs]))
         embeds = self.model.get_input_embeddings()(to_device(input_ids))[None]
         extra: dict[str, Any] = {}
-        pixels = [p.pixels for p in prompts if p.pixels is not None]
+        pixels = [rest.pixels for rest in rests if rest.pixels is not None]
         if pixels:
             pixel_values = torch.cat([p.pixel_values for p in pixels]).to(device, self.model.dtype)
             grid_thw = torch.cat([p.image_grid_thw for p in pixels])
             features = encode_images(self.model.model, pixel_values, grid_thw)
             embeds, extra = with_image_features(embeds, features, to_device(image_rows))
+        cache = PromptPassCache([hit.kv if hit is not None else None for hit in hits], computed.tolist())
         text_model = self.model.model.language_model
         with attention_for(text_model, self.prompt_attention):
             out = text_model(  # Qwen3-VL's deepstack rows go in as given, one mask over the packed row
                 inputs_embeds=embeds,
                 position_ids=positions,
+                past_key_values=cache,
                 use_cache=True,
                 **extra,
-                **packed_attention_kwargs(text_model.config, bounds),
+                **packed_attention_kwargs(text_model.config, bounds, whole),
             )
         settings = [job.sampling for job in jobs]
-        logits = self.model.lm_head(out.last_hidden_state[0, to_device(ends - 1)])
+        logits = self.model.lm_head(out.last_hidden_state[0, to_device(computed.cumsum(0) - 1)])
         mode = max(setting.mode for setting in settings)
         index = torch.zeros(len(jobs), dtype=torch.long, device=device)  # each row draws its token 0
         tokens, logprobs = sample(logits, SamplingRows.of(settings, device), index, mode)
-        rows.join(Prefill(out.past_key_values, lengths, next_positions), jobs, settings, tokens)
-        return self._advance(jobs, *Ready(tokens, logprobs).results())
+        rows.join(Prefill(cache, lengths, next_positions), jobs, settings, tokens)
+        return self._advance(jobs, rows, *Ready(tokens, logprobs).results())
+
+
+def _bounds(lengths: torch.Tensor, to_device: Callable[[torch.Tensor], torch.Tensor]) -> SequenceBounds:
+    """The bounds of sequences of `lengths` (host int64) packed in one row, `cu_seqlens` on the device."""
+    ends = lengths.cumsum(0)
+    return SequenceBounds(to_device(torch.cat([ends.new_zeros(1), ends]).int()), int(lengths.max()))

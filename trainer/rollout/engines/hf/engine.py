@@ -4,9 +4,11 @@ Requests queue up; one background task takes up to `max_batch_size` of them at o
 together (`batch.py`): one prompt pass over the prompts packed in one row, then one token per step for every
 live row from a shared KV cache (`rows.py`: grown per step, or static on a GPU), each row
 with its own sampling params (`sampling.py`). Rows leave the batch as they finish, and requests that arrive
-meanwhile join it between steps, up to `max_batch_size` rows, unless a weight update is waiting for the
-batch to end. Before a batch starts, the loop waits while requests keep arriving (every `batch_wait_s`, up
-to `max_batch_wait_s`), so the episodes of a rollout step that reach the engine together prefill together.
+meanwhile join it between steps, up to `max_batch_size` rows, unless a weight update or a cache flush is
+waiting for the batch to end. Before a batch starts, the loop waits while requests keep arriving (every
+`batch_wait_s`, up to `max_batch_wait_s`), so the episodes of a rollout step that reach the engine together
+prefill together. The keys and values of finished requests stay in a prefix cache (`prefix_cache.py`), so a
+conversation's next turn prefills only what it adds; weight updates and `flush_cache` empty it.
 
 A request is made ready off the model thread (`prompts.py`: ids checked, images decoded, positions found).
 A batch runs whole on one dedicated model thread, which takes joining requests from the queue between
@@ -29,7 +31,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import ClassVar
@@ -41,6 +43,7 @@ from vistarl.trainer.modeling.attention import SEQUENCE_SDPA_ATTENTION, VARLEN_A
 from vistarl.trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
 from vistarl.trainer.rollout.engines.hf.batch import BatchRun, EngineStats, Job
 from vistarl.trainer.rollout.engines.hf.loading import eos_ids, load_model, static_decoder
+from vistarl.trainer.rollout.engines.hf.prefix_cache import PrefixCache
 from vistarl.trainer.rollout.engines.hf.prompts import PromptRules
 from vistarl.trainer.rollout.engines.hf.rows import DecodeRows, DynamicRows
 from vistarl.trainer.rollout.engines.hf.sampling import RowSampling
@@ -53,6 +56,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH_SIZE = 8
 DEFAULT_MAX_BATCH_WAIT_S = 0.1
+DEFAULT_PREFIX_CACHE_MB = 8192
 HEALTH_TIMEOUT_S = 30.0
 
 
@@ -72,13 +76,17 @@ class HFEngine:
         model_path: str | None = None,
         cuda_graphs: bool = True,
         static_cache_len: int | None = None,
+        prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB,
     ) -> None:
         """On a GPU the engine decodes from a static KV cache of `static_cache_len` positions a row
         (default: the context, at most 4,096); `cuda_graphs` captures each step in a CUDA graph and
         replays it (off: eager steps). On the CPU a `static_cache_len` decodes from the same static cache,
-        eagerly; none: HF's eager decode over a growing cache."""
+        eagerly; none: HF's eager decode over a growing cache. Finished requests' keys and values stay in a
+        prefix cache of at most `prefix_cache_mb` MiB on the model's device (0: none)."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if prefix_cache_mb < 0:
+            raise ValueError(f"prefix_cache_mb must be >= 0 (0: no prefix cache), got {prefix_cache_mb}")
         self.model = model.eval()
         self.processor = processor
         self.max_batch_size = max_batch_size
@@ -95,6 +103,7 @@ class HFEngine:
             eos_ids=eos_ids(model, processor),
         )
         self.stats = EngineStats()
+        self.prefix_cache = PrefixCache(prefix_cache_mb << 20) if prefix_cache_mb else None
         self.static = static_decoder(model, max_batch_size, cuda_graphs, static_cache_len)
         self.prompt_attention = SEQUENCE_SDPA_ATTENTION  # the packed prompt pass's attention
         if self.device.type == "cuda" and model.dtype in (torch.bfloat16, torch.float16):
@@ -110,7 +119,7 @@ class HFEngine:
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._batch_lock = asyncio.Lock()
-        self._updates_waiting = 0
+        self._holds_waiting = 0  # weight updates and cache flushes waiting for the running batch to end
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vistarl-hf-engine")
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -125,6 +134,7 @@ class HFEngine:
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         cuda_graphs: bool = True,
         static_cache_len: int | None = None,
+        prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB,
     ) -> HFEngine:
         """Load model and processor from a checkpoint directory; fp32 on CPU, bf16 on GPU by default.
 
@@ -139,6 +149,7 @@ class HFEngine:
             model_path=directory,
             cuda_graphs=cuda_graphs,
             static_cache_len=static_cache_len,
+            prefix_cache_mb=prefix_cache_mb,
         )
 
     @property
@@ -235,25 +246,47 @@ class HFEngine:
     ) -> str:
         """Run `load` on the model's live tensors (by live module name), on the model thread.
 
-        Waits for the running batch, so no result mixes two weight versions. Returns the weight version,
-        which changes only when `final`: a bucket of a bucketed update is not, and leaves the version to
-        the last bucket, as SGLang does. A load that does not fit the model raises `EngineRequestError`.
+        Waits for the running batch, so no result mixes two weight versions, and empties the prefix cache,
+        whose keys and values the old weights computed. Returns the weight version, which changes only when
+        `final`: a bucket of a bucketed update is not, and leaves the version to the last bucket, as SGLang
+        does. A load that does not fit the model raises `EngineRequestError`.
         """
-        self._updates_waiting += 1
-        try:
-            await self._batch_lock.acquire()
-        finally:
-            self._updates_waiting -= 1
-        try:
-            loop = asyncio.get_running_loop()
+
+        def loading() -> None:
+            self._flush()
+            load(self.model.state_dict())
+
+        async with self._between_batches():
             try:
-                await loop.run_in_executor(self._executor, load, self.model.state_dict())
+                await asyncio.get_running_loop().run_in_executor(self._executor, loading)
             except WeightLoadError as exc:
                 raise EngineRequestError(str(exc)) from exc
             if final:
                 self._updates += 1
                 self._weight_version = weight_version or str(self._updates)
             return self._weight_version
+
+    async def flush_cache(self) -> None:
+        """Empty the prefix cache, once the running batch (if any) has ended."""
+        async with self._between_batches():
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._flush)
+
+    def _flush(self) -> None:
+        """Empty the prefix cache (on the model thread, between batches)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+
+    @contextlib.asynccontextmanager
+    async def _between_batches(self) -> AsyncIterator[None]:
+        """Hold the batch loop between batches: wait for the running batch, which admits no joining
+        request meanwhile, and start none until the block ends."""
+        self._holds_waiting += 1
+        try:
+            await self._batch_lock.acquire()
+        finally:
+            self._holds_waiting -= 1
+        try:
+            yield
         finally:
             self._batch_lock.release()
 
@@ -359,14 +392,15 @@ class HFEngine:
             closed=lambda: self._closed,
             finish=functools.partial(self._hand_over, loop, self._weight_version),
             stats=self.stats,
+            prefixes=self.prefix_cache,
         )
         await loop.run_in_executor(self._executor, run.run, jobs, rows)
 
     def _admit(self, running: int, static: bool) -> list[Job]:
-        """Queued jobs that join the running batch, up to `max_batch_size` rows, unless a weight update
-        is waiting for the batch to end or generation is paused. A static batch takes them in order up to
-        the first that does not fit its cache."""
-        if self._updates_waiting or not self._resumed.is_set() or not self._arrivals_settled():
+        """Queued jobs that join the running batch, up to `max_batch_size` rows, unless a weight update or a
+        cache flush is waiting for the batch to end or generation is paused. A static batch takes them in
+        order up to the first that does not fit its cache."""
+        if self._holds_waiting or not self._resumed.is_set() or not self._arrivals_settled():
             return []
         joining = self._take(self.max_batch_size - running, self._fits_static if static else None)
         with self._queue_lock:
@@ -407,6 +441,7 @@ class HFEngine:
             logprobs=job.logprobs,
             finish_reason=finish,
             prompt_tokens=len(job.prompt.input_ids),
+            cached_tokens=job.cached,
             weight_version=version,
             text=self._text(job, finish),
         )

@@ -1,28 +1,57 @@
 """A request made ready for the HF engine's prompt pass, off the model thread: ids checked, images decoded
-and their pads expanded, stop ids chosen, and the prompt's mRoPE positions found."""
+and their pads expanded, stop ids chosen, the prompt's mRoPE positions found, and its key in the prefix
+cache (`prefix_cache.py`) built."""
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel
 
 from vistarl.clients.errors import ImageError
 from vistarl.trainer.rollout.engines.base import EngineRequestError, GenerateRequest
+from vistarl.trainer.rollout.engines.hf.prefix_cache import PromptKey
 from vistarl.trainer.rollout.processor import PixelInputs, VLProcessor
 
 
 @dataclass(frozen=True)
+class Rest:
+    """What a prompt pass computes of a prompt whose first tokens came from the prefix cache: the other ids,
+    their mRoPE positions `[3, 1, R]`, and the pixel inputs of the images among them."""
+
+    input_ids: list[int]
+    positions: torch.Tensor
+    pixels: PixelInputs | None
+
+
+@dataclass(frozen=True)
 class Prompt:
-    """A request made ready for the model: expanded ids, pixel inputs, the ids that stop it, and its mRoPE
-    positions `[3, 1, L]` (from 0) with the offset of the positions after it from its length."""
+    """A request made ready for the model: expanded ids, pixel inputs, the ids that stop it, its mRoPE
+    positions `[3, 1, L]` (from 0) with the offset of the positions after it from its length, its key in the
+    prefix cache, and where each image's pads begin."""
 
     input_ids: list[int]
     pixels: PixelInputs | None
     stop_ids: frozenset[int]
     positions: torch.Tensor
     rope_delta: int
+    key: PromptKey
+    image_starts: tuple[int, ...]
+
+    def rest(self, start: int) -> Rest:
+        """The prompt from token `start` on, which splits no image (`prefix_cache` reuses whole images)."""
+        first = bisect.bisect_left(self.image_starts, start)
+        pixels = self.pixels
+        if pixels is not None and first > 0:
+            patches = int(pixels.image_grid_thw[:first].prod(-1).sum())
+            kept = first < len(self.image_starts)
+            pixels = (
+                PixelInputs(pixels.pixel_values[patches:], pixels.image_grid_thw[first:]) if kept else None
+            )
+        return Rest(self.input_ids[start:], self.positions[:, :, start:], pixels)
 
 
 @dataclass(frozen=True)
@@ -36,8 +65,8 @@ class PromptRules:
     eos_ids: frozenset[int]
 
     def prepare(self, request: GenerateRequest) -> Prompt:
-        """Check the ids, decode the images, expand each single pad to the image's token count and find
-        the prompt's mRoPE positions with the model's `get_rope_index`."""
+        """Check the ids, decode the images, expand each single pad to the image's token count, find the
+        prompt's mRoPE positions with the model's `get_rope_index`, and key it for the prefix cache."""
         ids = request.engine_ids
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
@@ -50,9 +79,11 @@ class PromptRules:
             )
         pixels = None
         input_ids = list(ids)
+        image_keys: list[int] = []
         if request.images:
             try:
                 pixels = self.processor.pixel_inputs(request.images)
+                image_keys = self.processor.content_keys(request.images)
             except (ImageError, OSError, ValueError) as exc:
                 raise EngineRequestError(f"bad image: {exc}") from exc
             input_ids = self.processor.expand_image_pads(ids, pixels.image_grid_thw.tolist())
@@ -68,4 +99,15 @@ class PromptRules:
             mm_token_type_ids=(row == self.processor.ids.image_pad).int(),
             image_grid_thw=pixels.image_grid_thw if pixels is not None else None,
         )
-        return Prompt(input_ids, pixels, stop_ids, positions, int(delta))
+        key, starts = self._key(input_ids, pixels, image_keys)
+        return Prompt(input_ids, pixels, stop_ids, positions, int(delta), key, starts)
+
+    def _key(
+        self, input_ids: list[int], pixels: PixelInputs | None, image_keys: list[int]
+    ) -> tuple[PromptKey, tuple[int, ...]]:
+        """The expanded prompt's key in the prefix cache, and where each image's pads begin."""
+        merged = self.processor.merge_size**2
+        per_image = [] if pixels is None else [int(n) // merged for n in pixels.image_grid_thw.prod(-1)]
+        key = PromptKey.of(input_ids, self.processor.ids.image_pad, image_keys, per_image)
+        pads = np.flatnonzero(key.tokens < 0)
+        return key, tuple(int(pads[i]) for i in np.cumsum([0, *per_image[:-1]])) if per_image else ()

@@ -3,11 +3,11 @@ grown per step (`DynamicRows`) or held in the slots of a preallocated cache whos
 in CUDA graphs (`StaticRows`, from a `StaticDecoder`).
 
 Both take rows prefilled together (`Prefill`: the keys and values of prompts packed in one row, no
-padding) with each row's first token, and `launch` one decode step at a time for the rows that go on: the
-step feeds each row the token it drew last, draws the next (`sampling.sample`) and keeps it on the device
-for the step after. Nothing waits for the host between steps: a launched `Step` is read later, so the
-engine decides which rows finished while the next step already runs (docs/benchmarks.md, "The HF engine's
-decode step").
+padding, each prompt's cached prefix before the rest its prompt pass computed) with each row's first token,
+and `launch` one decode step at a time for the rows that go on: the step feeds each row the token it drew
+last, draws the next (`sampling.sample`) and keeps it on the device for the step after. Nothing waits for
+the host between steps: a launched `Step` is read later, so the engine decides which rows finished while the
+next step already runs (docs/benchmarks.md, "The HF engine's decode step").
 
 `DynamicRows` is HF's eager decode: a DynamicCache grown by concatenation, its rows left-padded, a new
 attention mask each step. For a small model that step is all launch overhead, and HF's attention reads the
@@ -17,7 +17,8 @@ copied in at position 0; each step writes one key and value per row at the row's
 (`vistarl.trainer.modeling.attention.GROUPED_DECODE_ATTENTION`) reads each kv head once, over the first
 `length` positions of the slots, under a mask of each row's own. Each (rows, length, sampling mode) bucket's
 step, the sampler and the bookkeeping of lengths and positions included, is captured once and replayed. On the
-CPU the same step runs eagerly, which is how the tests hold it to the dynamic path.
+CPU the same step runs eagerly, which is how the tests hold it to the dynamic path. Either gives a row's
+keys and values back (`prefix_of`) for the prefix cache when its request finishes.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from vistarl.trainer.modeling.attention import GROUPED_DECODE_ATTENTION, attention_for
 from vistarl.trainer.modeling.device import host_to_device
@@ -38,11 +39,56 @@ from vistarl.trainer.rollout.engines.hf.sampling import Mode, RowSampling, Sampl
 
 
 @dataclass
-class Prefill:
-    """Prompts prefilled together in one packed row: the prompt pass's DynamicCache (every layer's keys
-    and values `[1, kv_heads, T, D]`), each prompt's length in packing order, and each row's next position."""
+class KV:
+    """One layer's keys and values."""
 
-    cache: Any
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+class PromptPassCache:
+    """The cache a prompt pass runs with: every layer's keys and values of the whole prompts, packed in one
+    row `[1, kv_heads, T, D]`, each prompt's cached prefix (`prefixes`, `[layers, 2, kv_heads, P, D]`, or
+    None) put before the keys and values the pass computes for the rest of it (`rests`, their lengths in
+    packing order). Attention reads the whole prompts' keys; queries are the rests' tokens alone."""
+
+    def __init__(self, prefixes: Sequence[torch.Tensor | None], rests: Sequence[int]) -> None:
+        self.prefixes = prefixes
+        self.rests = rests
+        self.layers: list[KV] = []
+
+    def update(
+        self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if layer_idx != len(self.layers):
+            raise RuntimeError(f"layer {layer_idx} of a prompt pass after {len(self.layers)} layers")
+        if any(prefix is not None for prefix in self.prefixes):
+            key, value = (
+                self._whole(computed, layer_idx, half) for half, computed in enumerate((key, value))
+            )
+        self.layers.append(KV(key, value))
+        return key, value
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Never read for positions (the engine passes them); a number for code that asks."""
+        return 0
+
+    def _whole(self, computed: torch.Tensor, layer: int, half: int) -> torch.Tensor:
+        """The packed row of whole prompts from the rests' `computed` keys (`half` 0) or values (1)."""
+        pieces = []
+        for prefix, rest in zip(self.prefixes, computed[0].split(list(self.rests), dim=1), strict=True):
+            if prefix is not None:
+                pieces.append(prefix[layer, half])
+            pieces.append(rest)
+        return torch.cat(pieces, dim=1)[None]
+
+
+@dataclass
+class Prefill:
+    """Prompts prefilled together in one packed row: the prompt pass's cache (every layer's keys and values
+    of the whole prompts), each prompt's length in packing order, and each row's next position."""
+
+    cache: PromptPassCache
     lengths: torch.Tensor  # (rows,) int64 on the host; the prompts fill the packed row in this order
     next_positions: torch.Tensor  # (rows,) mRoPE position of each row's next token
 
@@ -87,6 +133,10 @@ class DecodeRows(Protocol):
     def launch(self, keys: Sequence[Hashable]) -> Step:
         """Start the next step of rows `keys` (`keep(keys)` first)."""
 
+    def prefix_of(self, key: Hashable, length: int) -> torch.Tensor:
+        """A copy of the keys and values of row `key`'s first `length` positions, every layer's,
+        `[layers, 2, kv_heads, length, D]` (for the prefix cache; the row's later steps never change them)."""
+
     def close(self) -> None:
         """Release what the rows hold (the batch ended)."""
 
@@ -115,10 +165,8 @@ class _LeftPadded:
     def of(cls, prefill: Prefill) -> _LeftPadded:
         """`prefill`'s packed rows, each right-aligned in a cache as wide as the longest prompt."""
         columns, valid = prefill.layout(int(prefill.lengths.max()), left=True)
-        for layer in prefill.cache.layers:
-            layer.keys = _rows(layer.keys, columns)
-            layer.values = _rows(layer.values, columns)
-        return cls(prefill.cache, valid.long(), prefill.next_positions)
+        rows = [(_rows(layer.keys, columns), _rows(layer.values, columns)) for layer in prefill.cache.layers]
+        return cls(DynamicCache(ddp_cache_data=rows), valid.long(), prefill.next_positions)
 
 
 class DynamicRows:
@@ -172,6 +220,15 @@ class DynamicRows:
         self.last, self.index = tokens, self.index + 1
         return Ready(tokens, logprobs)
 
+    def prefix_of(self, key: Hashable, length: int) -> torch.Tensor:
+        batch = self.batch
+        assert batch is not None, "prefix_of before join"
+        row = self.keys.index(key)
+        start = batch.attention_mask.shape[1] - int(
+            batch.attention_mask[row].sum()
+        )  # its tokens, right-aligned
+        return _stacked(batch.cache.layers, row, slice(start, start + length))
+
     def _select(self, rows: list[int]) -> None:
         """Keep only `rows` (indices into the current rows), in that order."""
         batch = self.batch
@@ -209,6 +266,11 @@ class StaticRows:
     def launch(self, keys: Sequence[Hashable]) -> Step:
         self.keep(keys)
         return self.decoder.launch([self.slots[key] for key in keys])
+
+    def prefix_of(self, key: Hashable, length: int) -> torch.Tensor:
+        decoder = self.decoder
+        layers = [KV(keys, values) for keys, values in zip(decoder.keys, decoder.values, strict=True)]
+        return _stacked(layers, self.slots[key], slice(0, length))
 
     def close(self) -> None:
         self.decoder.release(list(self.slots.values()))
@@ -458,6 +520,14 @@ def _length_bucket(length: int, cache_len: int) -> int:
     while bucket < length:
         bucket = bucket * 3 // 2 if bucket & (bucket - 1) == 0 else bucket * 4 // 3
     return min(bucket, cache_len)
+
+
+@torch.inference_mode()
+def _stacked(layers: Sequence[Any], row: int, positions: slice) -> torch.Tensor:
+    """Row `row`'s keys and values at `positions` of every layer (`.keys`, `.values` `[rows, kv_heads, T,
+    D]`), copied in one `[layers, 2, kv_heads, P, D]` tensor."""
+    halves = [half[row, :, positions] for layer in layers for half in (layer.keys, layer.values)]
+    return torch.stack(halves).unflatten(0, (len(layers), 2))
 
 
 @torch.inference_mode()
