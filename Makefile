@@ -63,9 +63,14 @@ slow-test: install
 # The tests marked gpu, which need CUDA and are skipped without it, so CI (CPUs only) never runs them: the
 # varlen FlashAttention kernel (packed rows, and cached keys before a prompt's rest), the HF engine's decode
 # steps captured in CUDA graphs against eager ones, and its prefix cache on the static cache in graphs.
-# Run it on a machine with a GPU (docs/engines.md, "Prefix cache").
-gpu-test: install
-	$(PY) -m pytest -q -p no:cacheprovider --durations=10 -m gpu
+# Run it on a machine with a GPU (docs/engines.md, "Prefix cache"), with a Python that holds a CUDA build of
+# torch and vistarl's train extra (GPU_PYTHON; `make install`'s venv has the CPU build, so it is not used).
+# Only the files that hold gpu tests are collected: a GPU host needs none of the other tests' tools.
+GPU_PYTHON ?= python3
+GPU_TESTS := $(shell grep -l 'pytest.mark.gpu' tests/test_*.py)
+
+gpu-test:
+	$(GPU_PYTHON) -m pytest -q -p no:cacheprovider --durations=10 -m gpu $(GPU_TESTS)
 
 # Lint, mypy and the deploy checks run beside pytest, each check's output whole when it ends (-Otarget);
 # pytest prints as it goes. Every check and pytest run to the end; any failure fails `make test`.
