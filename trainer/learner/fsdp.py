@@ -137,14 +137,19 @@ def shard_model(
         return module.to(device)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     unit_policy = mixed_precision_policy(device, cast_inputs=False)
-    shared = {
-        "mesh": mesh,
-        "reshard_after_forward": not keep_gathered,
-        "offload_policy": CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy(),
-    }
+    reshard = not keep_gathered
+    offloaded = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy()
     for unit in shard_units(module):
-        fully_shard(unit, mp_policy=unit_policy, **shared)
-    fully_shard(module, mp_policy=mixed_precision_policy(device), **shared)
+        fully_shard(
+            unit, mesh=mesh, mp_policy=unit_policy, reshard_after_forward=reshard, offload_policy=offloaded
+        )
+    fully_shard(
+        module,
+        mesh=mesh,
+        mp_policy=mixed_precision_policy(device),
+        reshard_after_forward=reshard,
+        offload_policy=offloaded,
+    )
     register_fsdp_forward_method(module, "encode_images")  # a forward of the root: it may run first
     if keep_gathered:
         _KEEP_GATHERED.add(module)

@@ -223,7 +223,7 @@ def _activations(
     patches = image_tokens * counts.merge**2
     block = 8 * counts.vision_hidden + 4 * counts.vision_intermediate
     vision_kept = counts.vision_hidden if model.gradient_checkpointing else block
-    working = [tokens * whole_layer * compute]
+    working: list[float] = [tokens * whole_layer * compute]
     if logprobs:
         working.append(LOGPROB_CHUNK_COPIES * 4 * min(LOGPROB_CHUNK, tokens) * counts.vocab)
     vision = 2 * image_tokens * h * compute  # the pass's features, and their gradients

@@ -36,11 +36,11 @@ def build_optimizer(
     is on a GPU, which avoids the foreach path's float32 temporaries the size of the whole model), else
     `BFloat16AdamW`."""
     params = list(params)
-    settings = {"lr": lr, "betas": optim.betas, "weight_decay": optim.weight_decay}
+    betas, decay = optim.betas, optim.weight_decay
     if state_dtype == "bfloat16":
-        return BFloat16AdamW(params, seed=seed, **settings)
+        return BFloat16AdamW(params, lr=lr, betas=betas, weight_decay=decay, seed=seed)
     on_gpu = bool(params) and all(_local(p).device.type == "cuda" for p in params)
-    return torch.optim.AdamW(params, fused=on_gpu or None, **settings)
+    return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=decay, fused=on_gpu or None)
 
 
 class BFloat16AdamW(torch.optim.Optimizer):
@@ -84,6 +84,7 @@ class BFloat16AdamW(torch.optim.Optimizer):
         lr, eps = group["lr"], group["eps"]
         step_size = lr / (1 - beta1**step)
         root_correction = math.sqrt(1 - beta2**step)
+        assert param.grad is not None
         weights = _local(param).view(-1)
         generator = self._generator(weights.device, step)
         pieces = [

@@ -175,8 +175,8 @@ class PolicyTrainer:
             else None
         )
         self.actor_optimizer = self._optimizer(self.actor.parameters(), cfg.optim.lr)
-        self.critic_optimizer = None
-        self.optimizers = {"actor": self.actor_optimizer}
+        self.critic_optimizer: torch.optim.Optimizer | None = None
+        self.optimizers: dict[str, torch.optim.Optimizer] = {"actor": self.actor_optimizer}
         if self.critic is not None:
             self.critic_optimizer = self._optimizer(self.critic.parameters(), cfg.optim.critic_lr)
             self.optimizers["critic"] = self.critic_optimizer
