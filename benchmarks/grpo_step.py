@@ -19,8 +19,10 @@ One line per part, mean seconds per step over the measured steps:
 - `reference`: the reference model's pass, when `algo.kl_loss_coef` > 0 (`time/reference`);
 - `update`: advantages and the optimizer steps (`time/update`);
 - `sync`: the new weights into the engine (`time/sync`);
-- `host`: the rest of the step's wall time, from one step's log record to the next: the host work between
-  the parts (packing, moving trajectories, the state dict) and the logging.
+- `host`: the rest of the step's wall time, from one step's log record to the next, in two lines:
+  `in learner`, the learner's command outside its timed parts (handing it the trajectories, packing them
+  into micro-batches and onto the device, the update's metrics), and `in loop`, the rest (submitting the
+  next step's jobs, holding and releasing the engine, the rollout metrics, the logging).
 
 Then episodes/s and training tokens/s (trainable tokens, prompt included, over the step's wall time), the
 peak GPU memory of the process (trainer and embedded engine together; the largest resident set on CPU),
@@ -60,6 +62,7 @@ PARTS = {
     "update": "time/update",
     "sync": "time/sync",
 }
+HOST_PARTS = ("in learner", "in loop")
 EPISODE_SECONDS = "rollout/seconds/"
 TINY_SETTINGS = [
     "rollout.rollout_batch_size=2",
@@ -74,9 +77,14 @@ def step_figures(record: dict[str, float], previous: dict[str, float]) -> dict[s
     so the logging between steps counts) and its sizes; `host` is what the parts leave."""
     parts = {name: float(record.get(key, 0.0)) for name, key in PARTS.items()}
     step_s = float(record["time"]) - float(previous["time"]) - float(record.get("time/eval", 0.0))
+    learner = float(record.get("time/train", 0.0)) - sum(
+        parts[k] for k in ("recompute", "reference", "update")
+    )
     parts["host"] = max(0.0, step_s - sum(parts.values()))
     return {
         **parts,
+        "in learner": min(max(0.0, learner), parts["host"]),
+        "in loop": max(0.0, parts["host"] - max(0.0, learner)),
         "step": step_s,
         "episodes": float(record.get("rollout/episodes", 0.0)),
         "train_tokens": float(record.get("train/tokens", 0.0)),
@@ -96,6 +104,7 @@ def summary(history: list[dict[str, float]], warmup: int, steps: int) -> dict[st
     return {
         "steps": len(measured),
         "seconds": {key: round(mean[key], 4) for key in (*PARTS, "host", "step")},
+        "host_seconds": {key: round(mean[key], 4) for key in HOST_PARTS},
         "episodes": mean["episodes"],
         "train_tokens": mean["train_tokens"],
         "episodes_per_s": round(mean["episodes"] / mean["step"], 2),
@@ -121,6 +130,8 @@ def print_report(result: dict[str, Any]) -> None:
     print(f"{'part':<10} {'s/step':>8}")
     for name in (*PARTS, "host"):
         print(f"{name:<10} {seconds[name]:8.3f}")
+    for name in HOST_PARTS:
+        print(f"  {name:<10} {result['host_seconds'][name]:8.3f}")
     print(f"{'step':<10} {seconds['step']:8.3f}")
     print(
         f"episodes/s {result['episodes_per_s']:.1f}  training tokens/s {result['train_tokens_per_s']:.0f}  "

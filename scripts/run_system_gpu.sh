@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole system on a 2-GPU host, as docs/benchmarks.md measures it ("The whole system on GPUs"):
-# `vistarl up` with the trainer on GPU 0 and `vistarl engine serve` on GPU 1, on a random-init
-# checkpoint of the real shape (written once under MODELS by `vistarl model tiny --shape ...`), each run
-# sized to play its 20 steps in about 6 minutes. It starts detached and returns at once.
+# `vistarl up` with the trainer on GPU 0 and `vistarl engine serve` on GPU 1 (or both on GPU 0 with
+# TRAINER_GPUS=0 ENGINE_GPUS=0), on a random-init checkpoint of the real shape (written once under MODELS
+# by `vistarl model tiny --shape ...`), each run sized to play its 20 steps in about 6 minutes. It starts detached and returns at once.
 #   scripts/run_system_gpu.sh RUN OUT [ARGS...]   RUN: geo3k, sokoban, sokoban-async or vsi; ARGS go to
 #                                                 vistarl up (more --set overrides, say)
 #   vistarl status OUT                            the processes, the last step, the step breakdown
@@ -13,11 +13,12 @@
 #   sokoban        configs/sokoban.yaml on qwen3_vl_2b: 4 x 4 episodes of up to 8 turns, as configured
 #   sokoban-async  the same with rollout.async_mode and rollout.max_staleness=1
 #   vsi            configs/vsi.yaml on qwen2_5_vl_3b (PPO, critic, GAE): 8 questions a step, 8 turns;
-#                  whole-layer checkpointing, 6k-token micro-batches and expandable allocator segments,
-#                  as the actor and the critic, each 3.75B parameters with fp32 weights, gradients and
-#                  AdamW state (60 GB), share GPU 0. With 12k-token micro-batches step 1 peaked at
-#                  126.5 GiB and step 2 ran out of memory on an H200 (docs/benchmarks.md); this sizing
-#                  has not run on a GPU yet
+#                  whole-layer checkpointing, 12k-token micro-batches (one whole episode's context),
+#                  two a vision pass, AdamW's moments in bfloat16 and expandable allocator segments: the
+#                  trainer's estimated peak is 93.2 GiB (docs/fsdp.md, "Memory"), which leaves one H200
+#                  room for the engine beside it (TRAINER_GPUS=0 ENGINE_GPUS=0). With float32 moments
+#                  and MLP-scope checkpointing step 1 peaked at 126.5 GiB and step 2 ran out of memory
+#                  on an H200 (docs/benchmarks.md)
 # The two workers run as many episodes at once as a step has (rollout.concurrency), and so the engine
 # batches them all. Every run: no torch.compile (its start-up would take minutes of the six), 20 steps,
 # no evaluation, no checkpoint at the end, 128 new tokens a turn at most, and replies ending at a '.': a
@@ -54,7 +55,8 @@ case "$run" in
         sized=(
             --set rollout.rollout_batch_size=8 --set train.global_batch_size=8 --set rollout.concurrency=4
             --set rollout.max_turns=8 --set env.options.max_turns=8
-            --set model.checkpoint_scope=layer --set train.micro_batch_tokens=6144
+            --set model.checkpoint_scope=layer --set train.micro_batch_tokens=12288
+            --set train.vision_pass_micro_batches=2 --set train.optimizer_state_dtype=bfloat16
         )
         export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
         ;;

@@ -43,10 +43,11 @@ def plain_run(tiny_qwen25: Path, tmp_path_factory: pytest.TempPathFactory) -> Ru
     return read_run(out_dir)
 
 
-def sharded_run(checkpoint: Path, out_dir: Path, ranks: int) -> Run:
-    """The update under torchrun on `ranks` CPU ranks."""
+def sharded_run(checkpoint: Path, out_dir: Path, ranks: int, *overrides: str) -> Run:
+    """The update under torchrun on `ranks` CPU ranks, with config `overrides`."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks)]
     worker = [str(REPO / "tests" / "fsdp_worker.py"), str(checkpoint), str(out_dir), str(MICRO_BATCH_TOKENS)]
+    worker += overrides
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     command = [*launcher, "--master-port", str(free_port()), *worker]
     subprocess.run(command, env=env, cwd=REPO, timeout=240, check=True)
@@ -87,6 +88,18 @@ def test_one_rank_keeping_gathered_weights_updates_like_one_process(
     """On one rank the trainer keeps gathered weights through each optimizer step's micro-batches; four
     steps in two epochs after a no-grad recompute would drift from the plain run on a stale copy."""
     sharded = sharded_run(tiny_qwen25, tmp_path, ranks=1)
+    assert sharded[0]["world"] == 1
+    assert_same_update(tiny_qwen25, sharded, plain_run)
+
+
+@pytest.mark.slow  # a torchrun rank: a minute of CPU
+def test_the_critic_offloaded_to_the_host_updates_like_one_process(
+    tiny_qwen25: Path, plain_run: Run, tmp_path: Path
+) -> None:
+    """`train.optimizer_offload: critic` (FSDP2's CPU offload of the critic's shards, gradients and AdamW
+    state) takes the plain run's update: on the CPU the placement is the same, the offload's code path is
+    not (its gathers, gradient copies and the optimizer over host shards)."""
+    sharded = sharded_run(tiny_qwen25, tmp_path, 1, "train.optimizer_offload=critic")
     assert sharded[0]["world"] == 1
     assert_same_update(tiny_qwen25, sharded, plain_run)
 

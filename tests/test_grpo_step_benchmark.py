@@ -25,6 +25,7 @@ def test_grpo_step_benchmark_runs_tiny_and_reports_every_part(tmp_path: Path) ->
     seconds = figures["seconds"]
     assert set(seconds) == {"rollout", "recompute", "reference", "update", "sync", "host", "step"}
     assert seconds["rollout"] > 0 and seconds["update"] > 0 and seconds["step"] >= seconds["rollout"]
+    assert sum(figures["host_seconds"].values()) == pytest.approx(seconds["host"], abs=2e-4)
     assert seconds["recompute"] == 0.0, "one epoch of one mini-batch takes its old logprobs from the update"
     assert figures["episodes"] == 4 and figures["train_tokens"] > 0 and figures["episodes_per_s"] > 0
     assert figures["device"] == "cpu" and figures["peak_memory_gib"] > 0

@@ -428,6 +428,29 @@ class TrainLoopConfig(_Section):
     keep_checkpoints: int | None = Field(
         default=None, ge=1, description="the newest checkpoints of the run kept on disk; None: all"
     )
+    optimizer_state_dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32",
+        description="AdamW's two moments: bfloat16 halves its state, 8 to 4 bytes a parameter, "
+        "stochastically rounded (trainer/learner/optimizers.py)",
+    )
+    optimizer_offload: Literal["none", "critic"] = Field(
+        default="none",
+        description="critic: the critic's weights, gradients and AdamW state in host memory, where its "
+        "optimizer steps (FSDP2's CPU offload, under torchrun); the actor's stay on the GPU, which pushes "
+        "them",
+    )
+    memory_check: Literal["refuse", "warn", "off"] = Field(
+        default="refuse",
+        description="before the models load, the run's peak GPU memory is estimated "
+        "(trainer/learner/memory_budget.py): refuse a run that cannot fit, naming what to change; warn: say "
+        "so and start; off: no estimate",
+    )
+    gpu_memory_gib: float | None = Field(
+        default=None,
+        gt=0,
+        description="the GPU memory the check plans for; None: the device's free memory at start (on the "
+        "CPU, no check unless this is set)",
+    )
 
     def periodic_save(self, step: int) -> bool:
         """Whether step `step` saves a checkpoint every `save_every` steps (the last one aside)."""

@@ -33,7 +33,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+    register_fsdp_forward_method,
+)
 
 from vistarl.trainer.learner.activation_checkpointing import CheckpointScope, enable_gradient_checkpointing
 from vistarl.trainer.learner.models import ActorModel, CriticModel, blocks, freeze_vision
@@ -99,6 +106,7 @@ def shard_model(
     compiled: bool = False,
     keep_gathered: bool = False,
     compute_dtype: torch.dtype = torch.float32,
+    offload: bool = False,
 ) -> Model:
     """Prepare `module` for training on `device`: optional checkpointing (`activation_checkpointing`),
     frozen vision and compiled blocks (`torch.compile` per layer and block), then FSDP2.
@@ -106,8 +114,9 @@ def shard_model(
     Shards only when a process group exists; otherwise the module is returned on `device` unchanged
     in dtype. Sharded on GPU, or unsharded on GPU with a bf16 `compute_dtype` (the trainer's autocast),
     it computes in bf16 with varlen FlashAttention and aligned MLP widths
-    (`vistarl.trainer.learner.vision_mlp`). `keep_gathered`: see the module docstring. Returns the same object
-    (FSDP2 shards in place).
+    (`vistarl.trainer.learner.vision_mlp`). `keep_gathered`: see the module docstring. `offload` keeps the
+    shards, their gradients and so the optimizer's state in host memory, where the optimizer steps
+    (FSDP2's `CPUOffloadPolicy`; it needs a process group). Returns the same object (FSDP2 shards in place).
     """
     if device.type == "cuda" and (is_distributed() or compute_dtype == torch.bfloat16):
         use_attention(module, VARLEN_ATTENTION)
@@ -120,13 +129,27 @@ def shard_model(
         for block in blocks(module):
             block.compile()
     if not is_distributed():
+        if offload:
+            raise ValueError(
+                "train.optimizer_offload keeps FSDP2 shards in host memory, which needs a process group: "
+                "start the trainer under torchrun (vistarl up does on GPUs), or leave the offload out"
+            )
         return module.to(device)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     unit_policy = mixed_precision_policy(device, cast_inputs=False)
     reshard = not keep_gathered
+    offloaded = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy()
     for unit in shard_units(module):
-        fully_shard(unit, mesh=mesh, mp_policy=unit_policy, reshard_after_forward=reshard)
-    fully_shard(module, mesh=mesh, mp_policy=mixed_precision_policy(device), reshard_after_forward=reshard)
+        fully_shard(
+            unit, mesh=mesh, mp_policy=unit_policy, reshard_after_forward=reshard, offload_policy=offloaded
+        )
+    fully_shard(
+        module,
+        mesh=mesh,
+        mp_policy=mixed_precision_policy(device),
+        reshard_after_forward=reshard,
+        offload_policy=offloaded,
+    )
     register_fsdp_forward_method(module, "encode_images")  # a forward of the root: it may run first
     if keep_gathered:
         _KEEP_GATHERED.add(module)
@@ -148,6 +171,14 @@ def set_last_micro_batch(module: nn.Module, last: bool) -> None:
         return
     module.set_reshard_after_backward(last)
     module.set_requires_gradient_sync(last, recurse=False)
+
+
+def free_gathered(module: nn.Module) -> None:
+    """Free the gathered copies that a `keep_gathered` module kept after a no-grad pass, when another
+    model trains before it (a plain module has none)."""
+    for unit in module.modules():
+        if isinstance(unit, FSDPModule):
+            unit.reshard()
 
 
 def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:

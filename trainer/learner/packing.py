@@ -31,6 +31,7 @@ import torch
 from PIL import Image
 
 from vistarl.trainer.modeling.attention import SequenceBounds
+from vistarl.trainer.modeling.device import host_to_device
 from vistarl.trainer.rollout.processor import ImageLike, VLProcessor
 
 RopeIndex = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -75,9 +76,11 @@ class PackedBatch:
         return int(self.input_ids.shape[1])
 
     def to(self, device: torch.device | str) -> PackedBatch:
-        """The same batch with every tensor but the `HOST_FIELDS` on `device`."""
+        """The same batch with every tensor but the `HOST_FIELDS` on `device`, copied to a GPU through
+        pinned memory (`host_to_device`): a copy from pageable memory would wait for the GPU's queued work."""
+        target = torch.device(device)
         moved: dict[str, Any] = {
-            f.name: value.to(device)
+            f.name: host_to_device(value, target)
             for f in fields(self)
             if f.name not in HOST_FIELDS and isinstance(value := getattr(self, f.name), torch.Tensor)
         }

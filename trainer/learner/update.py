@@ -17,12 +17,14 @@ COMPLETED or TRUNCATED with at least one generated token) in episode-id order, a
    estimators only this rank's rows, which are the ones it trains on);
 4. runs `algo.ppo_epochs` passes: one optimizer step per mini-batch, accumulating its micro-batches
    (losses normalised by the mini-batch's token or sequence count, times the world size because
-   FSDP averages gradients over ranks), clipping to `optim.grad_clip`.
+   FSDP averages gradients over ranks), clipping to `optim.grad_clip`: the actor's micro-batches and
+   step first, then the critic's, so that one model's gradients and gathered weights are on the GPU
+   at a time (docs/fsdp.md, "Memory").
 
 The vision tower runs once per `train.vision_pass_micro_batches` micro-batches (`VisionPasses`), in
 the recompute and in the update. Forward passes compute in `model.compute_dtype` over float32 master
-weights (bfloat16 autocast on one GPU; FSDP's mixed precision when sharded), gradients and the optimizer
-stay float32.
+weights (bfloat16 autocast on one GPU; FSDP's mixed precision when sharded), gradients stay float32,
+and AdamW's moments are float32 or bfloat16 (`train.optimizer_state_dtype`, `optimizers.py`).
 
 Metrics come back reduced over ranks, token-weighted.
 """
@@ -45,10 +47,11 @@ from vistarl.trainer.config import AlgoConfig, TrainConfig
 from vistarl.trainer.learner.advantages import compute_advantages
 from vistarl.trainer.learner.checkpoint import Schedule
 from vistarl.trainer.learner.entropy_control import EntropyControl
-from vistarl.trainer.learner.fsdp import is_distributed, set_last_micro_batch, shard_model
+from vistarl.trainer.learner.fsdp import free_gathered, is_distributed, set_last_micro_batch, shard_model
 from vistarl.trainer.learner.logprobs import TokenScores, token_logprobs, token_values
 from vistarl.trainer.learner.losses import actor_loss, masked_sum, value_loss
 from vistarl.trainer.learner.models import ActorModel, CriticModel, Models
+from vistarl.trainer.learner.optimizers import build_optimizer
 from vistarl.trainer.learner.packing import (
     PackedBatch,
     SequenceSample,
@@ -166,30 +169,28 @@ class PolicyTrainer:
             if models.reference is not None
             else None
         )
-        self.critic = shard_model(models.critic, device, **trained) if models.critic is not None else None
-        optim = cfg.optim
-        self.actor_optimizer = torch.optim.AdamW(
-            [p for p in self.actor.parameters() if p.requires_grad],
-            lr=optim.lr,
-            betas=optim.betas,
-            weight_decay=optim.weight_decay,
-        )
-        self.critic_optimizer = (
-            torch.optim.AdamW(
-                self.critic.parameters(),
-                lr=optim.critic_lr,
-                betas=optim.betas,
-                weight_decay=optim.weight_decay,
-            )
-            if self.critic is not None
+        self.critic = (
+            shard_model(models.critic, device, offload=cfg.train.optimizer_offload == "critic", **trained)
+            if models.critic is not None
             else None
         )
-        self.lr_schedulers = {"actor": LambdaLR(self.actor_optimizer, warmup(optim.warmup_steps))}
-        if self.critic_optimizer is not None:
-            self.lr_schedulers["critic"] = LambdaLR(self.critic_optimizer, warmup(optim.warmup_steps))
+        self.actor_optimizer = self._optimizer(self.actor.parameters(), cfg.optim.lr)
+        self.critic_optimizer: torch.optim.Optimizer | None = None
+        self.optimizers: dict[str, torch.optim.Optimizer] = {"actor": self.actor_optimizer}
+        if self.critic is not None:
+            self.critic_optimizer = self._optimizer(self.critic.parameters(), cfg.optim.critic_lr)
+            self.optimizers["critic"] = self.critic_optimizer
+        schedule = warmup(cfg.optim.warmup_steps)
+        self.lr_schedulers = {name: LambdaLR(opt, schedule) for name, opt in self.optimizers.items()}
         self.entropy_control = EntropyControl(cfg.algo)
         self.metric_names = metric_names(cfg, self.reference is not None, self.critic is not None)
         self.old_from_update = cfg.old_logprobs_from_update
+
+    def _optimizer(self, parameters: Iterator[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+        """AdamW over the trainable `parameters`, its state in `train.optimizer_state_dtype`."""
+        train = self.cfg.train
+        trainable = (p for p in parameters if p.requires_grad)
+        return build_optimizer(trainable, lr, self.cfg.optim, train.optimizer_state_dtype, train.seed)
 
     @property
     def schedulers(self) -> dict[str, Schedule]:
@@ -323,6 +324,7 @@ class PolicyTrainer:
                 with self.autocast():
                     micro.values = token_values(self.critic, micro.batch, image_features=critic.features(i))
                 critic.backward(i)
+            free_gathered(self.critic)  # the actor trains first: its weights alone are gathered then
 
     def _logprobs(
         self, model: ActorModel, micro: Micro, features: ImageFeatures | None, *, with_entropy: bool = False
@@ -384,40 +386,48 @@ class PolicyTrainer:
         critic: bool = True,
         images: bool = True,
     ) -> float:
-        """One optimizer step: accumulate the micro-batches' actor (and critic) losses, clip, step, advance
-        the learning-rate schedule; returns the actor's gradient norm. Without `images` in the mini-batch
-        (on any rank), the vision towers are left out of the step (`_without_vision_gradients`)."""
-        critic_model = self.critic if critic else None
+        """One optimizer step of the actor, then one of the critic (when it trains): each accumulates the
+        micro-batches' losses, clips, steps and advances its learning-rate schedule; returns the actor's
+        gradient norm. The actor's gradients are freed before the critic's pass and the critic's after its
+        step, so the two models' gradients and gathered weights never share the GPU (docs/fsdp.md,
+        "Memory"). Without `images` in the mini-batch (on any rank), the vision towers are left out of the
+        step (`_without_vision_gradients`)."""
         self.actor_optimizer.zero_grad(set_to_none=True)
-        if critic_model is not None and self.critic_optimizer is not None:
+        norm = self._step_model(self.actor, "actor", micros, actor_backward, denominator, sums, images)
+        if critic and self.critic is not None and self.critic_optimizer is not None:
+            self.actor_optimizer.zero_grad(set_to_none=True)
+            critic_norm = self._step_model(
+                self.critic, "critic", micros, self._critic_backward, denominator, sums, images
+            )
             self.critic_optimizer.zero_grad(set_to_none=True)
-        batches = [micro.batch for micro in micros]
-        group = self.cfg.train.vision_pass_micro_batches
-        actor_vision = VisionPasses(self.actor, batches, group)
-        critic_vision = VisionPasses(critic_model, batches, group) if critic_model is not None else None
-        for i, micro in enumerate(micros):
-            last = i == len(micros) - 1
-            set_last_micro_batch(self.actor, last)
-            with self.autocast():
-                features = actor_vision.features(i)
-            actor_backward(micro, features, denominator, sums)
-            actor_vision.backward(i)
-            if critic_vision is not None:
-                set_last_micro_batch(critic_vision.model, last)
-                with self.autocast():
-                    features = critic_vision.features(i)
-                self._critic_backward(micro, features, denominator, sums)
-                critic_vision.backward(i)
-        if not images:
-            _without_vision_gradients(self.actor, critic_model)
-        norm = clip_gradients(self.actor.parameters(), self.cfg.optim.grad_clip)
-        self.actor_optimizer.step()
-        self.lr_schedulers["actor"].step()
-        if critic_model is not None and self.critic_optimizer is not None:
-            critic_norm = clip_gradients(critic_model.parameters(), self.cfg.optim.grad_clip)
             sums.add({"critic_grad_norm": torch.tensor(critic_norm)}, torch.ones(()))
-            self.critic_optimizer.step()
-            self.lr_schedulers["critic"].step()
+        return norm
+
+    def _step_model(
+        self,
+        model: ActorModel | CriticModel,
+        name: str,
+        micros: list[Micro],
+        backward: Backward,
+        denominator: float,
+        sums: Sums,
+        images: bool,
+    ) -> float:
+        """`model`'s pass over the micro-batches (`backward` on each), then its clip, optimizer step and
+        schedule step; returns its gradient norm before clipping."""
+        group = self.cfg.train.vision_pass_micro_batches
+        vision = VisionPasses(model, [micro.batch for micro in micros], group)
+        for i, micro in enumerate(micros):
+            set_last_micro_batch(model, i == len(micros) - 1)
+            with self.autocast():
+                features = vision.features(i)
+            backward(micro, features, denominator, sums)
+            vision.backward(i)
+        if not images:
+            _without_vision_gradients(model)
+        norm = clip_gradients(model.parameters(), self.cfg.optim.grad_clip)
+        self.optimizers[name].step()
+        self.lr_schedulers[name].step()
         return norm
 
     def _actor_backward(

@@ -30,6 +30,7 @@ from vistarl.trainer.learner.checkpoint import (
     save_checkpoint,
 )
 from vistarl.trainer.learner.fsdp import init_distributed, rank_device
+from vistarl.trainer.learner.memory_budget import GIB, Budget, preflight
 from vistarl.trainer.learner.models import Models, load_actor, load_critic, load_reference
 from vistarl.trainer.learner.update import PolicyTrainer
 from vistarl.trainer.rollout.engines.base import Engine
@@ -64,6 +65,7 @@ class RankLearner:
         self.state = load_trainer_state(self.checkpoint) if self.checkpoint else TrainerState(0, 0, 0)
         self.model_path = self.checkpoint / "actor" if self.checkpoint else Path(cfg.model.path)
         self.processor = VLProcessor.from_pretrained(self.model_path)
+        self.budget = preflight(cfg, self.model_path, self.device)  # before a model takes memory
         self.trainer = PolicyTrainer(cfg, self._load_models(), self.processor, self.device)
         if self.checkpoint is not None:
             self._restore(self.checkpoint)
@@ -132,7 +134,10 @@ class RankLearner:
         nothing."""
         match command:
             case Train(step=step, trajectories=trajectories, checkpoint=state):
-                metrics = {**self.trainer.update(step, trajectories), **_peak_memory(self.device)}
+                metrics = {
+                    **self.trainer.update(step, trajectories),
+                    **_peak_memory(self.device, self.budget),
+                }
                 if state is not None:
                     self._save(state)
                 return metrics
@@ -180,11 +185,13 @@ class RankLearner:
         )
 
 
-def _peak_memory(device: torch.device) -> dict[str, float]:
+def _peak_memory(device: torch.device, budget: Budget | None) -> dict[str, float]:
     """On a GPU, the most memory this rank's tensors held since the last call (GiB), then a fresh count:
-    the figure of one step, its update and the push before it. Nothing on the CPU."""
+    the figure of one step, its update and the push before it; beside it the start's estimate of the peak
+    (`memory_budget`), margin left out. Nothing on the CPU."""
     if device.type != "cuda":
         return {}
-    peak = torch.cuda.max_memory_allocated(device) / 2**30
+    peak = torch.cuda.max_memory_allocated(device) / GIB
     torch.cuda.reset_peak_memory_stats(device)
-    return {"perf/peak_memory_gib": peak}
+    estimate = {"perf/estimated_peak_gib": budget.tensors / GIB} if budget is not None else {}
+    return {"perf/peak_memory_gib": peak, **estimate}
