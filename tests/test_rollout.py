@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
+import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -224,11 +224,10 @@ async def test_an_engine_abort_gives_aborted_with_the_reason(processor: VLProces
 
 async def test_a_dead_engine_is_aborted_within_its_retry_deadline(processor: VLProcessor, envs: Envs) -> None:
     engine = SGLangEngine(f"http://127.0.0.1:{free_port()}", processor, retry_deadline_s=1.0)
-    started = time.monotonic()
     trajectory = await play(processor, engine, envs, options=CORRIDOR)
     await engine.close()
-    assert trajectory.status is Status.ABORTED and trajectory.error
-    assert time.monotonic() - started < 15.0
+    assert trajectory.status is Status.ABORTED and "ClientConnectorError" in (trajectory.error or "")
+    assert re.search(r"failed after \d+ attempt\(s\)", trajectory.error or "")  # the deadline ended them
 
 
 async def test_a_dead_env_server_fails_the_episode_with_its_error(processor: VLProcessor, envs: Envs) -> None:
@@ -244,11 +243,9 @@ async def test_a_dead_env_server_fails_the_episode_with_its_error(processor: VLP
             return WANDER[index % len(WANDER)]
 
         engine = ScriptedEngine(processor, kill_server_then_answer)
-        started = time.monotonic()
         trajectory = await play(processor, engine, envs, url, config=config(max_turns=4), seed=5)
     assert trajectory.status is Status.FAILED and "step failed" in (trajectory.error or "")
     assert len(trajectory.turn_rewards) == 1
-    assert time.monotonic() - started < 15.0
 
 
 async def test_an_env_exception_fails_the_episode(processor: VLProcessor, envs: Envs) -> None:
@@ -263,12 +260,10 @@ async def test_an_env_exception_fails_the_episode(processor: VLProcessor, envs: 
 async def test_the_episode_deadline_aborts_a_slow_episode(processor: VLProcessor, envs: Envs) -> None:
     handle = await envs.open("tests.envs.counter")
     engine = ScriptedEngine(processor, lambda index, request: "inc")
-    started = time.monotonic()
     slow = job("tests.envs.counter", options={"step_delay_s": 0.5, "target": 100})
     trajectory = await run_episode(handle, engine, processor, config(), slow, deadline_s=1.2)
     assert trajectory.status is Status.ABORTED and "deadline of 1.2 s" in (trajectory.error or "")
-    assert 1 <= len(trajectory.turn_rewards) <= 3
-    assert time.monotonic() - started < 5.0
+    assert 1 <= len(trajectory.turn_rewards) <= 3  # 0.5 s steps: the deadline, not the 100-step target
 
 
 async def test_cancellation_propagates_and_closes_the_session(
