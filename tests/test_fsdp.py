@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 
 from benchmarks.train_step import benchmark_config, build_actor, counted_params
 from tests.fsdp_worker import train_step
+from tests.machine import outlasting
 from tests.test_update import assert_same_step
 from vistarl.serving.launch import free_port
 from vistarl.trainer.learner.fsdp import full_state_dict
@@ -31,6 +32,10 @@ from vistarl.trainer.weights.names import is_tied
 
 REPO = Path(__file__).resolve().parent.parent
 MICRO_BATCH_TOKENS = 96
+RANKS_S = 240.0
+"""How long torchrun's ranks may take to update here."""
+BENCHMARK_S = 300.0
+"""How long a benchmark script may take here."""
 
 Run = tuple[dict[str, Any], dict[str, torch.Tensor]]
 
@@ -54,7 +59,7 @@ def sharded_run(checkpoint: Path, out_dir: Path, ranks: int) -> Run:
     worker = [str(REPO / "tests" / "fsdp_worker.py"), str(checkpoint), str(out_dir), str(MICRO_BATCH_TOKENS)]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     command = [*launcher, "--master-port", str(free_port()), *worker]
-    subprocess.run(command, env=env, cwd=REPO, timeout=240, check=True)
+    subprocess.run(command, env=env, cwd=REPO, timeout=RANKS_S, check=True)
     return read_run(out_dir)
 
 
@@ -79,6 +84,7 @@ def assert_same_update(checkpoint: Path, sharded: Run, plain: Run) -> None:
 
 
 @pytest.mark.slow  # two torchrun ranks: minutes of CPU
+@outlasting(RANKS_S)
 def test_two_ranks_update_like_one_process(tiny_qwen25: Path, plain_run: Run, tmp_path: Path) -> None:
     sharded = sharded_run(tiny_qwen25, tmp_path, ranks=2)
     assert (sharded[0]["world"], plain_run[0]["world"]) == (2, 0)
@@ -86,6 +92,7 @@ def test_two_ranks_update_like_one_process(tiny_qwen25: Path, plain_run: Run, tm
 
 
 @pytest.mark.slow  # a torchrun rank: a minute of CPU
+@outlasting(RANKS_S)
 def test_one_rank_keeping_gathered_weights_updates_like_one_process(
     tiny_qwen25: Path, plain_run: Run, tmp_path: Path
 ) -> None:
@@ -104,7 +111,7 @@ BENCHMARK_ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 def _printed(command: list[str]) -> list[str]:
     """Run a benchmark command on CPU: the lines it printed, its JSON line of figures last."""
     done = subprocess.run(
-        command, env=BENCHMARK_ENV, cwd=REPO, capture_output=True, text=True, timeout=300, check=True
+        command, env=BENCHMARK_ENV, cwd=REPO, capture_output=True, text=True, timeout=BENCHMARK_S, check=True
     )
     return done.stdout.strip().splitlines()
 
@@ -133,6 +140,7 @@ def tiny_step(tiny_qwen25: Path) -> dict[str, Any]:
 
 
 @pytest.mark.slow  # a benchmark script end to end
+@outlasting(BENCHMARK_S)
 def test_train_step_benchmark_runs_tiny(tiny_step: dict[str, Any]) -> None:
     """`benchmarks/train_step.py --tiny` takes the GPU benchmark's code path on CPU and reports figures: N is
     the tiny model's count, and each MFU is its rate's FLOPs (6N a token to update, 2N to recompute)
@@ -150,6 +158,7 @@ def test_train_step_benchmark_runs_tiny(tiny_step: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow  # a benchmark script end to end
+@outlasting(3 * BENCHMARK_S)  # the one-rank figures of the fixture, then two runs
 def test_train_step_benchmark_on_two_ranks_has_the_loss_of_one_rank_on_the_same_global_batch(
     tiny_qwen25: Path, tiny_step: dict[str, Any]
 ) -> None:
@@ -165,6 +174,7 @@ def test_train_step_benchmark_on_two_ranks_has_the_loss_of_one_rank_on_the_same_
 
 
 @pytest.mark.slow  # a benchmark script end to end
+@outlasting(BENCHMARK_S)
 def test_weight_sync_benchmark_pushes_from_two_torchrun_ranks_to_each_engine() -> None:
     """`benchmarks/weight_sync.py --tiny` under torchrun: every transport's pushes reach their engine,
     which reports every pushed version (the benchmark checks it after each push, and prints it), and a
