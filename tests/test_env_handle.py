@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from tests.retries import retry_waits
+from tests.runners import SETTINGS
 from vistarl.clients.protocol import ResetResponse, StepResponse
 from vistarl.devtools.servers import running_process, vistarl_cmd
 from vistarl.serving.launch import free_port, stop_process
@@ -46,7 +47,9 @@ async def envs() -> AsyncIterator[Envs]:
 
 def start(**fields: object) -> EpisodeJob:
     """A job that starts an episode as `fields` say (seed, options, sample, task_id)."""
-    return EpisodeJob.model_validate({"episode_id": "e", "group_id": "g", "env": "test", **fields})
+    return EpisodeJob.model_validate(
+        {"episode_id": "e", "group_id": "g", "env": "test", "settings": SETTINGS, **fields}
+    )
 
 
 def image_urls(message: dict) -> list[str]:

@@ -22,6 +22,7 @@ from PIL import Image
 from tests.envs.openenv_colors import COLORS, color_of, prompt, reward, square
 from tests.envs.serving import served_process
 from tests.machine import outlasting
+from tests.runners import SETTINGS
 from tests.test_rollout_hf import generated_runs
 from vistarl.clients.images import encode_image
 from vistarl.devtools.servers import running_process, vistarl_cmd
@@ -169,7 +170,7 @@ async def play(
     otherwise)."""
     runner = RolloutRunner(ScriptedEngine(processor, replies), processor, envs=Envs(timeout_s=timeout_s))
     try:
-        return await runner(group_jobs(spec(url, adapter), [start or {"seed": 2}], 1)[0])
+        return await runner(group_jobs(spec(url, adapter), [start or {"seed": 2}], 1, settings=SETTINGS)[0])
     finally:
         await runner.aclose()
 
@@ -251,7 +252,7 @@ async def test_a_vistarl_server_is_an_openenv_server_and_its_closed_socket_fails
 
         runner = RolloutRunner(ScriptedEngine(processor, kill_before_the_second_turn), processor, envs=Envs())
         try:
-            trajectory = await runner(group_jobs(spec(url, adapter), [{"seed": 5}], 1)[0])
+            trajectory = await runner(group_jobs(spec(url, adapter), [{"seed": 5}], 1, settings=SETTINGS)[0])
         finally:
             await runner.aclose()
     assert len(trajectory.turn_rewards) == 1 and len(trajectory.images) == 2  # the first turn went through

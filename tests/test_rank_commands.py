@@ -18,7 +18,7 @@ import pytest
 from tests.machine import outlasting
 from vistarl.serving.launch import free_port
 from vistarl.trainer.learner.checkpoint import TrainerState
-from vistarl.trainer.rollout.trajectory import Status, Trajectory
+from vistarl.trainer.rollout.trajectory import Behaviour, Status, Trajectory
 from vistarl.trainer.run.rank_commands import Push, Stop, Train, decode, encode
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,6 +41,7 @@ def played(episode_id: str) -> Trajectory:
         image_grid_thw=[(1, 2, 2)],
         episode_reward=1.0,
         metrics={"turns": 1.0},
+        behaviour=Behaviour(temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, max_staleness=1),
     )
 
 

@@ -22,6 +22,7 @@ from typer.testing import CliRunner, Result
 
 from tests.envs.serving import counter_server
 from tests.machine import require
+from tests.runners import SETTINGS
 from vistarl.cli.main import app
 from vistarl.devtools.servers import running_process, vistarl_cmd, wait_http
 from vistarl.serving.launch import free_port, stop_process
@@ -34,7 +35,7 @@ NOOP_RUNNER = ("--runner", "tests.runners:make_noop_runner")
 
 
 def job(episode_id: str, **fields: Any) -> EpisodeJob:
-    return EpisodeJob(episode_id=episode_id, group_id="g0", env="counter", **fields)
+    return EpisodeJob(episode_id=episode_id, group_id="g0", env="counter", settings=SETTINGS, **fields)
 
 
 def namespace() -> str:
