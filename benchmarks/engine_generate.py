@@ -43,13 +43,14 @@ from benchmarks.harness import benchmark_parser
 from vistarl.devtools.model_shapes import REAL_SHAPES, SHAPES, arch_for
 from vistarl.devtools.tiny_checkpoint import write_tiny_checkpoint
 from vistarl.serving.launch import free_port, stop_process, wait_healthy
+from vistarl.trainer.config import RolloutConfig
 from vistarl.trainer.rollout.engines.base import Engine, GenerateRequest, GenerateResult
 from vistarl.trainer.rollout.engines.hf import HFEngine
 from vistarl.trainer.rollout.engines.loading import load_engine, make_engine
 from vistarl.trainer.rollout.engines.sglang_api import SamplingParams
 from vistarl.trainer.rollout.engines.spec import EngineSpec
 from vistarl.trainer.rollout.env_handle import Envs
-from vistarl.trainer.rollout.job import EpisodeJob
+from vistarl.trainer.rollout.job import EpisodeJob, EpisodeSettings
 from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.rollout.tokenization import TokenTracks, TurnEncoder
 
@@ -103,12 +104,15 @@ async def image_prompts(processor: VLProcessor, count: int) -> list[tuple[list[i
     """The first turns of `count` episodes, Sokoban's and Geo3k's alternately (seeds 0, 1, ...)."""
     envs = Envs()
     encoder = TurnEncoder(processor)
+    settings = EpisodeSettings.of(RolloutConfig())  # only the reset is played
     prompts = []
     try:
         for seed in range(count):
             name = IMAGE_ENVS[seed % len(IMAGE_ENVS)]
             env = await envs.open(name)
-            job = EpisodeJob(episode_id=f"bench-{seed}", group_id=f"bench-{seed}", env=name, seed=seed)
+            job = EpisodeJob(
+                episode_id=f"bench-{seed}", group_id=f"bench-{seed}", env=name, seed=seed, settings=settings
+            )
             message, _ = await env.reset(job)
             system = [{"role": "system", "content": env.system_prompt}] if env.system_prompt else []
             tracks = TokenTracks(encoder)

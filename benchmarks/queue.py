@@ -31,10 +31,11 @@ import redis
 from benchmarks.harness import benchmark_parser, markdown_header
 from vistarl.devtools.servers import redis_server, running_process, vistarl_cmd
 from vistarl.serving.launch import free_port
+from vistarl.trainer.config import RolloutConfig
 from vistarl.trainer.queue.base import EpisodeQueue
 from vistarl.trainer.queue.consumer import ResultConsumer
 from vistarl.trainer.queue.redis import RedisQueue
-from vistarl.trainer.rollout.job import EpisodeJob
+from vistarl.trainer.rollout.job import EpisodeJob, EpisodeSettings
 
 
 @dataclass
@@ -73,8 +74,11 @@ def cpu_seconds(pid: int) -> float:
 
 
 def jobs(prefix: str, count: int) -> list[EpisodeJob]:
+    """`count` jobs in groups of 8, each with the settings a run's default config gives (as the trainer's
+    jobs carry theirs)."""
+    settings = EpisodeSettings.of(RolloutConfig())
     return [
-        EpisodeJob(episode_id=f"{prefix}-{i}", group_id=f"{prefix}-{i // 8}", env="noop")
+        EpisodeJob(episode_id=f"{prefix}-{i}", group_id=f"{prefix}-{i // 8}", env="noop", settings=settings)
         for i in range(count)
     ]
 

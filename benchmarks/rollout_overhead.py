@@ -31,7 +31,7 @@ from vistarl.trainer.config import RolloutConfig
 from vistarl.trainer.rollout.engines.base import GenerateRequest
 from vistarl.trainer.rollout.engines.scripted import ScriptedEngine
 from vistarl.trainer.rollout.env_handle import Envs
-from vistarl.trainer.rollout.job import group_jobs
+from vistarl.trainer.rollout.job import EpisodeSettings, group_jobs
 from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.rollout.runner import RolloutRunner, run_jobs
 from vistarl.trainer.rollout.trajectory import Trajectory
@@ -96,8 +96,9 @@ async def measure(
     config = RolloutConfig(max_turns=turns, max_new_tokens=32, rollout_max_response_len=1536)
     engine = ScriptedEngine(processor, scripted_moves, record=False)
     runner = RolloutRunner(engine, processor, config, envs=Envs(token=""))
-    warmup = group_jobs(env, [{"seed": s} for s in range(concurrency)], 1, prefix="warmup")
-    jobs = group_jobs(env, [{"seed": 1000 + s} for s in range(episodes)], 1)
+    settings = EpisodeSettings.of(config)
+    warmup = group_jobs(env, [{"seed": s} for s in range(concurrency)], 1, settings=settings, prefix="warmup")
+    jobs = group_jobs(env, [{"seed": 1000 + s} for s in range(episodes)], 1, settings=settings)
     tally = Tally()
     try:
         async for _ in run_jobs(runner, warmup, concurrency):

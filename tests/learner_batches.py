@@ -2,8 +2,9 @@
 
 A conversation (prompt, then assistant replies and user observations in turn) becomes a `Trajectory`
 through `TokenTracks.from_conversation`, as SFT data does, so its ids, loss mask and turn index are the
-ones a rollout of those replies would record. `scored_by` fills in the rollout logprobs an engine
-serving the given weights would have reported.
+ones a rollout of those replies would record, played with a default config's sampling unless told
+otherwise. `scored_by` fills in the rollout logprobs an engine serving the given weights would have
+reported, at the trajectory's own temperature.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from tests.runners import SETTINGS
 from tests.vl_samples import noise_image
 from vistarl.clients.images import encode_image
 from vistarl.trainer.learner.logprobs import sequence_logprobs
 from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.rollout.tokenization import TokenTracks, TurnEncoder
-from vistarl.trainer.rollout.trajectory import Status, Trajectory
+from vistarl.trainer.rollout.trajectory import Behaviour, Status, Trajectory
 
 
 def conversation(
@@ -51,8 +53,9 @@ def trajectory(
     reward: float = 0.0,
     turn_rewards: Sequence[float] = (),
     status: Status = Status.COMPLETED,
+    behaviour: Behaviour = SETTINGS.behaviour,
 ) -> Trajectory:
-    """The trajectory of a played conversation, with its outcome."""
+    """The trajectory of a conversation played with `behaviour`, with its outcome."""
     return Trajectory.from_tracks(
         TokenTracks.from_conversation(encoder, messages),
         episode_id=episode_id,
@@ -61,14 +64,17 @@ def trajectory(
         status=status,
         episode_reward=reward,
         turn_rewards=list(turn_rewards),
+        behaviour=behaviour,
     )
 
 
 def token_logprobs_of(model: nn.Module, processor: VLProcessor, trajectory: Trajectory) -> torch.Tensor:
-    """`[L]` logprobs `model` gives the trajectory's generated tokens (temperature 1), 0 elsewhere."""
+    """`[L]` logprobs `model` gives the trajectory's generated tokens at its behaviour's temperature (1
+    without one), 0 elsewhere."""
+    temperature = trajectory.behaviour.temperature if trajectory.behaviour is not None else 1.0
     with torch.no_grad():
         return sequence_logprobs(
-            model, processor, trajectory.train_ids, trajectory.images, 1.0, mask=trajectory.loss_mask
+            model, processor, trajectory.train_ids, trajectory.images, temperature, mask=trajectory.loss_mask
         )
 
 

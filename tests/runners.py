@@ -12,18 +12,23 @@ import asyncio
 from typing import Any
 
 from vistarl.clients.http import AsyncEnvClient
+from vistarl.trainer.config import RolloutConfig
 from vistarl.trainer.queue.worker import WorkerOptions
-from vistarl.trainer.rollout.job import EpisodeJob
+from vistarl.trainer.rollout.job import EpisodeJob, EpisodeSettings
 from vistarl.trainer.rollout.trajectory import Status, Trajectory
+
+SETTINGS = EpisodeSettings.of(RolloutConfig())
+"""The settings of a job that asks for nothing special: a default rollout config's."""
 
 
 def trajectory_for(job: EpisodeJob, status: Status = Status.COMPLETED, **fields: Any) -> Trajectory:
-    """The smallest valid trajectory for `job`, plus `fields`."""
+    """The smallest valid trajectory for `job` (with the behaviour of its settings), plus `fields`."""
     return Trajectory(
         episode_id=job.episode_id,
         group_id=job.group_id,
         policy_version=job.policy_version,
         status=status,
+        behaviour=job.settings.behaviour,
         **fields,
     )
 

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from tests.compose_file import Loopback, Service, interpolate, load_services
-from tests.machine import require
+from tests.machine import outlasting, require
 from vistarl.devtools.servers import running_process
 from vistarl.services.server.settings import ServerSettings
 
@@ -40,6 +40,17 @@ ONE_SMALL_STEP = (
     "--set=rollout.max_turns=1",
     "--set=train.global_batch_size=2",
 )
+RUN_S = 300.0
+"""How long a one-shot service (the model, a trainer run) may take."""
+LONG_LIVED = ("redis", "sokoban", "engine", "worker")
+"""The services the test starts and waits on, in `depends_on`'s order."""
+
+
+def healthy_within_s(name: str) -> float:
+    """How long `wait_healthy` waits on a service of the file: its healthcheck's interval x retries, and
+    the last check's own timeout."""
+    check = load_services(ROOT / "docker-compose.yml", {"VISTARL_API_TOKEN": TOKEN})[name].healthcheck
+    return 0.0 if check is None else check.interval_s * check.retries + check.timeout_s
 
 
 @pytest.fixture
@@ -100,7 +111,7 @@ def run_to_completion(service: Service, loopback: Loopback, app_dir: Path, *extr
     """Run a one-shot service's command to exit 0 and return its output."""
     args = [*loopback.command(service, service.command), *extra]
     done = subprocess.run(
-        args, env=process_env(app_dir, service), cwd=app_dir, capture_output=True, text=True, timeout=300
+        args, env=process_env(app_dir, service), cwd=app_dir, capture_output=True, text=True, timeout=RUN_S
     )
     assert done.returncode == 0, f"{service.name} failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout
@@ -115,6 +126,7 @@ def metric(url: str, line_start: str) -> float:
 
 
 @pytest.mark.slow  # seven services and two training runs: minutes of CPU
+@outlasting(3 * RUN_S, *map(healthy_within_s, LONG_LIVED))  # the model and two trainer runs
 def test_the_cpu_profile_trains_twice_through_redis_the_worker_and_the_engine(app_dir: Path) -> None:
     require(
         shutil.which("redis-server") is not None,
@@ -126,7 +138,7 @@ def test_the_cpu_profile_trains_twice_through_redis_the_worker_and_the_engine(ap
     for name in ("redis", "sokoban", "worker"):
         assert services[name].profiles == [], f"{name} runs in every profile"
     loopback = Loopback()
-    for name in ("redis", "sokoban", "engine", "worker"):
+    for name in LONG_LIVED:
         loopback.assign(services[name])
     redis_port = loopback.local("redis", 6379)
     redis_flags = ("--port", str(redis_port), "--bind", "127.0.0.1", "--dir", str(app_dir))

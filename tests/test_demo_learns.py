@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import paired_eval
+from tests.machine import outlasting
 from vistarl.devtools.servers import vistarl_cmd
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,9 +47,12 @@ RL_TOLERANCE = 100 * 5 / 64
 MALLOC = dict.fromkeys(("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"), str(1 << 30))
 """glibc keeps freed memory instead of handing it back and faulting it in again at the next step:
 without these, a third of this run's CPU time is spent in the kernel (docs/results.md)."""
+DEMO_S = 900.0
+"""How long `vistarl demo learn` may take here."""
 HEADLINE = re.compile(r"before (\d+)% -> after SFT (\d+)% -> after RL (\d+)% \(64 levels\)$")
 
 
+@outlasting(DEMO_S)
 def test_sft_lifts_held_out_success_and_grpo_keeps_it(
     tiny_qwen25: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -57,7 +61,7 @@ def test_sft_lifts_held_out_success_and_grpo_keeps_it(
         command += ["--set", value]
     command += ["--out", str(tmp_path / "demo")]
     done = subprocess.run(
-        command, cwd=REPO, env={**os.environ, **MALLOC}, capture_output=True, text=True, timeout=900
+        command, cwd=REPO, env={**os.environ, **MALLOC}, capture_output=True, text=True, timeout=DEMO_S
     )
     assert done.returncode == 0, done.stderr[-3000:]
     found = HEADLINE.search(done.stdout.strip().splitlines()[-1])

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.machine import outlasting
 from vistarl.devtools.servers import vistarl_cmd
 from vistarl.services.sokoban.actions import random_reply
 from vistarl.trainer.eval import baseline_policy, summarize
@@ -18,18 +19,21 @@ from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.rollout.trajectory import Status, Trajectory
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "sokoban_tiny.yaml"
+EVAL_S = 300.0
+"""How long `vistarl eval --dummy` may take here."""
 
 
 def dummy_eval(where: Path, *flags: str) -> str:
     """`vistarl eval --dummy FLAGS` run in the empty directory `where`; its stdout."""
     where.mkdir()
     done = subprocess.run(
-        vistarl_cmd("eval", "--dummy", *flags), cwd=where, capture_output=True, text=True, timeout=300
+        vistarl_cmd("eval", "--dummy", *flags), cwd=where, capture_output=True, text=True, timeout=EVAL_S
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
 
+@outlasting(EVAL_S)
 def test_dummy_eval_plays_two_levels_and_saves_images_and_trajectories(
     tiny_qwen25: Path, tmp_path: Path
 ) -> None:
@@ -51,6 +55,7 @@ def test_dummy_eval_plays_two_levels_and_saves_images_and_trajectories(
 
 
 @pytest.mark.slow  # VSI renders its room tours: a minute of CPU
+@outlasting(EVAL_S)
 def test_the_vsi_seeds_smoke_test_prints_vsibench_scores_and_saves_each_question(tmp_path: Path) -> None:
     """The VSI seed's one-line smoke test, as it is written: no config, no checkpoint."""
     stdout = dummy_eval(tmp_path / "empty", "--env", "vsi", "--max-questions", "2")

@@ -1,6 +1,7 @@
 """`vistarl.clients.gym.GymEnv` on a real `vistarl serve sokoban`: Gymnasium's own env checker passes, an
 episode's `(obs, reward, terminated, truncated, info)` are the wire's own fields for the same seed and
-replies, and a text outside the space's charset is what the checker refuses (docs/client.md, "Gymnasium")."""
+replies, a text outside the space's charset is what the checker refuses, and no session outlives the reset
+that replaced it or the env's close (docs/client.md, "Gymnasium")."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
+import httpx
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
@@ -77,6 +79,30 @@ def test_the_step_cap_truncates_and_a_seedless_reset_follows_the_first_seed(soko
         assert first == again and first[0] == 7 and len(set(first)) == 3
     finally:
         env.close()
+
+
+def live_sessions(url: str) -> int:
+    """The sessions the server holds now."""
+    return int(httpx.get(f"{url}/ready").json()["active_sessions"])
+
+
+def test_a_reset_ends_the_session_before_and_close_ends_the_last(sokoban: str) -> None:
+    assert live_sessions(sokoban) == 0
+    env = GymEnv(sokoban, options=SMALL, token="")
+    try:
+        assert live_sessions(sokoban) == 0  # the session that measured the images is closed
+        seen = []
+        for seed in (1, 2, 3):
+            env.reset(seed=seed)
+            env.step("<answer>Up</answer>")
+            seen.append(env.session_id)
+            assert live_sessions(sokoban) == 1
+        assert len(set(seen)) == 3
+    finally:
+        env.close()
+    assert live_sessions(sokoban) == 0
+    env.close()  # a second close is no error
+    assert live_sessions(sokoban) == 0
 
 
 def test_a_text_outside_the_charset_is_what_the_checker_refuses(sokoban: str) -> None:

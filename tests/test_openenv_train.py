@@ -21,6 +21,8 @@ from PIL import Image
 
 from tests.envs.openenv_colors import COLORS, color_of, prompt, reward, square
 from tests.envs.serving import served_process
+from tests.machine import outlasting
+from tests.runners import SETTINGS
 from tests.test_rollout_hf import generated_runs
 from vistarl.clients.images import encode_image
 from vistarl.devtools.servers import running_process, vistarl_cmd
@@ -33,6 +35,9 @@ from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.rollout.runner import RolloutRunner
 from vistarl.trainer.rollout.tokenization import TokenTracks, TurnEncoder
 from vistarl.trainer.rollout.trajectory import Status, Trajectory
+
+TRAIN_S = 600.0
+"""How long `vistarl train`'s two steps may take here."""
 
 ADAPTER = OpenEnvAdapter(
     text_fields=["prompt"], image_fields=["image"], system_prompt="Name the colour of the square."
@@ -104,6 +109,7 @@ def check_played(trajectory: Trajectory, image_dir: Path, processor: VLProcessor
     assert list(tracks.rollout_logprobs) == trajectory.rollout_logprobs
 
 
+@outlasting(TRAIN_S)
 def test_vistarl_train_runs_grpo_steps_against_an_openenv_server(
     colors: str, tiny_qwen25: Path, processor: VLProcessor, tmp_path: Path
 ) -> None:
@@ -134,7 +140,7 @@ def test_vistarl_train_runs_grpo_steps_against_an_openenv_server(
         vistarl_cmd("train", "--config", str(tmp_path / "colors.yaml")),
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=TRAIN_S,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -172,7 +178,7 @@ async def play(
     otherwise)."""
     runner = RolloutRunner(ScriptedEngine(processor, replies), processor, envs=Envs(timeout_s=timeout_s))
     try:
-        return await runner(group_jobs(spec(url, adapter), [start or {"seed": 2}], 1)[0])
+        return await runner(group_jobs(spec(url, adapter), [start or {"seed": 2}], 1, settings=SETTINGS)[0])
     finally:
         await runner.aclose()
 
@@ -261,7 +267,7 @@ async def test_a_vistarl_server_is_an_openenv_server_and_its_closed_socket_fails
 
         runner = RolloutRunner(ScriptedEngine(processor, kill_before_the_second_turn), processor, envs=Envs())
         try:
-            trajectory = await runner(group_jobs(spec(url, adapter), [{"seed": 5}], 1)[0])
+            trajectory = await runner(group_jobs(spec(url, adapter), [{"seed": 5}], 1, settings=SETTINGS)[0])
         finally:
             await runner.aclose()
     assert len(trajectory.turn_rewards) == 1 and len(trajectory.images) == 2  # the first turn went through

@@ -279,6 +279,37 @@ async def test_a_socket_session_is_a_vistarl_session_that_ends_with_the_socket(s
     assert httpx.post(f"{sokoban}/step", json=body).status_code == 404  # the socket's close ended it
 
 
+async def test_a_dropped_connection_leaves_the_session_to_a_new_socket(sokoban: str) -> None:
+    """A connection lost without a close frame keeps its session: `/ws?session_id=` goes on from its last
+    step, and that socket's `close` ends it."""
+    rng = random.Random(7)
+    actions = [{"action": f"<answer>{rng.choice(MOVES)}</answer>"} for _ in range(4)]
+    reset = {"seed": 7, "options": SOKOBAN_OPTIONS, "episode_id": "dropped-7"}
+    async with connect(ws_url(sokoban)) as socket:
+        await ask(socket, {"type": "reset", "data": reset})
+        turns = [(await ask(socket, {"type": "step", "data": action}))["data"] for action in actions[:2]]
+        socket.transport.abort()  # the connection is lost: no close frame
+    async with connect(ws_url(sokoban, "/ws?session_id=dropped-7")) as socket:
+        assert (await ask(socket, {"type": "state"}))["data"] == {
+            "episode_id": "dropped-7",
+            "step_count": 2,
+            "done": False,
+        }
+        for action in actions[2:]:
+            answer = await ask(socket, {"type": "step", "data": action})
+            assert answer["type"] == "observation", answer
+            turns.append(answer["data"])
+        await socket.send(json.dumps({"type": "close"}))
+        with pytest.raises(ConnectionClosedOK):
+            await socket.recv()
+    played = [(t["reward"], t["done"], t["observation"]["info"]) for t in turns]
+    over_http = http_rewards(sokoban, {"seed": 7, "options": SOKOBAN_OPTIONS}, actions)
+    assert played == [(reward, done, info) for reward, done, _, info in over_http]
+    with pytest.raises(InvalidStatus, match="HTTP 404"):
+        async with connect(ws_url(sokoban, "/ws?session_id=dropped-7")):
+            pass
+
+
 async def test_the_servers_session_body_and_idle_limits_apply_to_sockets() -> None:
     limits = ("--max-sessions", "1", "--max-body-bytes", "2048", "--session-ttl", "2")
     with served("sokoban", *limits, "--env-workers", "0") as url:

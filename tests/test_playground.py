@@ -24,7 +24,7 @@ from vistarl.trainer.config import RolloutConfig
 from vistarl.trainer.rollout.engines.scripted import ScriptedEngine
 from vistarl.trainer.rollout.env_handle import Envs
 from vistarl.trainer.rollout.episode import run_episode
-from vistarl.trainer.rollout.job import EpisodeJob
+from vistarl.trainer.rollout.job import EpisodeJob, EpisodeSettings
 from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.rollout.trajectory import Trajectory
 from vistarl.trainer.run.outputs import save_trajectory
@@ -190,8 +190,13 @@ def trajectories(tiny_qwen25: Path) -> list[Trajectory]:
                 await envs.open("sokoban"),
                 ScriptedEngine(processor, replies),
                 processor,
-                config,
-                EpisodeJob(episode_id=f"e{i}", group_id="g", env="sokoban", **start),
+                EpisodeJob(
+                    episode_id=f"e{i}",
+                    group_id="g",
+                    env="sokoban",
+                    settings=EpisodeSettings.of(config),
+                    **start,
+                ),
             )
             for i, (replies, start) in enumerate(scripts)
         ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -10,19 +11,22 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from tests.runners import trajectory_for
+from tests.runners import SETTINGS, trajectory_for
+from vistarl.trainer.config import RolloutConfig
 from vistarl.trainer.queue import open_queue
-from vistarl.trainer.queue.base import EpisodeQueue, QueueFull, pack
+from vistarl.trainer.queue.base import EpisodeQueue, QueueFull, pack, unpack
 from vistarl.trainer.queue.consumer import ResultConsumer
 from vistarl.trainer.queue.memory import MemoryQueue
 from vistarl.trainer.queue.redis import RedisQueue
-from vistarl.trainer.rollout.job import EpisodeJob
+from vistarl.trainer.rollout.job import EpisodeJob, EpisodeSettings
 
 QueueMaker = Callable[..., EpisodeQueue]
 
 
 def job(episode_id: str, **fields: Any) -> EpisodeJob:
-    return EpisodeJob(episode_id=episode_id, group_id="g0", env="counter", **fields)
+    return EpisodeJob(
+        **{"episode_id": episode_id, "group_id": "g0", "env": "counter", "settings": SETTINGS, **fields}
+    )
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -213,6 +217,29 @@ async def test_results_that_are_not_trajectories_are_rejected_and_counted(make_q
     assert consumer.rejected["status: enum"] == 1
     assert any(reason.startswith("group_id") for reason in consumer.rejected)
     assert (await queue.stats()).results == 0
+
+
+async def test_a_jobs_settings_and_its_trajectorys_behaviour_cross_the_queue_whole(redis_url: str) -> None:
+    """The settings a job is played with, and the behaviour its trajectory reports to the learner, go
+    through the Redis streams as msgpack of JSON data and come back equal."""
+    rollout = RolloutConfig(rollout_temperature=0.7, rollout_top_p=0.9, top_k=20, max_staleness=2)
+    settings = EpisodeSettings.of(rollout).sampled_with(min_p=0.05, stop=["</answer>"])
+    async with RedisQueue(redis_url, f"settings-{uuid.uuid4().hex[:10]}") as queue:
+        await queue.enqueue([job("e1", settings=settings)])
+        raw = aioredis.Redis.from_url(redis_url)
+        [(_, fields)] = await raw.xrange(queue.keys.jobs)
+        await raw.aclose()
+        assert json.loads(json.dumps(unpack(fields[b"j"])))["settings"] == settings.model_dump()
+        [delivery] = await queue.take("w1", 1, 0.5)
+        assert delivery.job.settings == settings
+        await queue.complete([(delivery, trajectory_for(delivery.job).to_msgpack())])
+        [result] = await ResultConsumer(queue).collect(1, timeout_s=0.5)
+    assert result.behaviour == settings.behaviour
+    assert (result.behaviour.temperature, result.behaviour.top_p, result.behaviour.max_staleness) == (
+        0.7,
+        0.9,
+        2,
+    )
 
 
 async def test_enqueue_waits_for_room_under_max_in_flight(make_queue: QueueMaker) -> None:

@@ -15,12 +15,15 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from tests.machine import outlasting
 from vistarl.serving.launch import free_port
 from vistarl.trainer.learner.checkpoint import TrainerState
-from vistarl.trainer.rollout.trajectory import Status, Trajectory
+from vistarl.trainer.rollout.trajectory import Behaviour, Status, Trajectory
 from vistarl.trainer.run.rank_commands import Push, Save, Stop, Train, decode, encode
 
 REPO = Path(__file__).resolve().parent.parent
+RANKS_S = 280.0
+"""How long two torchrun ranks may take to train two steps here."""
 
 
 def played(episode_id: str) -> Trajectory:
@@ -38,6 +41,7 @@ def played(episode_id: str) -> Trajectory:
         image_grid_thw=[(1, 2, 2)],
         episode_reward=1.0,
         metrics={"turns": 1.0},
+        behaviour=Behaviour(temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, max_staleness=1),
     )
 
 
@@ -69,6 +73,7 @@ def test_an_unknown_command_is_refused() -> None:
 
 
 @pytest.mark.slow  # two torchrun ranks: minutes of CPU
+@outlasting(RANKS_S)
 def test_two_ranks_train_two_steps_as_rank_0_commands(tiny_qwen25: Path, tmp_path: Path) -> None:
     out_dir = tmp_path / "out"
     out_dir.mkdir()
@@ -76,7 +81,7 @@ def test_two_ranks_train_two_steps_as_rank_0_commands(tiny_qwen25: Path, tmp_pat
     worker = [str(REPO / "tests" / "train_ranks_worker.py"), str(tiny_qwen25), str(out_dir)]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     command = [*launcher, "--master-port", str(free_port()), *worker]
-    subprocess.run(command, env=env, cwd=tmp_path, timeout=280, check=True)
+    subprocess.run(command, env=env, cwd=tmp_path, timeout=RANKS_S, check=True)
     lead, follower = (json.loads((out_dir / f"rank{r}.json").read_text()) for r in (0, 1))
     run_dir = Path(lead["run_dir"])
     assert follower["run_dir"] == lead["run_dir"] and run_dir.parent == Path("runs")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
+import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,8 +24,8 @@ from vistarl.trainer.rollout.env_handle import Envs
 from vistarl.trainer.rollout.episode import run_episode
 from vistarl.trainer.rollout.job import EpisodeJob, EpisodeSettings, group_jobs
 from vistarl.trainer.rollout.processor import VLProcessor
-from vistarl.trainer.rollout.runner import run_jobs
-from vistarl.trainer.rollout.trajectory import Status, Trajectory
+from vistarl.trainer.rollout.runner import RolloutRunner, run_jobs
+from vistarl.trainer.rollout.trajectory import Behaviour, Status, Trajectory
 
 # The player walks right and pushes the box three cells onto the target: four moves, two turns.
 CORRIDOR = {"xsb": "########\n#@ $  .#\n########"}
@@ -51,8 +51,10 @@ async def envs() -> AsyncIterator[Envs]:
     await opened.aclose()
 
 
-def job(env: str = "sokoban", **fields: Any) -> EpisodeJob:
-    return EpisodeJob(**{"episode_id": "e1", "group_id": "g1", "env": env, **fields})
+def job(env: str = "sokoban", rollout: RolloutConfig | None = None, **fields: Any) -> EpisodeJob:
+    """Episode e1 on `env`, with the settings of `rollout` (a default config) unless `fields` give them."""
+    settings = EpisodeSettings.of(rollout or RolloutConfig())
+    return EpisodeJob(**{"episode_id": "e1", "group_id": "g1", "env": env, "settings": settings, **fields})
 
 
 def wander(index: int, request: GenerateRequest) -> str:
@@ -69,7 +71,7 @@ async def play(
     **job_fields: Any,
 ) -> Trajectory:
     handle = await envs.open(env)
-    return await run_episode(handle, engine, processor, config or RolloutConfig(), job(env, **job_fields))
+    return await run_episode(handle, engine, processor, job(env, config, **job_fields))
 
 
 def config(**fields: Any) -> RolloutConfig:
@@ -106,9 +108,7 @@ async def test_a_configured_reward_function_replaces_the_envs(processor: VLProce
     def halved(turn_rewards: Any, info: Any) -> float:
         return sokoban_reward(turn_rewards, info) / 2
 
-    trajectory = await run_episode(
-        handle, engine, processor, RolloutConfig(), job(options=CORRIDOR), reward_fn=halved
-    )
+    trajectory = await run_episode(handle, engine, processor, job(options=CORRIDOR), reward_fn=halved)
     assert trajectory.episode_reward == pytest.approx((0.52 + 5 + 3) / 2)
 
 
@@ -224,11 +224,10 @@ async def test_an_engine_abort_gives_aborted_with_the_reason(processor: VLProces
 
 async def test_a_dead_engine_is_aborted_within_its_retry_deadline(processor: VLProcessor, envs: Envs) -> None:
     engine = SGLangEngine(f"http://127.0.0.1:{free_port()}", processor, retry_deadline_s=1.0)
-    started = time.monotonic()
     trajectory = await play(processor, engine, envs, options=CORRIDOR)
     await engine.close()
-    assert trajectory.status is Status.ABORTED and trajectory.error
-    assert time.monotonic() - started < 15.0
+    assert trajectory.status is Status.ABORTED and "ClientConnectorError" in (trajectory.error or "")
+    assert re.search(r"failed after \d+ attempt\(s\)", trajectory.error or "")  # the deadline ended them
 
 
 async def test_a_dead_env_server_fails_the_episode_with_its_error(processor: VLProcessor, envs: Envs) -> None:
@@ -244,11 +243,9 @@ async def test_a_dead_env_server_fails_the_episode_with_its_error(processor: VLP
             return WANDER[index % len(WANDER)]
 
         engine = ScriptedEngine(processor, kill_server_then_answer)
-        started = time.monotonic()
         trajectory = await play(processor, engine, envs, url, config=config(max_turns=4), seed=5)
     assert trajectory.status is Status.FAILED and "step failed" in (trajectory.error or "")
     assert len(trajectory.turn_rewards) == 1
-    assert time.monotonic() - started < 15.0
 
 
 async def test_an_env_exception_fails_the_episode(processor: VLProcessor, envs: Envs) -> None:
@@ -263,12 +260,10 @@ async def test_an_env_exception_fails_the_episode(processor: VLProcessor, envs: 
 async def test_the_episode_deadline_aborts_a_slow_episode(processor: VLProcessor, envs: Envs) -> None:
     handle = await envs.open("tests.envs.counter")
     engine = ScriptedEngine(processor, lambda index, request: "inc")
-    started = time.monotonic()
-    slow = job("tests.envs.counter", options={"step_delay_s": 0.5, "target": 100})
-    trajectory = await run_episode(handle, engine, processor, config(), slow, deadline_s=1.2)
+    slow = job("tests.envs.counter", config(), options={"step_delay_s": 0.5, "target": 100})
+    trajectory = await run_episode(handle, engine, processor, slow, deadline_s=1.2)
     assert trajectory.status is Status.ABORTED and "deadline of 1.2 s" in (trajectory.error or "")
-    assert 1 <= len(trajectory.turn_rewards) <= 3
-    assert time.monotonic() - started < 5.0
+    assert 1 <= len(trajectory.turn_rewards) <= 3  # 0.5 s steps: the deadline, not the 100-step target
 
 
 async def test_cancellation_propagates_and_closes_the_session(
@@ -283,7 +278,7 @@ async def test_cancellation_propagates_and_closes_the_session(
         await asyncio.sleep(3600)
 
     handle.step = step_forever  # type: ignore[method-assign]
-    task = asyncio.create_task(run_episode(handle, engine, processor, config(), job(sokoban[0], seed=5)))
+    task = asyncio.create_task(run_episode(handle, engine, processor, job(sokoban[0], config(), seed=5)))
     while handle.session_id is None or not engine.requests:
         await asyncio.sleep(0.01)
     session_id = handle.session_id
@@ -295,6 +290,8 @@ async def test_cancellation_propagates_and_closes_the_session(
 
 
 def test_bad_job_settings_are_refused_naming_the_field() -> None:
+    with pytest.raises(ValidationError, match="settings\n  Field required"):
+        EpisodeJob(episode_id="e1", group_id="g1", env="sokoban")  # a worker's own config plays no job
     settings = EpisodeSettings.of(config()).model_dump()
     with pytest.raises(ValidationError, match="max_tokens"):
         job(settings={**settings, "sampling": {**settings["sampling"], "max_tokens": 5}})
@@ -310,9 +307,7 @@ async def test_a_failing_reward_function_fails_the_episode(processor: VLProcesso
 
     engine = ScriptedEngine(processor, [TWO_MOVES, TWO_MOVES])
     handle = await envs.open("sokoban")
-    trajectory = await run_episode(
-        handle, engine, processor, config(), job(options=CORRIDOR), reward_fn=broken
-    )
+    trajectory = await run_episode(handle, engine, processor, job(options=CORRIDOR), reward_fn=broken)
     assert trajectory.status is Status.FAILED and "reward function failed" in (trajectory.error or "")
 
 
@@ -329,16 +324,18 @@ def test_episode_settings_are_the_rollout_sections_own() -> None:
     assert params.stop == ["</answer>"] and params.sampling_seed is None
 
 
-async def test_a_jobs_settings_and_seed_rule_over_the_runners_config(
+async def test_a_job_is_played_as_its_settings_and_seed_say_and_its_trajectory_carries_them(
     processor: VLProcessor, envs: Envs
 ) -> None:
     engine = ScriptedEngine(processor, wander)
-    settings = EpisodeSettings.of(config(max_turns=2, rollout_temperature=0.5))
-    trajectory = await play(
-        processor, engine, envs, config=config(max_turns=6), seed=5, settings=settings, sampling_seed=9
-    )
+    rollout = config(max_turns=2, rollout_temperature=0.5, rollout_top_p=0.9, max_staleness=2)
+    settings = EpisodeSettings.of(rollout)
+    trajectory = await play(processor, engine, envs, seed=5, settings=settings, sampling_seed=9)
     assert trajectory.status is Status.TRUNCATED and "turn budget of 2 turns" in (trajectory.error or "")
     assert [(r.sampling.temperature, r.sampling.sampling_seed) for r in engine.requests] == [(0.5, 9)] * 2
+    assert trajectory.behaviour == Behaviour(temperature=0.5, top_p=0.9, top_k=-1, min_p=0.0, max_staleness=2)
+    failed = await RolloutRunner(engine, processor, envs=envs)(job("no.such.env", settings=settings))
+    assert failed.status is Status.FAILED and failed.behaviour == trajectory.behaviour
 
 
 async def test_images_reach_the_engine_and_the_trajectory_in_order(
@@ -347,7 +344,7 @@ async def test_images_reach_the_engine_and_the_trajectory_in_order(
     engine = ScriptedEngine(processor, wander)
     trajectory = await play(processor, engine, envs, sokoban[0], config=config(max_turns=4), seed=11)
     replay = await envs.open("sokoban")
-    first, _ = await replay.reset(EpisodeJob(episode_id="replay", group_id="g", env="sokoban", seed=11))
+    first, _ = await replay.reset(job("sokoban", seed=11))
     observed = image_urls(first)
     for index in range(3):
         message, *_ = await replay.step(WANDER[index])
@@ -402,10 +399,10 @@ def test_groups_share_a_start_and_differ_in_sampling_seed() -> None:
     assert [j.seed for j in jobs] == [1, 1, 1, 2, 2, 2] and jobs[3].options == {"grid_size": 7}
     seeds = [j.sampling_seed for j in jobs]
     assert len(set(seeds)) == 6 and all(j.settings == settings for j in jobs)
-    again = group_jobs("sokoban", [{"seed": 1}, {"seed": 2}], 3)
-    assert [j.sampling_seed for j in again] == seeds and again[0].settings is None
+    again = group_jobs("sokoban", [{"seed": 1}, {"seed": 2}], 3, settings=EpisodeSettings.of(config()))
+    assert [j.sampling_seed for j in again] == seeds
     with pytest.raises(ValueError, match=r"takes options, sample, seed, task_id; got \[.sed.\]"):
-        group_jobs("sokoban", [{"sed": 1}], 2)
+        group_jobs("sokoban", [{"sed": 1}], 2, settings=settings)
 
 
 async def test_run_jobs_bounds_concurrency_and_yields_every_result() -> None:
@@ -419,7 +416,7 @@ async def test_run_jobs_bounds_concurrency_and_yields_every_result() -> None:
         running -= 1
         return trajectory_for(episode)
 
-    jobs = group_jobs("sokoban", [{"seed": s} for s in range(5)], 2)
+    jobs = group_jobs("sokoban", [{"seed": s} for s in range(5)], 2, settings=EpisodeSettings.of(config()))
     results = [result async for result in run_jobs(runner, jobs, 3)]
     assert sorted(r.episode_id for r in results) == sorted(j.episode_id for j in jobs)
     assert most == 3

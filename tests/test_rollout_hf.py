@@ -81,7 +81,9 @@ async def test_hf_episodes_are_token_exact_and_match_the_trainer_logprobs(
         *group_jobs(
             sokoban_url, [SMALL | {"seed": 1}], 2, settings=one_token_replies(engine, config), prefix="stop"
         ),
-        *group_jobs(sokoban_url, [SMALL | {"seed": 2}], 2, prefix="length"),
+        *group_jobs(
+            sokoban_url, [SMALL | {"seed": 2}], 2, settings=EpisodeSettings.of(config), prefix="length"
+        ),
     ]
     envs = Envs(token="", outage_s=10.0)
     runner = RolloutRunner(engine, engine.processor, config, envs=envs)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runners import trajectory_for
+from tests.runners import SETTINGS, trajectory_for
 from vistarl.trainer.queue.memory import MemoryQueue
 from vistarl.trainer.rollout.engines.scripted import ScriptedEngine
 from vistarl.trainer.rollout.job import EpisodeJob
@@ -15,7 +15,10 @@ from vistarl.trainer.run.stack import Stack, StalePolicyError
 
 
 def jobs(versions: range) -> list[EpisodeJob]:
-    return [EpisodeJob(episode_id=f"v{v}", group_id="g", env="counter", policy_version=v) for v in versions]
+    return [
+        EpisodeJob(episode_id=f"v{v}", group_id="g", env="counter", policy_version=v, settings=SETTINGS)
+        for v in versions
+    ]
 
 
 async def publish(queue: MemoryQueue, count: int) -> None:

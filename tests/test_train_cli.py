@@ -16,6 +16,7 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
+from tests.machine import outlasting
 from tests.servers import wait_until
 from vistarl.cli.main import app
 from vistarl.devtools.servers import running_process, vistarl_cmd
@@ -25,8 +26,13 @@ from vistarl.trainer.rollout.engines.base import EngineUnavailableError
 from vistarl.trainer.run.outputs import draw_curve, failure_places
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "sokoban_tiny.yaml"
+TRAIN_S = 600.0
+"""How long a `vistarl train` run of a step or two may take here."""
+FIRST_STEP_S = 300.0
+"""How long a `vistarl train` run may take to its first step."""
 
 
+@outlasting(TRAIN_S)
 def test_one_step_of_the_tiny_sokoban_config_leaves_a_complete_run_directory(
     tiny_qwen25: Path, tmp_path: Path
 ) -> None:
@@ -39,7 +45,7 @@ def test_one_step_of_the_tiny_sokoban_config_leaves_a_complete_run_directory(
         "logging.tensorboard=true",
     ]
     command = vistarl_cmd("train", "--config", str(CONFIG), *(arg for o in overrides for arg in ("--set", o)))
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TRAIN_S)
     assert done.returncode == 0, done.stdout + done.stderr
     assert str(run_dir) in done.stdout
     assert "train.max_time_s=0.001 s has passed; stopping" in done.stdout
@@ -149,6 +155,7 @@ def test_the_curve_draws_held_out_success_over_training_success_where_the_run_ev
 
 
 @pytest.mark.slow  # a training run and its env server in subprocesses: a minute of CPU
+@outlasting(FIRST_STEP_S, TRAIN_S)
 def test_a_run_whose_env_server_dies_stops_naming_it_and_counts_no_step_without_episodes(
     tiny_qwen25: Path, tmp_path: Path
 ) -> None:
@@ -179,9 +186,9 @@ def test_a_run_whose_env_server_dies_stops_naming_it_and_counts_no_step_without_
         trainer = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             first_step = run_dir / "metrics.jsonl"
-            assert wait_until(lambda: first_step.is_file() or trainer.poll() is not None, 300)
+            assert wait_until(lambda: first_step.is_file() or trainer.poll() is not None, FIRST_STEP_S)
             os.killpg(env_proc.pid, signal.SIGKILL)
-            output, _ = trainer.communicate(timeout=300)
+            output, _ = trainer.communicate(timeout=TRAIN_S)
         finally:
             trainer.kill()
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

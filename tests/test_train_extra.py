@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.machine import outlasting
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV_ONLY = ("moderngl", "mcp", "math_verify")
 """Import names of dependencies that only an env or MCP needs: none may come with `vistarl[train]`."""
@@ -35,11 +37,17 @@ print("trainer imported from", vistarl.trainer.run.train.__file__)
 """
 
 
+INSTALL_S = 840.0
+"""How long installing `vistarl[train]` with torch may take."""
+RUN_S = 120.0
+"""How long making the venv, and importing the trainer in it, may take."""
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@outlasting(RUN_S, INSTALL_S, RUN_S)
 def test_the_train_extra_installs_alone_and_the_trainer_imports(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=RUN_S)
     python = venv / "bin" / "python"
     install = [
         *(sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-compile"),
@@ -47,9 +55,9 @@ def test_the_train_extra_installs_alone_and_the_trainer_imports(tmp_path: Path) 
         "--editable",
         f"{ROOT}[train]",
     ]
-    subprocess.run(install, check=True, timeout=840, cwd=tmp_path)
+    subprocess.run(install, check=True, timeout=INSTALL_S, cwd=tmp_path)
     done = subprocess.run(
-        [str(python), "-c", CHECK], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        [str(python), "-c", CHECK], cwd=tmp_path, capture_output=True, text=True, timeout=RUN_S
     )
     assert done.returncode == 0, done.stderr
     assert f"trainer imported from {ROOT}" in done.stdout

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from vistarl.trainer.config import TrainConfig
+from vistarl.trainer.config import RolloutConfig, TrainConfig
 from vistarl.trainer.eval import eval_starts
 from vistarl.trainer.rollout.engines.base import GenerateRequest, GenerateResult
 from vistarl.trainer.rollout.engines.scripted import ScriptedEngine
 from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.run.prompts import PromptSource
+from vistarl.trainer.run.schedule import StepSchedule
 from vistarl.trainer.run.train import run_training
 
 
@@ -131,6 +132,34 @@ class ArrivalsEngine(ScriptedEngine):
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         self.arrivals.append(self.weight_version)
         return await super().generate(request)
+
+
+def test_the_schedule_puts_the_next_steps_jobs_where_the_rollout_config_says() -> None:
+    """(before the update, after the push, generation held, the version they are played by while 4
+    serves) for each schedule, and the schedule each setting of the flags names."""
+    assert {
+        schedule: (
+            schedule.enqueues_before_update,
+            schedule.enqueues_after_push,
+            schedule.holds_generation,
+            schedule.next_version(4),
+        )
+        for schedule in StepSchedule
+    } == {
+        StepSchedule.SYNCHRONOUS: (False, True, False, 5),
+        StepSchedule.OVERLAPPED_RESETS: (True, False, True, 5),
+        StepSchedule.ASYNCHRONOUS: (True, False, False, 4),
+        StepSchedule.LAST: (False, False, False, 5),  # enqueues nothing
+    }
+    named = [
+        StepSchedule.of(RolloutConfig(async_mode=asynchronous, overlap_resets=overlap, max_staleness=1))
+        for asynchronous, overlap in ((False, False), (False, True), (True, False), (True, True))
+    ]
+    assert named == [
+        StepSchedule.SYNCHRONOUS,
+        StepSchedule.OVERLAPPED_RESETS,
+        *[StepSchedule.ASYNCHRONOUS] * 2,
+    ]
 
 
 @pytest.mark.parametrize("overlap", [True, False])

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from tests.runners import SETTINGS
 from vistarl.clients.images import encode_image
 from vistarl.trainer.queue.worker import pack_result
 from vistarl.trainer.rollout.job import EpisodeJob
@@ -126,7 +127,7 @@ def test_from_tracks_and_through_the_queue(tiny_qwen25: Path) -> None:
     assert trajectory.images == [image] and trajectory.image_grid_thw == [(1, 4, 4)]
     assert sum(trajectory.loss_mask) == len(reply)
     # The worker stamps the attempt and ships msgpack; the trainer side validates it back.
-    job = EpisodeJob(episode_id="ep-3", group_id="g", env="sokoban", attempt=2)
+    job = EpisodeJob(episode_id="ep-3", group_id="g", env="sokoban", attempt=2, settings=SETTINGS)
     received = Trajectory.from_msgpack(pack_result(job, trajectory))
     assert received.attempt == 2
     assert received.train_ids == trajectory.train_ids

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.machine import require
+from tests.machine import outlasting, require
 from tests.servers import wait_until
 from vistarl.devtools.servers import vistarl_cmd
 from vistarl.launcher.status import alive
@@ -30,6 +30,18 @@ from vistarl.serving.launch import stop_process
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = str(ROOT / "configs" / "sokoban_tiny.yaml")
 STEPS = 3
+FIRST_STEP_S = 400.0
+"""How long a run may take to its first step's metrics."""
+RUN_S = 600.0
+"""How long `vistarl up` may take to end on its own."""
+STATUS_S = 120.0
+"""How long `vistarl status` may take."""
+DETACH_S = 60.0
+"""How long `vistarl up --detach` may take to return."""
+START_S = 120.0
+"""How long `vistarl up`'s processes may take to run, detached."""
+STOP_S = 10 + 20 + 5
+"""How long a SIGTERMed `vistarl up` may take to stop: Redis's and the env server's grace, and a margin."""
 SMALL_RUN = {
     "train.steps": STEPS,
     "rollout.rollout_batch_size": 1,
@@ -58,7 +70,7 @@ def status_of(out: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     """`vistarl status OUT FLAGS...`, on a console wide enough that rich wraps no table."""
     wide = {**os.environ, "COLUMNS": "200"}  # rich's tables wrap at 80 columns off a terminal
     done = subprocess.run(
-        vistarl_cmd("status", str(out), *flags), capture_output=True, text=True, timeout=120, env=wide
+        vistarl_cmd("status", str(out), *flags), capture_output=True, text=True, timeout=STATUS_S, env=wide
     )
     assert done.returncode == 0, done.stderr
     return done
@@ -71,7 +83,7 @@ def aborted_in_log(trainer_log: str) -> int:
     return sum(int(n) for n in replayed + trained)
 
 
-@pytest.mark.timeout(660)
+@outlasting(FIRST_STEP_S, RUN_S, 2 * STATUS_S)
 def test_a_run_outlives_its_engine_killed_mid_run_and_trains_on_no_stale_episode(
     tmp_path: Path, tiny_qwen25: Path
 ) -> None:
@@ -81,9 +93,11 @@ def test_a_run_outlives_its_engine_killed_mid_run_and_trains_on_no_stale_episode
     run = up(out, "--workers", "1", *sets)
     metrics = out / "run" / "metrics.jsonl"
     try:
-        assert wait_until(lambda: metrics.is_file() and metrics.stat().st_size > 0, timeout=300), "no step"
+        assert wait_until(lambda: metrics.is_file() and metrics.stat().st_size > 0, timeout=FIRST_STEP_S), (
+            "no step"
+        )
         os.kill(int((out / "pids" / "engine.pid").read_text()), signal.SIGKILL)
-        output, _ = run.communicate(timeout=300)
+        output, _ = run.communicate(timeout=RUN_S)
     finally:
         stop_process(run)  # type: ignore[arg-type]
     assert run.returncode == 0, output
@@ -220,6 +234,7 @@ def test_two_role_hosts_on_another_loopback_address_train_stop_with_a_checkpoint
     assert not any(alive(p["pid"]) for p in processes.values())
 
 
+@outlasting(RUN_S)
 def test_a_process_that_keeps_dying_stops_the_run_naming_it_with_its_log(tmp_path: Path) -> None:
     out = tmp_path / "up"
     run = up(
@@ -236,7 +251,7 @@ def test_a_process_that_keeps_dying_stops_the_run_naming_it_with_its_log(tmp_pat
         "1",
     )
     try:
-        output, _ = run.communicate(timeout=300)
+        output, _ = run.communicate(timeout=RUN_S)
     finally:
         stop_process(run)  # type: ignore[arg-type]
     assert run.returncode == 1, output
@@ -249,32 +264,31 @@ def test_a_process_that_keeps_dying_stops_the_run_naming_it_with_its_log(tmp_pat
     assert not any(alive(p["pid"]) for p in recorded(out).values())
 
 
+@outlasting(DETACH_S, START_S, STATUS_S, STOP_S)
 def test_a_detached_run_shows_its_status_and_stops_on_sigterm_within_the_grace_periods(
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "up"
     started = up(out, "--role", "redis", "--role", "env", "--detach")
-    said, _ = started.communicate(timeout=60)
+    said, _ = started.communicate(timeout=DETACH_S)
     assert started.returncode == 0 and "vistarl up runs detached" in said, said
     assert wait_until(
         lambda: (
             (out / "processes.json").is_file()
             and [p["state"] for p in recorded(out).values()] == ["running", "running"]
         ),
-        timeout=120,
+        timeout=START_S,
     ), "the env server did not start"
     wide = {**os.environ, "COLUMNS": "200"}
     status = subprocess.run(
-        vistarl_cmd("status", str(out)), capture_output=True, text=True, timeout=120, env=wide
+        vistarl_cmd("status", str(out)), capture_output=True, text=True, timeout=STATUS_S, env=wide
     )
     assert "vistarl up is running" in status.stdout and "no step finished yet" in status.stdout
     assert len(re.findall(r"│ running ", status.stdout)) == 2, status.stdout
     supervisor = int((out / "pids" / "up.pid").read_text())
     pids = [p["pid"] for p in recorded(out).values()]
     os.kill(supervisor, signal.SIGTERM)
-    assert wait_until(lambda: not alive(supervisor), timeout=10 + 20 + 5), (
-        "Redis's and the env server's grace"
-    )
+    assert wait_until(lambda: not alive(supervisor), timeout=STOP_S), "Redis's and the env server's grace"
     log = (out / "logs" / "up.log").read_text()
     assert "SIGTERM: stopping every process" in log
     assert log.index("stopped sokoban") < log.index("stopped redis")

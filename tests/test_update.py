@@ -7,6 +7,7 @@ the rewards, the masks and the models' own logprobs, never from the trainer's in
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from tests.learner_batches import conversation, generated_logprob, scored_by, trajectory
+from tests.runners import SETTINGS
 from vistarl.trainer.config import TrainConfig
 from vistarl.trainer.learner.imitation import imitate
 from vistarl.trainer.learner.models import Models, load_actor, load_critic, load_reference
@@ -445,6 +447,74 @@ def test_old_logprobs_from_the_update_are_refused_for_episodes_of_two_policies(
     with pytest.raises(ValueError, match="policy versions \\[0, 1\\]"):
         trainer.update(1, stale)
     assert all(torch.equal(before[k], v) for k, v in weights(trainer.actor).items())
+
+
+def played_at(batch: list[Trajectory], **behaviour: Any) -> list[Trajectory]:
+    """`batch` as if played with a default config's behaviour changed by `behaviour`."""
+    changed = dataclasses.replace(SETTINGS.behaviour, **behaviour)
+    return [dataclasses.replace(t, behaviour=changed) for t in batch]
+
+
+def test_the_update_scores_episodes_at_the_temperature_they_were_played_at(
+    tiny_qwen25: Path, processor: VLProcessor, encoder: TurnEncoder
+) -> None:
+    """Episodes sampled at temperature 0.6 by the trainer's own weights, under a config that says 1.0: the
+    recompute matches their rollout logprobs, as it does only at the temperature they carry."""
+    cfg = trainer_config(tiny_qwen25, 4, algo={"old_logprobs": "recompute"})
+    assert cfg.rollout.rollout_temperature == 1.0
+    trainer = make_trainer(cfg, processor)
+    batch = played_at(one_group(encoder, [1.0, 0.0, 0.5, 0.0]), temperature=0.6)
+    scored = scored_by(trainer.actor, processor, batch)  # at each trajectory's own temperature
+    assert (
+        scored[0].rollout_logprobs
+        != scored_by(trainer.actor, processor, played_at(batch))[0].rollout_logprobs
+    )
+    metrics = trainer.update(1, scored)
+    assert metrics["train/logprob_abs_diff"] < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("changed", "refusal"),
+    [
+        ({"temperature": 0.7}, "played otherwise"),
+        ({"top_p": 0.9}, "played otherwise"),
+        ({"top_k": 20}, "played otherwise"),
+        ({"min_p": 0.1}, "played otherwise"),
+        ({"max_staleness": 1}, "played otherwise"),
+        (None, "record no behaviour"),
+    ],
+    ids=["temperature", "top-p", "top-k", "min-p", "staleness", "none"],
+)
+def test_episodes_played_otherwise_than_the_rest_are_refused(
+    tiny_qwen25: Path,
+    processor: VLProcessor,
+    encoder: TurnEncoder,
+    changed: dict[str, Any] | None,
+    refusal: str,
+) -> None:
+    """One update has one behaviour policy: an episode sampled otherwise (or not known to be) is refused
+    before anything moves."""
+    trainer = make_trainer(trainer_config(tiny_qwen25, 4, algo={"old_logprobs": "recompute"}), processor)
+    batch = scored_by(trainer.actor, processor, one_group(encoder, [1.0, 0.0, 1.0, 0.0]))
+    odd = played_at(batch[:1], **changed) if changed else [dataclasses.replace(batch[0], behaviour=None)]
+    before = weights(trainer.actor)
+    with pytest.raises(ValueError, match=refusal):
+        trainer.update(1, [*odd, *batch[1:]])
+    assert all(torch.equal(before[k], v) for k, v in weights(trainer.actor).items())
+
+
+def test_greedy_episodes_and_stale_ones_on_policy_are_refused(
+    tiny_qwen25: Path, processor: VLProcessor, encoder: TurnEncoder
+) -> None:
+    """Greedy episodes have no logprobs to learn from; an update that takes its old logprobs from its own
+    forward pass refuses episodes allowed to be stale, whatever its config says."""
+    recompute = make_trainer(trainer_config(tiny_qwen25, 4, algo={"old_logprobs": "recompute"}), processor)
+    batch = scored_by(recompute.actor, processor, one_group(encoder, [1.0, 0.0, 1.0, 0.0]))
+    with pytest.raises(ValueError, match="played greedily"):
+        recompute.update(1, played_at(batch, temperature=0.0))
+    on_policy = make_trainer(trainer_config(tiny_qwen25, 4, algo={"old_logprobs": "update_pass"}), processor)
+    with pytest.raises(ValueError, match="leave to be 2 versions stale"):
+        on_policy.update(1, played_at(batch, max_staleness=2))
 
 
 def test_zero_variance_groups_are_the_groups_whose_episodes_share_one_reward(encoder: TurnEncoder) -> None:

@@ -20,6 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import nn
 
+from tests.machine import outlasting
 from tests.weight_probe import WeightSyncMismatch, nudge, verify_weight_sync
 from vistarl.devtools.servers import running_process, vistarl_cmd
 from vistarl.serving.launch import free_port
@@ -39,6 +40,10 @@ from vistarl.trainer.weights.sync import WeightSync, transport_kind
 from vistarl.trainer.weights.transport import EngineCalls, Transport
 
 REPO = Path(__file__).resolve().parents[1]
+RANKS_S = 300.0
+"""How long two torchrun ranks may take to push here."""
+ENGINE_START_S = 180.0
+"""How long `vistarl engine serve` may take to answer."""
 
 
 async def push(
@@ -184,7 +189,7 @@ def served_engine(tiny_qwen25: Path) -> Iterator[str]:
     args = vistarl_cmd(
         "engine", "serve", "--model", str(tiny_qwen25), "--port", str(port), "--log-level", "warning"
     )
-    with running_process(args, ready_url=f"{url}/health_generate", timeout=180):
+    with running_process(args, ready_url=f"{url}/health_generate", timeout=ENGINE_START_S):
         yield url
 
 
@@ -294,6 +299,7 @@ async def test_nccl_path_sends_every_weight_exactly_in_buckets_an_sglang_receive
 
 
 @pytest.mark.slow  # two torchrun ranks: minutes of CPU
+@outlasting(ENGINE_START_S, RANKS_S)
 def test_two_ranks_push_through_the_bucketed_path_and_the_engines_score_like_the_trainer(
     served_engine: str, tiny_qwen25: Path, tmp_path: Path
 ) -> None:
@@ -306,7 +312,7 @@ def test_two_ranks_push_through_the_bucketed_path_and_the_engines_score_like_the
         str(tiny_qwen25), served_engine, str(free_port()), str(tmp_path),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=300, check=True)
+    subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=RANKS_S, check=True)
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["parameters"] == result["engine_parameters"] and len(result["parameters"]) > 10
     assert result["differing"] == []

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.machine import outlasting
+
 ROOT = Path(__file__).resolve().parents[1]
 PYPI_NEIGHBOURS = ("devtools==0.13.0", "trainer==0.0.36")
 """PyPI's packages whose import names vistarl's folders took before they moved under `vistarl`."""
@@ -33,14 +35,23 @@ print("both sides import:", devtools.__file__, trainer.__file__, vistarl.__file_
 """
 
 
+BUILD_S = 300.0
+"""How long building the wheel may take."""
+INSTALL_S = 300.0
+"""How long one `pip install` may take."""
+RUN_S = 120.0
+"""How long a command in the new venv (and making it) may take."""
+
+
 def build_wheel(out: Path) -> Path:
     """The wheel of this checkout, built without isolation from the project venv's setuptools."""
     command = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
-    subprocess.run([*command, "--wheel-dir", str(out), str(ROOT)], check=True, timeout=600, cwd=out)
+    subprocess.run([*command, "--wheel-dir", str(out), str(ROOT)], check=True, timeout=BUILD_S, cwd=out)
     (wheel,) = out.glob("vistarl-*.whl")
     return wheel
 
 
+@outlasting(BUILD_S)
 def test_the_wheel_holds_one_top_level_package_and_the_linked_folders_files(tmp_path: Path) -> None:
     wheel = build_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
@@ -54,29 +65,29 @@ def test_the_wheel_holds_one_top_level_package_and_the_linked_folders_files(tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@outlasting(BUILD_S, 2 * INSTALL_S, 4 * RUN_S)
 def test_the_wheel_installs_beside_pypis_devtools_and_trainer(tmp_path: Path) -> None:
     wheel = build_wheel(tmp_path)
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=RUN_S)
     python = venv / "bin" / "python"
     site = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
         capture_output=True,
         text=True,
         check=True,
-        timeout=60,
+        timeout=RUN_S,
     ).stdout.strip()
     Path(site, "zz_project_deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
     pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-compile"]
-    subprocess.run([*pip, "--no-deps", str(wheel)], check=True, timeout=600, cwd=tmp_path)
-    subprocess.run([*pip, *PYPI_NEIGHBOURS], check=True, timeout=600, cwd=tmp_path)
+    subprocess.run([*pip, "--no-deps", str(wheel)], check=True, timeout=INSTALL_S, cwd=tmp_path)
+    subprocess.run([*pip, *PYPI_NEIGHBOURS], check=True, timeout=INSTALL_S, cwd=tmp_path)
     done = subprocess.run(
-        [str(python), "-c", CHECK], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        [str(python), "-c", CHECK], cwd=tmp_path, capture_output=True, text=True, timeout=RUN_S
     )
     assert done.returncode == 0, done.stderr
     assert "both sides import" in done.stdout
     vistarl = subprocess.run(
-        [str(venv / "bin" / "vistarl"), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        [str(venv / "bin" / "vistarl"), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=RUN_S
     )
     assert vistarl.returncode == 0 and "serve" in vistarl.stdout, vistarl.stderr

@@ -5,12 +5,17 @@ image whose colour encodes the count, so image encoding is exercised. `step_dela
 sleep (for concurrency and slow-episode tests), `fail_on` makes a step raise (for crash handling),
 `refuse` makes the constructor reject its options, `chatty` makes every step print to stdout (which an env
 worker process must keep off its frames), and `close_marker` / `step_marker` name files that `close()` /
-the start of a step create (to observe shutdown, and to know that a step is running).
+the start of a step create (to observe shutdown, and to know that a step is running). `in_step_dir` counts
+the steps that run at once, across threads and env worker processes: each holds a file there while it runs,
+first waits for `meet` of them to (a rendezvous, bounded), and reports both counts in its info.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from vistarl.services.env_api import Env, EnvFactory, EnvObservation, StepResult
 
 BAD_ACTION_PENALTY = -0.1
+MEET_WAIT_S = 60.0
+"""The longest a step waits for `meet` steps to run at once before it goes on without them."""
 
 
 class CounterOptions(BaseModel):
@@ -35,6 +42,8 @@ class CounterOptions(BaseModel):
     step_marker: str | None = Field(default=None, description="A file created when a step starts.")
     refuse: str | None = Field(default=None, description="Makes the constructor raise ValueError(refuse).")
     chatty: bool = Field(default=False, description="Print a line to stdout at every step.")
+    in_step_dir: str | None = Field(default=None, description="A directory where a step holds a file.")
+    meet: int = Field(default=1, ge=1, le=64, description="Steps running at once before a step goes on.")
 
 
 class CounterEnv(Env[CounterOptions]):
@@ -56,8 +65,9 @@ class CounterEnv(Env[CounterOptions]):
     def step(self, response_text: str) -> StepResult:
         if self.options.step_marker is not None:
             Path(self.options.step_marker).touch()
-        if self.options.step_delay_s:
-            time.sleep(self.options.step_delay_s)
+        with _running_steps(self.options) as running:
+            if self.options.step_delay_s:
+                time.sleep(self.options.step_delay_s)
         if self.options.chatty:
             print(f"counter env stepping with {response_text!r}", flush=True)
         if self.options.fail_on is not None and response_text == self.options.fail_on:
@@ -68,7 +78,7 @@ class CounterEnv(Env[CounterOptions]):
         self.count += int(valid)
         self.total_reward += reward
         done = self.count >= self.options.target
-        info: dict[str, Any] = {"valid": valid}
+        info: dict[str, Any] = {"valid": valid, **running}
         if done:
             info["episode_reward"] = self.total_reward
             info["metrics"] = {"steps": self.steps, "success": 1.0}
@@ -105,6 +115,29 @@ class CounterEnv(Env[CounterOptions]):
         image = Image.new("RGB", (side, side), (self.count % 256, 0, 0))
         text = f"count={self.count} steps={self.steps} target={self.options.target} ({feedback})"
         return EnvObservation(text=text, images=[image])
+
+
+@contextlib.contextmanager
+def _running_steps(options: CounterOptions) -> Iterator[dict[str, int]]:
+    """With `in_step_dir`, hold a file there for the block, after waiting (at most `MEET_WAIT_S`) until
+    `meet` steps hold one; yields `{"met": steps running when this one went on, "running": as it ended}`,
+    filled in by the block's end."""
+    counts: dict[str, int] = {}
+    if options.in_step_dir is None:
+        yield counts
+        return
+    folder = Path(options.in_step_dir)
+    mine = folder / uuid.uuid4().hex
+    mine.touch()
+    try:
+        deadline = time.monotonic() + MEET_WAIT_S
+        while (held := len(list(folder.iterdir()))) < options.meet and time.monotonic() < deadline:
+            time.sleep(0.01)
+        counts["met"] = held
+        yield counts
+        counts["running"] = len(list(folder.iterdir()))
+    finally:
+        mine.unlink()
 
 
 def _create(options: BaseModel, seed: int | None, sample: BaseModel | None) -> CounterEnv:

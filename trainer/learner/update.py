@@ -4,7 +4,9 @@
 optimizer step that this update and SFT's imitation step (`imitation.py`) share: `pack`, `optimize`,
 `step_metrics`. `update`
 takes a step's trajectories (the same list on every rank), keeps the trainable ones (`Trajectory.trainable`:
-COMPLETED or TRUNCATED with at least one generated token) in episode-id order, and
+COMPLETED or TRUNCATED with at least one generated token) in episode-id order, takes the sampling they were
+played with from them (`Trajectory.behaviour`, one for all: episodes sampled otherwise are refused, as are
+stale ones when the update's own forward pass gives the old logprobs), and
 
 1. shuffles them (reproducibly per step) into `samples_per_step / mini_batch_size` mini-batches,
    each split into micro-batches of at most `train.micro_batch_tokens` tokens balanced across
@@ -62,7 +64,7 @@ from vistarl.trainer.learner.vision_passes import VisionPasses
 from vistarl.trainer.modeling.device import host_to_device
 from vistarl.trainer.modeling.image_features import ImageFeatures
 from vistarl.trainer.rollout.processor import VLProcessor
-from vistarl.trainer.rollout.trajectory import Trajectory
+from vistarl.trainer.rollout.trajectory import Behaviour, Trajectory
 from vistarl.trainer.seeds import generator, permutation
 
 __all__ = ["Backward", "Micro", "PolicyTrainer", "Sums", "warmup"]
@@ -214,25 +216,24 @@ class PolicyTrainer:
         rows = sorted((t for t in trajectories if t.trainable), key=lambda t: t.episode_id)
         if not rows:
             return {"train/skipped": 1.0}
-        if self.old_from_update:
-            _check_one_policy(rows)
+        temperature = _played_with(rows, on_policy=self.old_from_update).temperature
         minis = self._mini_batches(step, len(rows))
         micros = [self.pack(rows, mini) for mini in minis]
         every = [m for mini in micros for m in mini]
         sums = Sums(self.metric_names)
         started, recompute_s = time.perf_counter(), 0.0
         if not self.old_from_update:
-            self._recompute(every, sums)
+            self._recompute(every, sums, temperature)
             recompute_s = self._elapsed(started)
         started, reference_s = time.perf_counter(), 0.0
         if self.reference is not None or self.critic is not None:
-            self._reference_and_values(every)
+            self._reference_and_values(every, temperature)
             reference_s = self._elapsed(started)
         started = time.perf_counter()
         self._advantages(rows, every)
         # the entropy bonus's weight is the step's, one for all its micro-batches and epochs
         algo = self.cfg.algo.model_copy(update={"entropy_coef": self.entropy_control.coef})
-        actor_backward = functools.partial(self._actor_backward, algo=algo)
+        actor_backward = functools.partial(self._actor_backward, algo=algo, temperature=temperature)
         grad_norms: list[float] = []
         epochs = generator(self.cfg.train.seed, step)
         for _ in range(self.cfg.algo.ppo_epochs):
@@ -297,26 +298,30 @@ class PolicyTrainer:
         return micros
 
     @torch.no_grad()
-    def _recompute(self, micros: list[Micro], sums: Sums) -> None:
-        """Old logprobs of every micro-batch, and the rollout mismatch metric."""
+    def _recompute(self, micros: list[Micro], sums: Sums, temperature: float) -> None:
+        """Old logprobs of every micro-batch (at the sampler's `temperature`), and the rollout mismatch
+        metric."""
         group = self.cfg.train.vision_pass_micro_batches
         actor = VisionPasses(self.actor, [micro.batch for micro in micros], group)
         for i, micro in enumerate(micros):
             with self.autocast():
-                micro.old_logp = self._logprobs(self.actor, micro, actor.features(i)).logprobs
+                micro.old_logp = self._logprobs(self.actor, micro, actor.features(i), temperature).logprobs
             _add_mismatch(sums, micro.old_logp, micro.batch)
             actor.backward(i)  # frees a finished group's features (nothing to backpropagate)
 
     @torch.no_grad()
-    def _reference_and_values(self, micros: list[Micro]) -> None:
-        """Reference logprobs and old values of every micro-batch, where a reference or critic is loaded."""
+    def _reference_and_values(self, micros: list[Micro], temperature: float) -> None:
+        """Reference logprobs (at the sampler's `temperature`) and old values of every micro-batch, where a
+        reference or critic is loaded."""
         batches = [micro.batch for micro in micros]
         group = self.cfg.train.vision_pass_micro_batches
         if self.reference is not None:
             reference = VisionPasses(self.reference, batches, group)
             for i, micro in enumerate(micros):
                 with self.autocast():
-                    micro.ref_logp = self._logprobs(self.reference, micro, reference.features(i)).logprobs
+                    micro.ref_logp = self._logprobs(
+                        self.reference, micro, reference.features(i), temperature
+                    ).logprobs
                 reference.backward(i)
         if self.critic is not None:
             critic = VisionPasses(self.critic, batches, group)
@@ -327,13 +332,20 @@ class PolicyTrainer:
             free_gathered(self.critic)  # the actor trains first: its weights alone are gathered then
 
     def _logprobs(
-        self, model: ActorModel, micro: Micro, features: ImageFeatures | None, *, with_entropy: bool = False
+        self,
+        model: ActorModel,
+        micro: Micro,
+        features: ImageFeatures | None,
+        temperature: float,
+        *,
+        with_entropy: bool = False,
     ) -> TokenScores:
-        """`model`'s logprobs (and entropies) of a micro-batch's generated tokens, rollout temperature."""
+        """`model`'s logprobs (and entropies) of a micro-batch's generated tokens at the sampler's
+        `temperature`."""
         return token_logprobs(
             model,
             micro.batch,
-            self.cfg.rollout.rollout_temperature,
+            temperature,
             with_entropy=with_entropy,
             compiled=self.cfg.model.compile,
             image_features=features,
@@ -438,12 +450,14 @@ class PolicyTrainer:
         sums: Sums,
         *,
         algo: AlgoConfig,
+        temperature: float,
     ) -> None:
-        """The actor's loss under this step's `algo` on one micro-batch, backpropagated (a zero loss on a
-        rank's empty bin, whose forward and backward still have to join the other ranks' collectives)."""
+        """The actor's loss under this step's `algo` on one micro-batch at the sampler's `temperature`,
+        backpropagated (a zero loss on a rank's empty bin, whose forward and backward still have to join the
+        other ranks' collectives)."""
         batch = micro.batch
         with self.autocast():
-            scores = self._logprobs(self.actor, micro, features, with_entropy=True)
+            scores = self._logprobs(self.actor, micro, features, temperature, with_entropy=True)
         if not micro.rows:
             (scores.logprobs.sum() * 0.0).backward()
             return
@@ -512,14 +526,31 @@ def compute_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if name == "bfloat16" else torch.float32
 
 
-def _check_one_policy(rows: list[Trajectory]) -> None:
-    """Refuse to take old logprobs from the update when the episodes come from more than one policy."""
+def _played_with(rows: Sequence[Trajectory], *, on_policy: bool) -> Behaviour:
+    """The one `Behaviour` the episodes were played with: the update scores them at its temperature. Refused
+    (ValueError) for episodes that record none, that were sampled otherwise than each other (one update has
+    one behaviour policy), greedily, or, `on_policy` (old logprobs from the update's own forward pass), by
+    more than one policy or with leave to be stale."""
+    missing = [t.episode_id for t in rows if t.behaviour is None]
+    if missing:
+        raise ValueError(f"episodes {missing[:3]} record no behaviour: the sampling they were played with")
+    played = {t.behaviour: t.episode_id for t in rows if t.behaviour is not None}
+    if len(played) > 1:
+        differ = "; ".join(f"{episode}: {behaviour}" for behaviour, episode in played.items())
+        raise ValueError(f"one update takes episodes of one behaviour; these were played otherwise: {differ}")
+    (behaviour,) = played
+    if behaviour.temperature == 0:
+        raise ValueError(
+            "the episodes were played greedily (temperature 0): they have no logprobs to learn from"
+        )
     versions = sorted({t.policy_version for t in rows})
-    if len(versions) > 1:
+    if on_policy and (len(versions) > 1 or behaviour.max_staleness):
         raise ValueError(
             f"the update takes its old logprobs from its own forward pass, which is right only on-policy, "
-            f"but its episodes come from policy versions {versions}: use algo.old_logprobs=recompute"
+            f"but its episodes come from policy versions {versions} with leave to be "
+            f"{behaviour.max_staleness} versions stale: use algo.old_logprobs=recompute"
         )
+    return behaviour
 
 
 def _add_mismatch(sums: Sums, logp: torch.Tensor, batch: PackedBatch) -> None:

@@ -1,12 +1,13 @@
 """The episode loop: drive a generation engine against an environment and return a token-exact trajectory.
 
-`run_episode(env, engine, processor, config, job)` resets the env, builds the prompt (system prompt,
-first observation), then repeats: generate from `engine_ids` with every image so far, append the
-generated ids verbatim, step the env with the decoded text, append the next observation as a masked
-delta. It ends when the env ends the episode (COMPLETED), when a budget cuts it (the env's own limit,
+`run_episode(env, engine, processor, job)` resets the env, builds the prompt (system prompt, first
+observation), then repeats, as the job's settings say: generate from `engine_ids` with every image so far,
+append the generated ids verbatim, step the env with the decoded text, append the next observation as a
+masked delta. It ends when the env ends the episode (COMPLETED), when a budget cuts it (the env's own limit,
 `max_turns` or a token budget: TRUNCATED) or on a finish reason other than `stop`, and never raises
-except on cancellation: every failure becomes a status with its error. The status table, budgets and
-reward functions are described in docs/rollout.md.
+except on cancellation: every failure becomes a status with its error. The trajectory carries the
+settings' `Behaviour` (the sampling the learner scores it with). The status table, budgets and reward
+functions are described in docs/rollout.md.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from collections.abc import Awaitable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from vistarl.trainer.config import RolloutConfig
 from vistarl.trainer.rollout.engines.base import Engine, GenerateRequest, GenerateResult, policy_version_of
 from vistarl.trainer.rollout.env_handle import EnvError, EpisodeEnv
 from vistarl.trainer.rollout.job import EpisodeJob, EpisodeSettings
@@ -188,7 +188,6 @@ async def run_episode(
     env: EpisodeEnv,
     engine: Engine,
     processor: VLProcessor | TurnEncoder,
-    config: RolloutConfig,
     job: EpisodeJob,
     *,
     reward_fn: RewardFn = env_reward,
@@ -196,12 +195,12 @@ async def run_episode(
 ) -> Trajectory:
     """Play `job` on `env` (which it resets and always closes) with `engine`; never raises but cancellation.
 
-    `processor` may be a `TurnEncoder` built once and shared across episodes. A job without settings is
-    played as `config` says. `deadline_s` bounds the whole episode (ABORTED when exceeded).
+    `processor` may be a `TurnEncoder` built once and shared across episodes. `deadline_s` bounds the whole
+    episode (ABORTED when exceeded).
     """
     encoder = processor if isinstance(processor, TurnEncoder) else TurnEncoder(processor)
     started = time.perf_counter()
-    settings = job.settings or EpisodeSettings.of(config)
+    settings = job.settings
     if job.sampling_seed is not None:
         settings = settings.sampled_with(sampling_seed=job.sampling_seed)
     episode = _Episode(env, engine, encoder, settings)
@@ -234,6 +233,7 @@ async def run_episode(
         metrics=episode.metrics(),
         labels=episode.labels(),
         timings=timings,
+        behaviour=job.settings.behaviour,
     )
 
 
@@ -273,4 +273,5 @@ def failed_trajectory(job: EpisodeJob, error: str, started: float) -> Trajectory
         seed=job.seed,
         task_id=job.task_id,
         timings={"total": time.perf_counter() - started},
+        behaviour=job.settings.behaviour,
     )

@@ -1,5 +1,7 @@
 """What one episode is asked to be: `EpisodeJob`, the record the queue carries from the trainer to a worker,
-and its `EpisodeSettings`: how it is played.
+and its `EpisodeSettings`: how it is played. A job always carries its settings, so a worker plays it as
+the trainer asked, whatever its own config; the trajectory carries them on as its `Behaviour`, which the
+learner reads (docs/rollout.md, "Jobs").
 
 `group_jobs` expands episode starts into groups of jobs that share a `group_id` (GRPO's groups).
 """
@@ -14,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from vistarl.trainer.config import RolloutConfig, check_budgets
 from vistarl.trainer.rollout.engines.sglang_api import SamplingParams
+from vistarl.trainer.rollout.trajectory import Behaviour
 
 __all__ = ["START_KEYS", "EpisodeJob", "EpisodeSettings", "group_jobs"]
 
@@ -22,8 +25,9 @@ START_KEYS = frozenset({"seed", "task_id", "sample", "options"})
 
 
 class EpisodeSettings(BaseModel):
-    """How one episode is played: its turn and token budgets, and the engine's sampling params, whose
-    `max_new_tokens` is the per-turn budget. Built once from the run's config (`of`) and carried as is."""
+    """How one episode is played: its turn and token budgets, the engine's sampling params (whose
+    `max_new_tokens` is the per-turn budget), and how stale it may be trained on. Built once from the run's
+    config (`of`) and carried as is."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -31,6 +35,11 @@ class EpisodeSettings(BaseModel):
     rollout_max_response_len: int = Field(ge=1, description="generated tokens per episode")
     rollout_max_context_len: int = Field(ge=1, description="context tokens per episode")
     sampling: SamplingParams
+    max_staleness: int = Field(
+        default=0,
+        ge=0,
+        description="policy versions the episode may lag behind the trainer's when trained on",
+    )
 
     @model_validator(mode="after")
     def _budgets(self) -> EpisodeSettings:
@@ -55,6 +64,19 @@ class EpisodeSettings(BaseModel):
             rollout_max_response_len=rollout.rollout_max_response_len,
             rollout_max_context_len=rollout.rollout_max_context_len,
             sampling=sampling,
+            max_staleness=rollout.max_staleness,
+        )
+
+    @property
+    def behaviour(self) -> Behaviour:
+        """What of these settings the learner needs, as the episode's trajectory carries it."""
+        sampling = self.sampling
+        return Behaviour(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            min_p=sampling.min_p,
+            max_staleness=self.max_staleness,
         )
 
     def sampled_with(self, **params: Any) -> EpisodeSettings:
@@ -78,9 +100,7 @@ class EpisodeJob(BaseModel):
     task_id: str | None = Field(default=None, description="a row of a split the env holds: SPLIT/INDEX")
     options: dict[str, Any] = Field(default_factory=dict)
     sample: dict[str, Any] | None = None
-    settings: EpisodeSettings | None = Field(
-        default=None, description="how the episode is played; None: as the worker's own config says"
-    )
+    settings: EpisodeSettings = Field(description="how the episode is played, whichever worker plays it")
     sampling_seed: int | None = Field(
         default=None, description="the seed of the engine's sampler for this episode (a group's differ)"
     )
@@ -94,7 +114,7 @@ def group_jobs(
     starts: Sequence[Mapping[str, Any]],
     group_size: int,
     *,
-    settings: EpisodeSettings | None = None,
+    settings: EpisodeSettings,
     policy_version: int = 0,
     seed: int = 0,
     prefix: str = "ep",

@@ -56,7 +56,6 @@ class RolloutRunner:
             env,
             self.engine,
             self.encoder,
-            self.config,
             job,
             reward_fn=self.reward_fn,
             deadline_s=self.deadline_s,

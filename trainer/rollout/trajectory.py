@@ -1,9 +1,10 @@
 """The trajectory record a rollout worker publishes and the trainer consumes.
 
 A `Trajectory` holds one episode: identity and bookkeeping, the two token tracks with their aligned
-per-token data, the images in pad order, the conversation, and the outcome. It travels through the
-queue as msgpack of `to_dict()` (JSON-safe data; no pickle) and is validated whenever it is built
-or loaded, so a malformed record fails at the boundary with a message naming the field.
+per-token data, the images in pad order, the conversation, the outcome, and its `Behaviour`: the sampling
+settings and staleness it was played with, which the learner reads instead of its own config. It travels
+through the queue as msgpack of `to_dict()` (JSON-safe data; no pickle) and is validated whenever it is
+built or loaded, so a malformed record fails at the boundary with a message naming the field.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pydantic.dataclasses import dataclass
 if TYPE_CHECKING:
     from vistarl.trainer.rollout.tokenization import TokenTracks
 
-__all__ = ["Status", "Trajectory"]
+__all__ = ["Behaviour", "Status", "Trajectory"]
 
 Bit = Annotated[int, Field(ge=0, le=1)]
 GridTHW = tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]]
@@ -36,6 +37,19 @@ class Status(str, Enum):
     def played(self) -> bool:
         """Whether the episode reached an ending the env scored (COMPLETED or TRUNCATED)."""
         return self in (Status.COMPLETED, Status.TRUNCATED)
+
+
+@dataclass(config=ConfigDict(extra="forbid", allow_inf_nan=False), frozen=True, kw_only=True)
+class Behaviour:
+    """The policy an episode was played with, as the learner needs it: the sampler's temperature (its
+    logprobs are `log_softmax(logits / temperature)`, docs/engines.md; 0 is greedy) and filters, and how
+    many policy versions behind the trainer's the episode may be when it is trained on."""
+
+    temperature: float = Field(ge=0)
+    top_p: float = Field(gt=0, le=1)
+    top_k: int = Field(ge=-1)
+    min_p: float = Field(ge=0, le=1)
+    max_staleness: int = Field(ge=0)
 
 
 @dataclass(config=ConfigDict(extra="forbid", allow_inf_nan=False), kw_only=True)
@@ -66,6 +80,9 @@ class Trajectory:
         default_factory=dict, description="the env's text metrics (a question type)"
     )
     timings: dict[str, float] = Field(default_factory=dict)
+    behaviour: Behaviour | None = Field(
+        default=None, description="how it was played; None for a demonstration, which nothing sampled"
+    )
 
     @model_validator(mode="after")
     def _check_alignment(self) -> Trajectory:

@@ -17,10 +17,9 @@ One step:
 7. log; save a checkpoint every `train.save_every` steps (and at the end: after `train.steps`, or after
    the first step that ends past `train.max_time_s`, or on SIGTERM: `vistarl.trainer.run.stopping`).
 
-In synchronous mode (the default) every episode comes from the current policy: step k+1's jobs are
-enqueued after step k's push, or (`rollout.overlap_resets`) before its update with the engine holding
-generation, so that only their env resets and prompts overlap it. In asynchronous mode whole rollouts
-overlap training; trajectories over `rollout.max_staleness` versions old are dropped.
+Step k+1's jobs go in where the run's `StepSchedule` (`vistarl.trainer.run.schedule`) puts them:
+after step k's push (synchronous, the default), or before its update with the engine holding generation
+(overlapped resets), or before its update for the serving policy (asynchronous).
 
 Under torchrun, every rank trains its share of each mini-batch (FSDP2) and gathers its share of each
 weight push (`vistarl.trainer.weights`); rank 0 alone drives the queue, the engine and the logs, and sends the
@@ -54,6 +53,7 @@ from vistarl.trainer.run.prompts import PromptSource, step_jobs
 from vistarl.trainer.run.rank_commands import Stop, Train
 from vistarl.trainer.run.rank_learner import RankLearner
 from vistarl.trainer.run.rollout_metrics import endings, left_out, outcomes, rollout_metrics, throughput
+from vistarl.trainer.run.schedule import StepSchedule
 from vistarl.trainer.run.stack import Gathered, Stack, open_stack
 from vistarl.trainer.run.stopping import StopRequest, checkpoint_last_step
 from vistarl.trainer.run.weight_keeper import WeightKeeper
@@ -83,6 +83,7 @@ class _Lead:
         self.learner = learner
         self.run_dir = learner.run_dir
         self.state = learner.state
+        self.schedule = StepSchedule.of(cfg.rollout)
         self.logger = RunLogger(
             self.run_dir,
             cfg.model_dump(mode="json"),
@@ -149,27 +150,26 @@ class _Lead:
     async def _step(
         self, stack: Stack, keeper: WeightKeeper, step: int, submit: Submit, deadline: float
     ) -> bool:
-        """Step `step`: gather, train, push, maybe evaluate, log; True if it is the run's last."""
+        """Step `step`: gather, train, push (the next step's jobs going in where the schedule puts them),
+        maybe evaluate, log; True if it is the run's last."""
         cfg = self.cfg
         started = time.perf_counter()
         gathered = await self._gather_learnable(stack, step, submit)
         timings = {"time/rollout": time.perf_counter() - started}
         rollout = rollout_metrics(gathered, stack)  # lags against the policy that was serving
         last = step == cfg.train.steps or time.monotonic() >= deadline
+        schedule = StepSchedule.LAST if last else self.schedule
         state = TrainerState(step, self.state.policy_version + 1, step * cfg.rollout.rollout_batch_size)
-        save = (last and cfg.train.save_last) or cfg.train.periodic_save(step)
-        ahead = not last and (cfg.rollout.async_mode or cfg.rollout.overlap_resets)
-        hold = ahead and not cfg.rollout.async_mode  # synchronous: generation waits for the new weights
-        train = Train(step, gathered.trajectories, state if save else None)
-        async with keeper.updating(), stack.holding(hold):
-            if ahead:
-                await submit(step + 1, 0, state.policy_version if hold else self.state.policy_version)
+        saved = state if (last and cfg.train.save_last) or cfg.train.periodic_save(step) else None
+        async with keeper.updating(), stack.holding(schedule.holds_generation):
+            if schedule.enqueues_before_update:
+                await submit(step + 1, 0, schedule.next_version(self.state.policy_version))
             with timed(timings, "time/train"):
-                metrics = await self.learner.command(train)
+                metrics = await self.learner.command(Train(step, gathered.trajectories, saved))
             with timed(timings, "time/sync"):
                 await keeper.push(state.policy_version)
         self.state = state
-        if not ahead and not last:
+        if schedule.enqueues_after_push:
             await submit(step + 1, 0, state.policy_version)
         if cfg.train.eval_every and step % cfg.train.eval_every == 0:
             with timed(timings, "time/eval"):

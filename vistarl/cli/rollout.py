@@ -85,10 +85,10 @@ def rollout(
 
     async def main() -> tuple[list[Trajectory], float]:
         from vistarl.trainer.rollout.engines.loading import load_engine
-        from vistarl.trainer.rollout.job import group_jobs
+        from vistarl.trainer.rollout.job import EpisodeSettings, group_jobs
         from vistarl.trainer.rollout.runner import RolloutRunner, run_jobs
 
-        jobs = group_jobs(env, starts, group_size, seed=seed)
+        jobs = group_jobs(env, starts, group_size, settings=EpisodeSettings.of(config), seed=seed)
         loaded, processor = await load_engine(spec)
         runner = RolloutRunner(loaded, processor, config, reward_fn=reward_fn, deadline_s=deadline)
         done: list[Trajectory] = []

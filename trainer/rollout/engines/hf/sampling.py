@@ -111,7 +111,7 @@ def sample(
     if mode != Mode.GREEDY:
         probs = logp.exp()
         if mode == Mode.FILTERED:
-            probs = _filtered(probs, rows)
+            probs = filtered(probs, rows)
         cdf = probs.double().cumsum(dim=-1)
         target = (uniforms(rows.seed, index) * cdf[:, -1])[:, None]
         drawn = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
@@ -119,9 +119,11 @@ def sample(
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-def _filtered(probs: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
-    """`probs` with what each row's top-k, top-p (over the top-k, unrenormalised) and min-p drop set to 0,
-    in SGLang's order."""
+def filtered(probs: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
+    """`probs` with what each row's filters drop set to 0, in SGLang's order: top-k keeps the `top_k` most
+    likely tokens; top-p keeps a token while the mass ranked above it is below `top_p` (the shortest
+    prefix whose mass reaches it, over the unrenormalised top-k); min-p keeps a token whose probability is
+    at least `min_p` times the largest."""
     vocab = probs.shape[-1]
     ordered, order = probs.sort(dim=-1, descending=True)
     keep = torch.arange(vocab, device=probs.device)[None, :] < rows.top_k[:, None]
