@@ -108,6 +108,51 @@ def test_a_run_outlives_its_engine_killed_mid_run_and_trains_on_no_stale_episode
     assert {p["name"]: p["state"] for p in figures["processes"]}["trainer"] == "exited"
 
 
+def served_versions(log: str) -> list[int]:
+    """The weight versions an engine's log says it loaded, in order."""
+    return [int(version) for version in re.findall(r"serving weight version (\d+)", log)]
+
+
+def test_two_engines_get_every_push_and_the_run_outlives_one_killed_mid_run(
+    tmp_path: Path, tiny_qwen25: Path
+) -> None:
+    out = tmp_path / "up"
+    sets = [f"--set={key}={value}" for key, value in SMALL_RUN.items()]
+    run = up(out, "--workers", "1", "--engines", "2", f"--set=model.path={tiny_qwen25}", *sets)
+    metrics = out / "run" / "metrics.jsonl"
+    try:
+        assert wait_until(lambda: metrics.is_file() and metrics.stat().st_size > 0, timeout=400), "no step"
+        os.kill(int((out / "pids" / "engine-1.pid").read_text()), signal.SIGKILL)
+        output, _ = run.communicate(timeout=600)
+    finally:
+        stop_process(run)  # type: ignore[arg-type]
+    assert run.returncode == 0, output
+    assert "engine-1 exited with code -9: restarting it (1 of 3)" in output
+    trainer_log = " ".join((out / "logs" / "trainer.log").read_text().split())
+    repush = r"engine 1 of 2 serves weight version '\w+', not the trainer's \d+ \(it restarted\): pushing "
+    repush += r"version (\d+)"
+    match = re.search(repush, trainer_log)
+    assert match, trainer_log
+    survivor = served_versions((out / "logs" / "engine-0.log").read_text())
+    assert sorted(set(survivor)) == list(range(STEPS + 1)), "engine 0 loaded every version"
+    before, after = (out / "logs" / "engine-1.log").read_text().split("--- vistarl up: restart 1 at")
+    assert served_versions(before) == sorted(served_versions(before))
+    restarted = served_versions(after)
+    assert restarted[0] == int(match[1]) and sorted(set(restarted)) == list(range(restarted[0], STEPS + 1))
+    first_push = after.index("serving weight version")
+    assert '"POST /generate' not in after[:first_push], "the restarted engine generated before its push"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    for record in records:  # no episode of stale weights was filed, none went missing
+        assert (record["rollout/stale"], record["rollout/missing"], record["rollout/policy_lag"]) == (0, 0, 0)
+        assert record["train/trajectories"] > 0
+    for name in ("engine-0", "engine-1"):  # both served the workers' episodes
+        assert '"POST /generate HTTP/1.1" 200' in (out / "logs" / f"{name}.log").read_text()
+    processes = recorded(out)
+    assert [processes[name]["restarts"] for name in ("engine-0", "engine-1", "worker-0")] == [0, 1, 0]
+    assert not any(alive(p["pid"]) for p in processes.values())
+
+
 def test_a_process_that_keeps_dying_stops_the_run_naming_it_with_its_log(tmp_path: Path) -> None:
     out = tmp_path / "up"
     run = up(
