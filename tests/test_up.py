@@ -1,10 +1,11 @@
 """`vistarl up` on the CPU: the tiny Sokoban config trained by Redis, the env server, the engine, a rollout
 worker and the trainer, each a process of its own. Its engine is SIGKILLed mid-run: the run finishes,
 the restarted engine is pushed the trainer's weights before it answers any generation, and no episode
-from its starting weights is trained on. `vistarl status` reads the run back. A process that keeps dying
+from its starting weights is trained on. `vistarl status` reads the run back. The same with two engines,
+one of them killed: both get every push, and the other serves meanwhile. A process that keeps dying
 stops the run, and SIGTERM stops a detached one, both with real processes of `vistarl up` (the
 supervisor's own cases are tests/test_launcher.py). The run scripts bring a run up this way when given
-a checkpoint."""
+a checkpoint, colocated when the trainer and the engine get the same GPUs."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from tests.machine import require
 from tests.servers import wait_until
 from vistarl.devtools.servers import vistarl_cmd
+from vistarl.launcher.plan import UpOptions, plan_processes
 from vistarl.launcher.status import alive
 from vistarl.serving.launch import stop_process
 
@@ -250,3 +252,41 @@ def test_the_run_scripts_bring_the_system_up_on_a_model_path_unless_an_engine_ur
     trained = command(ENGINE_URL="http://127.0.0.1:30000")
     assert trained[:3] == ["-m", "vistarl.cli.main", "train"]
     assert "rollout.engine=sglang:http://127.0.0.1:30000" in trained
+
+
+def test_the_system_script_on_the_same_gpus_for_both_roles_brings_the_run_up_colocated(
+    tmp_path: Path,
+) -> None:
+    """`TRAINER_GPUS=0 ENGINE_GPUS=0 scripts/run_system_gpu.sh sokoban OUT`: the `vistarl up` command it
+    runs (written by a stand-in interpreter) plans no engine server and no worker process, and the trainer
+    generates with the embedded engine and in-process workers."""
+    argv_file, shim, models = tmp_path / "argv", tmp_path / "python", tmp_path / "models"
+    shim.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{argv_file}"\n')
+    shim.chmod(0o755)
+    (models / "qwen3_vl_2b").mkdir(parents=True)
+    (models / "qwen3_vl_2b" / "config.json").write_text("{}")
+    settings = {"PYTHON": str(shim), "MODELS": str(models), "TRAINER_GPUS": "0", "ENGINE_GPUS": "0"}
+    done = subprocess.run(
+        ["bash", "scripts/run_system_gpu.sh", "sokoban", str(tmp_path / "up")],
+        cwd=ROOT,
+        env={**os.environ, **settings},
+        timeout=60,
+    )
+    assert done.returncode == 0
+    argv = argv_file.read_text().splitlines()
+    assert argv[:3] == ["-m", "vistarl.cli.main", "up"]
+    gpus = {flag: argv[argv.index(flag) + 1] for flag in ("--trainer-gpus", "--engine-gpus", "--workers")}
+    assert gpus == {"--trainer-gpus": "0", "--engine-gpus": "0", "--workers": "2"}
+    sets = tuple(argv[i + 1] for i, arg in enumerate(argv) if arg == "--set")
+    require(shutil.which("redis-server") is not None, "vistarl up starts redis-server: install it")
+    options = UpOptions(
+        config=ROOT / argv[argv.index("--config") + 1],
+        out=tmp_path / "up",
+        overrides=sets,
+        workers=2,
+        trainer_gpus=(0,),
+        engine_gpus=(0,),
+    )
+    plan = plan_processes(options)
+    assert [spec.name for spec in plan.processes] == ["redis", "sokoban", "trainer"]
+    assert "--set=rollout.engine=hf" in plan.processes[-1].argv
