@@ -51,21 +51,28 @@ def recorded(out: Path) -> dict[str, dict[str, object]]:
     return json.loads((out / "processes.json").read_text())["processes"]  # type: ignore[no-any-return]
 
 
-def test_a_run_outlives_its_engine_killed_mid_run_and_trains_on_no_stale_episode(
-    tmp_path: Path, tiny_qwen25: Path
-) -> None:
-    out = tmp_path / "up"
+def killed_mid_run(out: Path, engine: str, *flags: str) -> str:
+    """`vistarl up` of `SMALL_RUN` with one worker and `flags`, its process `engine` SIGKILLed once the first
+    step is logged; what it printed, once it finished (exiting 0)."""
     sets = [f"--set={key}={value}" for key, value in SMALL_RUN.items()]
-    sets.append(f"--set=model.path={tiny_qwen25}")
-    run = up(out, "--workers", "1", *sets)
+    run = up(out, "--workers", "1", *flags, *sets)
     metrics = out / "run" / "metrics.jsonl"
     try:
         assert wait_until(lambda: metrics.is_file() and metrics.stat().st_size > 0, timeout=400), "no step"
-        os.kill(int((out / "pids" / "engine.pid").read_text()), signal.SIGKILL)
+        os.kill(int((out / "pids" / f"{engine}.pid").read_text()), signal.SIGKILL)
         output, _ = run.communicate(timeout=600)
     finally:
         stop_process(run)  # type: ignore[arg-type]
     assert run.returncode == 0, output
+    return output
+
+
+def test_a_run_outlives_its_engine_killed_mid_run_and_trains_on_no_stale_episode(
+    tmp_path: Path, tiny_qwen25: Path
+) -> None:
+    out = tmp_path / "up"
+    output = killed_mid_run(out, "engine", f"--set=model.path={tiny_qwen25}")
+    metrics = out / "run" / "metrics.jsonl"
     assert "engine exited with code -9: restarting it (1 of 3)" in output
     assert output.rstrip().endswith("vistarl up: trainer finished")
 
@@ -119,16 +126,8 @@ def test_two_engines_get_every_push_and_the_run_outlives_one_killed_mid_run(
     tmp_path: Path, tiny_qwen25: Path
 ) -> None:
     out = tmp_path / "up"
-    sets = [f"--set={key}={value}" for key, value in SMALL_RUN.items()]
-    run = up(out, "--workers", "1", "--engines", "2", f"--set=model.path={tiny_qwen25}", *sets)
+    output = killed_mid_run(out, "engine-1", "--engines", "2", f"--set=model.path={tiny_qwen25}")
     metrics = out / "run" / "metrics.jsonl"
-    try:
-        assert wait_until(lambda: metrics.is_file() and metrics.stat().st_size > 0, timeout=400), "no step"
-        os.kill(int((out / "pids" / "engine-1.pid").read_text()), signal.SIGKILL)
-        output, _ = run.communicate(timeout=600)
-    finally:
-        stop_process(run)  # type: ignore[arg-type]
-    assert run.returncode == 0, output
     assert "engine-1 exited with code -9: restarting it (1 of 3)" in output
     trainer_log = " ".join((out / "logs" / "trainer.log").read_text().split())
     repush = r"engine 1 of 2 serves weight version '\w+', not the trainer's \d+ \(it restarted\): pushing "
