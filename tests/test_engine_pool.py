@@ -15,6 +15,7 @@ from transformers import AutoModelForImageTextToText
 
 from tests.servers import wait_until
 from vistarl.serving.launch import serving_in_loop
+from vistarl.trainer.config import load_config
 from vistarl.trainer.rollout.engines.base import GenerateRequest
 from vistarl.trainer.rollout.engines.hf import HFEngine
 from vistarl.trainer.rollout.engines.pool import EnginePool
@@ -23,6 +24,7 @@ from vistarl.trainer.rollout.engines.server import EngineServerSettings, create_
 from vistarl.trainer.rollout.engines.sglang import SGLangEngine
 from vistarl.trainer.rollout.engines.sglang_api import SamplingParams
 from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.run.stack import build_engine
 
 
 def turn(processor: VLProcessor, session: str) -> GenerateRequest:
@@ -121,3 +123,27 @@ async def test_a_pool_takes_the_transports_its_push_targets_share(
         assert pool.push_targets == [here] and pool.weight_transports == ("in_process",)
         assert await pool.load_weights(lambda live: None, "4") == "4" == here.weight_version
     await pool.close()
+
+
+async def test_behind_a_router_the_router_generates_and_the_servers_take_the_pushes(
+    tiny_qwen25: Path,
+) -> None:
+    """`rollout.engine: sglang:ROUTER` with `sync.engine_urls`: the stack's pool generates through the
+    router, its push targets are the servers; here in-process scripted engines stand in for both."""
+    processor = VLProcessor.from_pretrained(tiny_qwen25)
+    servers = [ScriptedEngine(processor, lambda index, request: "ok") for _ in range(2)]
+    router = ScriptedEngine(processor, lambda index, request: "routed")
+    pool = EnginePool(servers, router=router)
+    assert (await pool.generate(turn(processor, "e"))).text == "routed"
+    assert [len(s.requests) for s in servers] == [0, 0] and pool.push_targets == servers
+    assert await pool.update_weights_from_disk(str(tiny_qwen25), "2") == "2"
+    assert [s.weight_version for s in servers] == ["2", "2"] and router.weight_version == "0"
+    await pool.close()
+    cfg = load_config(
+        None, ["rollout.engine=sglang:http://router:30000", "sync.engine_urls=[http://a:1, http://b:1]"]
+    )
+    built = build_engine(cfg, processor, tiny_qwen25, None)
+    assert isinstance(built, EnginePool) and isinstance(built.router, SGLangEngine)
+    urls = [member.url for member in built.push_targets if isinstance(member, SGLangEngine)]
+    assert urls == ["http://a:1", "http://b:1"]
+    await built.close()
