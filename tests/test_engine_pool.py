@@ -94,6 +94,10 @@ async def test_a_dead_engine_is_routed_around_until_it_serves_the_weights_the_ot
         await engines[1].update_weights({}, "3")
         assert not (await pool.generate(turn(processor, "stays"))).aborted  # the turn goes to engine 1
         assert pool.sent == [2, 1] and pool.serving == [1]
+        await pool.pause_generation("in_place")  # engine 0 is not reached, engine 1 is paused
+        assert not await members[1].health()  # 503 while paused
+        await pool.continue_generation()
+        assert await members[1].health()
         port = int(urls[0].rsplit(":", 1)[1])
         await stack.enter_async_context(engine_server(engines[0], port, await_weights=True))
         await asyncio.sleep(0.5)  # probes see it back, serving its starting weights: still out

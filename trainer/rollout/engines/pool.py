@@ -226,12 +226,22 @@ class EnginePool:
         return versions[0]
 
     async def pause_generation(self, mode: PauseMode = "abort") -> None:
-        """Hold every member's generation."""
-        await _each(member.pause_generation(mode) for member in self.members)
+        """Hold every member's generation (see `_reachable`)."""
+        await self._reachable(member.pause_generation(mode) for member in self.members)
 
     async def continue_generation(self) -> None:
-        """Resume every member's generation."""
-        await _each(member.continue_generation() for member in self.members)
+        """Resume every member's generation (see `_reachable`)."""
+        await self._reachable(member.continue_generation() for member in self.members)
+
+    async def _reachable(self, calls: Iterable[Awaitable[None]]) -> None:
+        """Make a control call to every member at once; one that cannot be reached (it died: it generates
+        nothing, and comes back awaiting the trainer's push) is passed over, unless none can be."""
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+        for failure in failures:
+            if not isinstance(failure, ConnectionError) or len(failures) == len(outcomes):
+                raise failure
+            log.warning("an engine of the pool was not reached: %s", failure)
 
     async def health(self) -> bool:
         """Whether some member (or the router) can generate now."""
