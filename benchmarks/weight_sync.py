@@ -243,11 +243,11 @@ def _transport(
     if kind == "nccl":
         backend = "nccl" if bench.device.type == "cuda" else "gloo"
         target = DistributedTarget("127.0.0.1", free_port(), backend=backend)
-        transport = DistributedSync(client, calls, target, bench.config.model_type)
+        transport = DistributedSync([client], calls, target, bench.config.model_type)
     else:
         source = tmp / "source"
         transport = DiskSync(
-            client, calls, tmp / "pushed", bench.config, source, dtype=PUSH_DTYPE, pause=True
+            [client], calls, tmp / "pushed", bench.config, source, dtype=PUSH_DTYPE, pause=True
         )
     cleanup.callback(transport.close)
     return transport, lambda: str(httpx.get(f"{url}/model_info", timeout=30).json()["weight_version"])

@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # The whole system on a 2-GPU host, as docs/benchmarks.md measures it ("The whole system on GPUs"):
-# `vistarl up` with the trainer on GPU 0 and `vistarl engine serve` on GPU 1 (or both on GPU 0 with
-# TRAINER_GPUS=0 ENGINE_GPUS=0), on a random-init checkpoint of the real shape (written once under MODELS
-# by `vistarl model tiny --shape ...`), each run sized to play its 20 steps in about 6 minutes. It starts detached and returns at once.
+# `vistarl up` with the trainer on GPU 0 and `vistarl engine serve` on GPU 1, on a random-init
+# checkpoint of the real shape (written once under MODELS by `vistarl model tiny --shape ...`), each run
+# sized to play its 20 steps in about 6 minutes. It starts detached and returns at once.
+# The same GPUs for both (TRAINER_GPUS=0 ENGINE_GPUS=0, or 0,1,2,3 for both) run colocated: no engine
+# server and no worker process; each trainer rank generates on its own GPU, rank 0 running the two
+# workers in process (docs/deploy.md, "Placement"). Several engine GPUs (ENGINE_GPUS=1,2,3) start an
+# engine each. Colocated on one H200, Geo3k and Sokoban hold the trainer's 72-82 GiB plus the engine's
+# weights (4 GiB) and KV cache (28 and 14 GiB); VSI's trainer is estimated at 93.2 GiB with the sizing
+# below (docs/fsdp.md, "Memory").
 #   scripts/run_system_gpu.sh RUN OUT [ARGS...]   RUN: geo3k, sokoban, sokoban-async or vsi; ARGS go to
 #                                                 vistarl up (more --set overrides, say)
 #   vistarl status OUT                            the processes, the last step, the step breakdown
@@ -19,9 +25,9 @@
 #                  room for the engine beside it (TRAINER_GPUS=0 ENGINE_GPUS=0). With float32 moments
 #                  and MLP-scope checkpointing step 1 peaked at 126.5 GiB and step 2 ran out of memory
 #                  on an H200 (docs/benchmarks.md)
-# The two workers run as many episodes at once as a step has (rollout.concurrency), and so the engine
-# batches them all. Every run: no torch.compile (its start-up would take minutes of the six), 20 steps,
-# no evaluation, no checkpoint at the end, 128 new tokens a turn at most, and replies ending at a '.': a
+# The two workers run as many episodes at once as a step has (rollout.concurrency), and so the engines
+# batch them all, each its share. Every run: no torch.compile (its start-up would take minutes of the six),
+# 20 steps, no evaluation, no checkpoint at the end, 128 new tokens a turn at most, and replies ending at a '.': a
 # random-init model writes no <|im_end|>, and a turn cut by max_new_tokens ends its episode, so without a
 # stop string no episode would take a second turn (a uniform draw over Qwen's vocabulary hits a '.' about
 # once in 23 tokens). A random model writes no tool call either: Geo3k's episodes end after one turn.

@@ -195,6 +195,13 @@ def test_malformed_override(item: str) -> None:
         (["algo.kl_loss_type=k4"], r"algo\.kl_loss_type: .*'k1', 'k2' or 'k3'"),
         (["algo.loss_agg_mode=sum"], r"algo\.loss_agg_mode"),
         (["rollout.engine=sglang"], r"rollout\.engine: 'sglang' is not"),
+        (["rollout.engine=hf:http://a:1,b:2"], r"rollout\.engine: .* \(several servers: their URLs"),
+        (["sync.engine_urls=[http://a:1]"], r"sync\.engine_urls are the servers behind a router"),
+        (
+            ["rollout.engine=sglang:http://a:1,http://b:2", "sync.engine_urls=[http://a:1]"],
+            r"set rollout\.engine to the router's one URL",
+        ),
+        (["sync.engine_urls=[a:1]"], r"sync\.engine_urls\.0: String should match pattern"),
         (["rollout.queue=localhost:6379"], r"rollout\.queue"),
         (["env.url=localhost:8000"], r"env\.url"),
         (["env.reward_path=not a path"], r"env\.reward_path: 'not a path' is not an import path"),
@@ -259,3 +266,12 @@ def test_env_options_the_env_refuses_fail_when_the_config_loads() -> None:
 )
 def test_a_run_is_named_after_its_env_as_well_as_its_config(config: str | None, env: str, name: str) -> None:
     assert run_name(Path(config) if config else None, env) == name
+
+
+def test_an_engine_pool_and_a_router_with_its_servers_are_configs() -> None:
+    pool = load_config(None, ["rollout.engine=hf:http://a:1,http://b:2"])
+    assert pool.rollout.engine_url == "http://a:1,http://b:2" and pool.rollout.engine_kind == "hf"
+    routed = load_config(
+        None, ["rollout.engine=sglang:http://router:30000", "sync.engine_urls=[http://a:1, http://b:2]"]
+    )
+    assert routed.sync.engine_urls == ["http://a:1", "http://b:2"]

@@ -4,7 +4,6 @@ OpenAI chat completions, and the agent loop of docs/agents.md against it and `vi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -21,8 +20,6 @@ import httpx
 import numpy as np
 import pytest
 import torch
-import uvicorn
-from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 from transformers import AutoModelForImageTextToText, PreTrainedModel
@@ -37,7 +34,7 @@ from vistarl.devtools.tiny_checkpoint import build_model
 from vistarl.services.env_api import load_env_factory
 from vistarl.services.server.tool_calls import ToolActions
 from vistarl.services.sokoban.actions import parse_actions
-from vistarl.serving.launch import free_port
+from vistarl.serving.launch import free_port, serving_in_loop
 from vistarl.trainer.rollout.engines.base import EngineRequestError, EngineUnavailableError, GenerateRequest
 from vistarl.trainer.rollout.engines.chat import ChatCompletionRequest, completion, generate_request
 from vistarl.trainer.rollout.engines.hf import HFEngine
@@ -66,23 +63,6 @@ def served(tiny_qwen25: Path) -> Iterator[str]:
         args, ready_url=f"{url}/health_generate", env=env, timeout=180, cwd=tiny_qwen25.parent
     ):
         yield url
-
-
-@contextlib.asynccontextmanager
-async def serving(app: FastAPI) -> AsyncIterator[str]:
-    """Serve `app` with uvicorn in this event loop on a free loopback port; yields its URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    try:
-        deadline = time.monotonic() + 10
-        while not server.started and not task.done() and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        assert server.started, "uvicorn did not start"
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +202,7 @@ async def test_an_awaiting_server_generates_only_after_its_first_weight_update(
     loaded: tuple[PreTrainedModel, VLProcessor], tiny_qwen25: Path, processor: VLProcessor
 ) -> None:
     app = create_app(HFEngine(*loaded), EngineServerSettings(await_weights=True))
-    async with serving(app) as url:
+    async with serving_in_loop(app, log_level="warning") as url:
         client = SGLangEngine(url, processor, retry_deadline_s=10)
         try:
             assert (await client.model_info()).weight_version == "default"
@@ -275,7 +255,7 @@ async def test_missing_checkpoints_fail_at_once_naming_the_path(
         with pytest.raises(FileNotFoundError, match=f"{re.escape(missing)}.*downloads nothing"):
             VLProcessor.from_pretrained(missing)
     elsewhere = HFEngine(*loaded, model_path="/srv/models/not-here")
-    async with serving(create_app(elsewhere)) as url:
+    async with serving_in_loop(create_app(elsewhere), log_level="warning") as url:
         spec = EngineSpec.parse(f"hf:{url}")
         with pytest.raises(FileNotFoundError, match=r"serves '/srv/models/not-here'.*--tokenizer DIR"):
             await load_engine(spec)

@@ -105,6 +105,39 @@ def test_gpus_put_the_trainer_under_torchrun_and_the_engine_on_its_own(
     assert plan.gpus == (0, 1, 2)
 
 
+def test_several_engine_gpus_start_an_engine_each_which_the_workers_and_the_trainer_all_reach(
+    tmp_path: Path, tiny_qwen25: Path
+) -> None:
+    plan = plan_processes(options(tmp_path, tiny_qwen25, trainer_gpus=(0,), engine_gpus=(1, 2, 3), workers=2))
+    specs = {spec.name: spec for spec in plan.processes}
+    engines = [specs[f"engine-{i}"] for i in range(3)]
+    assert [e.env for e in engines] == [{"CUDA_VISIBLE_DEVICES": gpu} for gpu in ("1", "2", "3")]
+    assert all(flag(e.argv, "--max-batch-size") == "6" for e in engines)  # 16 episodes at once over 3
+    urls = [f"http://127.0.0.1:{flag(e.argv, '--port')}" for e in engines]
+    assert plan.urls["engine"] == ",".join(urls) and len(set(urls)) == 3
+    assert flag(specs["worker-1"].argv, "--engine") == f"sglang:{','.join(urls)}"
+    assert f"--set=rollout.engine=sglang:{','.join(urls)}" in specs["trainer"].argv
+    on_cpu = plan_processes(options(tmp_path, tiny_qwen25, engines=2))
+    assert [s.name for s in on_cpu.processes if s.role == "engine"] == ["engine-0", "engine-1"]
+
+
+@pytest.mark.parametrize("gpus", [(0,), (0, 1, 2, 3)])
+def test_the_same_gpus_for_both_roles_run_the_trainer_colocated_with_its_engines(
+    tmp_path: Path, tiny_qwen25: Path, gpus: tuple[int, ...]
+) -> None:
+    plan = plan_processes(options(tmp_path, tiny_qwen25, trainer_gpus=gpus, engine_gpus=gpus, workers=3))
+    assert [spec.name for spec in plan.processes] == ["redis", "sokoban", "trainer"]
+    trainer = plan.processes[-1]
+    sets = [arg.removeprefix("--set=") for arg in trainer.argv if arg.startswith("--set=")]
+    assert {"rollout.engine=hf", "rollout.local_workers=3", f"rollout.queue={plan.urls['redis']}"} <= set(
+        sets
+    )
+    assert not any(s.startswith(("sync.mode", "sync.master_port")) for s in sets)  # pushed in process
+    assert f"--nproc-per-node={len(gpus)}" in trainer.argv
+    assert trainer.env == {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+    assert "engine" not in plan.urls and plan.gpus == gpus
+
+
 def test_a_host_of_a_larger_run_starts_its_part_and_names_the_rest(tmp_path: Path, tiny_qwen25: Path) -> None:
     trainer_only = options(
         tmp_path,
@@ -186,7 +219,11 @@ def test_a_resumed_run_resumes_its_trainer(tmp_path: Path, tiny_qwen25: Path) ->
             "need engine: give --role engine or --engine-url",
         ),
         ({"trainer_gpus": (0,)}, "name GPUs for both"),
-        ({"trainer_gpus": (0,), "engine_gpus": (1, 2)}, "one engine GPU per run"),
+        (
+            {"trainer_gpus": (0, 1), "engine_gpus": (1, 2)},
+            "GPUs 1 are named for both roles: give the trainer and the engines the same GPUs (colocated)",
+        ),
+        ({"trainer_gpus": (0,), "engine_gpus": (1, 2), "engines": 3}, "--engines 3 with 2 engine GPUs"),
         (
             {
                 "roles": ("trainer",),
@@ -285,6 +322,31 @@ def test_a_service_that_keeps_dying_is_restarted_within_the_bound_then_stops_the
     assert log.count("no engine at that URL") == 3 and log.count("--- vistarl up: restart") == 2
     record = json.loads((tmp_path / PROCESSES_FILE).read_text())["processes"]
     assert record["worker-0"]["restarts"] == 2 and record["trainer"]["state"] == "stopped"
+
+
+WAIT_THEN_SERVE = "import os, sys, time\nwhile not os.path.exists(sys.argv[2]):\n    time.sleep(0.05)\n"
+TOUCH_THEN_SERVE = "import pathlib, sys\npathlib.Path(sys.argv[2]).touch()\n"
+
+
+def test_a_parts_processes_start_together(tmp_path: Path) -> None:
+    """engine-0 answers only once engine-1 has started: started one after the other, engine-0 would never
+    be ready, and the run would stop when its start timeout passed."""
+    mark = str(tmp_path / "engine-1-started")
+    engines = [
+        ProcessSpec(
+            f"engine-{index}",
+            "engine",
+            (*python(code + SERVE_HEALTH), str(port), mark),
+            ready=f"http://127.0.0.1:{port}/",
+            start_timeout_s=60,
+        )
+        for index, (code, port) in enumerate(
+            [(WAIT_THEN_SERVE, free_port()), (TOUCH_THEN_SERVE, free_port())]
+        )
+    ]
+    trainer = ProcessSpec("trainer", "trainer", python("print('trained')"), restart=False)
+    ending = supervise(tmp_path, *engines, trainer, max_restarts=0)[0].run()
+    assert (ending.code, ending.reason) == (0, "trainer finished")
 
 
 def test_a_failed_trainer_ends_the_run_with_its_log(tmp_path: Path) -> None:

@@ -51,10 +51,11 @@ def played(episode_id: str) -> Trajectory:
         Train(3, [played("a"), played("b")], TrainerState(3, 4, 12, python_rng=[3, [1, 2], None])),
         Train(1, [], None),
         Push(7),
+        Push(8, reconnect=True, engines=(0, 2)),
         Save(TrainerState(5, 5, 20, python_rng=[3, [1, 2], None])),
         Stop(),
     ],
-    ids=["train-and-save", "train", "push", "save", "stop"],
+    ids=["train-and-save", "train", "push", "push-to-some-engines", "save", "stop"],
 )
 def test_a_command_decodes_to_an_equal_command(command: Train | Push | Save | Stop) -> None:
     assert decode(encode(command)) == command

@@ -7,7 +7,9 @@ on one machine) train together; a second run into a live directory is refused, `
 trainer with a checkpoint of its last step, and `--resume` continues it to its last step. A process that
 keeps dying stops the run, and SIGTERM stops a detached one, both with real processes of `vistarl up`
 (the supervisor's own cases are tests/test_launcher.py; what the preflight refuses,
-tests/test_up_preflight.py). The run scripts bring a run up this way when given a checkpoint."""
+tests/test_up_preflight.py). The same with two engines, one of them killed: both get every push, and the
+other serves meanwhile. The run scripts bring a run up this way when given a checkpoint, colocated when
+the trainer and the engine get the same GPUs."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import pytest
 from tests.machine import outlasting, require
 from tests.servers import wait_until
 from vistarl.devtools.servers import vistarl_cmd
+from vistarl.launcher.plan import UpOptions, plan_processes
 from vistarl.launcher.status import alive
 from vistarl.serving.launch import stop_process
 
@@ -83,24 +86,31 @@ def aborted_in_log(trainer_log: str) -> int:
     return sum(int(n) for n in replayed + trained)
 
 
-@outlasting(FIRST_STEP_S, RUN_S, 2 * STATUS_S)
-def test_a_run_outlives_its_engine_killed_mid_run_and_trains_on_no_stale_episode(
-    tmp_path: Path, tiny_qwen25: Path
-) -> None:
-    out = tmp_path / "up"
+def killed_mid_run(out: Path, engine: str, *flags: str) -> str:
+    """`vistarl up` of `SMALL_RUN` with one worker and `flags`, its process `engine` SIGKILLed once the first
+    step is logged; what it printed, once it finished (exiting 0)."""
     sets = [f"--set={key}={value}" for key, value in SMALL_RUN.items()]
-    sets.append(f"--set=model.path={tiny_qwen25}")
-    run = up(out, "--workers", "1", *sets)
+    run = up(out, "--workers", "1", *flags, *sets)
     metrics = out / "run" / "metrics.jsonl"
     try:
         assert wait_until(lambda: metrics.is_file() and metrics.stat().st_size > 0, timeout=FIRST_STEP_S), (
             "no step"
         )
-        os.kill(int((out / "pids" / "engine.pid").read_text()), signal.SIGKILL)
+        os.kill(int((out / "pids" / f"{engine}.pid").read_text()), signal.SIGKILL)
         output, _ = run.communicate(timeout=RUN_S)
     finally:
         stop_process(run)  # type: ignore[arg-type]
     assert run.returncode == 0, output
+    return output
+
+
+@outlasting(FIRST_STEP_S, RUN_S, 2 * STATUS_S)
+def test_a_run_outlives_its_engine_killed_mid_run_and_trains_on_no_stale_episode(
+    tmp_path: Path, tiny_qwen25: Path
+) -> None:
+    out = tmp_path / "up"
+    output = killed_mid_run(out, "engine", f"--set=model.path={tiny_qwen25}")
+    metrics = out / "run" / "metrics.jsonl"
     assert "engine exited with code -9: restarting it (1 of 3)" in output
     assert output.rstrip().endswith("vistarl up: trainer finished")
 
@@ -141,6 +151,44 @@ def test_a_run_outlives_its_engine_killed_mid_run_and_trains_on_no_stale_episode
     assert [s["step"] for s in figures["steps"]] == [r["step"] for r in records]
     assert {p["name"]: p["state"] for p in figures["processes"]}["trainer"] == "exited"
     assert sum(row["ABORTED"] for row in figures["failures"]) == aborted
+
+
+def served_versions(log: str) -> list[int]:
+    """The weight versions an engine's log says it loaded, in order."""
+    return [int(version) for version in re.findall(r"serving weight version (\d+)", log)]
+
+
+@outlasting(FIRST_STEP_S, RUN_S)
+def test_two_engines_get_every_push_and_the_run_outlives_one_killed_mid_run(
+    tmp_path: Path, tiny_qwen25: Path
+) -> None:
+    out = tmp_path / "up"
+    output = killed_mid_run(out, "engine-1", "--engines", "2", f"--set=model.path={tiny_qwen25}")
+    metrics = out / "run" / "metrics.jsonl"
+    assert "engine-1 exited with code -9: restarting it (1 of 3)" in output
+    trainer_log = " ".join((out / "logs" / "trainer.log").read_text().split())
+    repush = r"engine 1 of 2 serves weight version '\w+', not the trainer's \d+ \(it restarted\): pushing "
+    repush += r"version (\d+)"
+    match = re.search(repush, trainer_log)
+    assert match, trainer_log
+    survivor = served_versions((out / "logs" / "engine-0.log").read_text())
+    assert sorted(set(survivor)) == list(range(STEPS + 1)), "engine 0 loaded every version"
+    before, after = (out / "logs" / "engine-1.log").read_text().split("--- vistarl up: restart 1 at")
+    assert served_versions(before) == sorted(served_versions(before))
+    restarted = served_versions(after)
+    assert restarted[0] == int(match[1]) and sorted(set(restarted)) == list(range(restarted[0], STEPS + 1))
+    first_push = after.index("serving weight version")
+    assert '"POST /generate' not in after[:first_push], "the restarted engine generated before its push"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    for record in records:  # no episode of stale weights was filed, none went missing
+        assert (record["rollout/stale"], record["rollout/missing"], record["rollout/policy_lag"]) == (0, 0, 0)
+        assert record["train/trajectories"] > 0
+    for name in ("engine-0", "engine-1"):  # both served the workers' episodes
+        assert '"POST /generate HTTP/1.1" 200' in (out / "logs" / f"{name}.log").read_text()
+    processes = recorded(out)
+    assert [processes[name]["restarts"] for name in ("engine-0", "engine-1", "worker-0")] == [0, 1, 0]
+    assert not any(alive(p["pid"]) for p in processes.values())
 
 
 def urls_of(out: Path) -> dict[str, str]:
@@ -331,3 +379,41 @@ def test_the_run_scripts_bring_the_system_up_on_a_model_path_unless_an_engine_ur
     trained = command(ENGINE_URL="http://127.0.0.1:30000")
     assert trained[:3] == ["-m", "vistarl.cli.main", "train"]
     assert "rollout.engine=sglang:http://127.0.0.1:30000" in trained
+
+
+def test_the_system_script_on_the_same_gpus_for_both_roles_brings_the_run_up_colocated(
+    tmp_path: Path,
+) -> None:
+    """`TRAINER_GPUS=0 ENGINE_GPUS=0 scripts/run_system_gpu.sh sokoban OUT`: the `vistarl up` command it
+    runs (written by a stand-in interpreter) plans no engine server and no worker process, and the trainer
+    generates with the embedded engine and in-process workers."""
+    argv_file, shim, models = tmp_path / "argv", tmp_path / "python", tmp_path / "models"
+    shim.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{argv_file}"\n')
+    shim.chmod(0o755)
+    (models / "qwen3_vl_2b").mkdir(parents=True)
+    (models / "qwen3_vl_2b" / "config.json").write_text("{}")
+    settings = {"PYTHON": str(shim), "MODELS": str(models), "TRAINER_GPUS": "0", "ENGINE_GPUS": "0"}
+    done = subprocess.run(
+        ["bash", "scripts/run_system_gpu.sh", "sokoban", str(tmp_path / "up")],
+        cwd=ROOT,
+        env={**os.environ, **settings},
+        timeout=60,
+    )
+    assert done.returncode == 0
+    argv = argv_file.read_text().splitlines()
+    assert argv[:3] == ["-m", "vistarl.cli.main", "up"]
+    gpus = {flag: argv[argv.index(flag) + 1] for flag in ("--trainer-gpus", "--engine-gpus", "--workers")}
+    assert gpus == {"--trainer-gpus": "0", "--engine-gpus": "0", "--workers": "2"}
+    sets = tuple(argv[i + 1] for i, arg in enumerate(argv) if arg == "--set")
+    require(shutil.which("redis-server") is not None, "vistarl up starts redis-server: install it")
+    options = UpOptions(
+        config=ROOT / argv[argv.index("--config") + 1],
+        out=tmp_path / "up",
+        overrides=sets,
+        workers=2,
+        trainer_gpus=(0,),
+        engine_gpus=(0,),
+    )
+    plan = plan_processes(options)
+    assert [spec.name for spec in plan.processes] == ["redis", "sokoban", "trainer"]
+    assert "--set=rollout.engine=hf" in plan.processes[-1].argv

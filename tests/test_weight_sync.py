@@ -4,6 +4,7 @@ push through the bucketed path (one process, and two FSDP2 ranks under torchrun)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -34,7 +35,7 @@ from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.weights.buckets import Bucket, bucket_tensors, gathered_buckets
 from vistarl.trainer.weights.disk import DiskSync, save_hf_weights
 from vistarl.trainer.weights.in_process import InProcessSync
-from vistarl.trainer.weights.names import checkpoint_name, live_name, to_checkpoint_state
+from vistarl.trainer.weights.names import checkpoint_name, is_tied, live_name, to_checkpoint_state
 from vistarl.trainer.weights.nccl import DistributedSync, DistributedTarget, distributed_body
 from vistarl.trainer.weights.sync import WeightSync, transport_kind
 from vistarl.trainer.weights.transport import EngineCalls, Transport
@@ -208,7 +209,7 @@ async def test_engine_server_matches_the_trainer_after_a_disk_push(
     processor = VLProcessor.from_pretrained(tiny_qwen25)
     with pytest.raises(WeightSyncMismatch):
         await verify_weight_sync(remote_engine, trainer_model, processor)
-    sync = DiskSync(remote_engine, engine_calls(), tmp_path / "weights", trainer_model.config, tiny_qwen25)
+    sync = DiskSync([remote_engine], engine_calls(), tmp_path / "weights", trainer_model.config, tiny_qwen25)
     await push(sync, trainer_model, 5)
     await push(sync, trainer_model, 6)
     assert remote_engine.weight_version == "6"
@@ -231,7 +232,7 @@ async def test_engine_server_matches_the_trainer_after_a_broadcast_push(
     with pytest.raises(EngineRequestError, match="not in weight-update group 'weight_update_group'"):
         await remote_engine.update_weights_from_distributed(stray)
     target = DistributedTarget("127.0.0.1", free_port(), backend="gloo", timeout=timedelta(seconds=60))
-    sync = DistributedSync(remote_engine, engine_calls(), target, "qwen2_5_vl")
+    sync = DistributedSync([remote_engine], engine_calls(), target, "qwen2_5_vl")
     await push(sync, trainer_model, 7)
     info = httpx.get(f"{served_engine}/model_info", timeout=10).json()
     assert remote_engine.weight_version == info["weight_version"] == "7"
@@ -246,10 +247,8 @@ async def test_engine_server_matches_the_trainer_after_a_broadcast_push(
 @pytest.fixture
 def receiver(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """`SGLangReceiverDouble` in its own process: its URL, and the folder it saves the buckets to."""
-    port, out_dir = free_port(), tmp_path / "received"
-    command = [sys.executable, "-m", "tests.sglang_receiver_double", str(port), str(out_dir)]
-    with running_process(command, ready_url=f"http://127.0.0.1:{port}/health", timeout=120):
-        yield f"http://127.0.0.1:{port}", out_dir
+    with receiver_double(tmp_path / "received") as served:
+        yield served
 
 
 async def test_nccl_path_sends_every_weight_exactly_in_buckets_an_sglang_receiver_takes(
@@ -269,7 +268,7 @@ async def test_nccl_path_sends_every_weight_exactly_in_buckets_an_sglang_receive
     )
     engine = SGLangEngine(url, retry_deadline_s=10)
     try:
-        sync = DistributedSync(engine, engine_calls(), target, "qwen2_5_vl")
+        sync = DistributedSync([engine], engine_calls(), target, "qwen2_5_vl")
         await push(sync, model, 4, dtype=torch.bfloat16, bucket_bytes=bucket_bytes)
     finally:
         await engine.close()
@@ -296,6 +295,49 @@ async def test_nccl_path_sends_every_weight_exactly_in_buckets_an_sglang_receive
     for size, following in itertools.pairwise(sizes):
         assert sum(size) <= bucket_bytes or len(size) == 1, "a bucket over the limit holds one tensor"
         assert sum(size) + following[0] > bucket_bytes, "each bucket is as full as the limit lets it be"
+
+
+async def test_one_broadcast_reaches_every_engine_and_a_reconnection_only_those_it_names(
+    tiny_qwen25: Path, tmp_path: Path
+) -> None:
+    """Two SGLang receivers (`tests/sglang_receiver_double.py`) join one group behind trainer rank 0, each
+    bucket is broadcast once to both, and each gets every weight bit for bit; a reconnection to the second
+    alone forms a group of two without the first, which then hears nothing more."""
+    model = load_lm(tiny_qwen25)
+    nudge(model, seed=6)
+    pushed = {name: t for name, t in model.state_dict().items() if not is_tied(name, model.config)}
+    expected = {checkpoint_name(name, "qwen2_5_vl"): t for name, t in pushed.items()}
+    with contextlib.ExitStack() as servers:
+        doubles = [servers.enter_context(receiver_double(tmp_path / f"r{i}")) for i in range(2)]
+        engines = [SGLangEngine(url, retry_deadline_s=10) for url, _ in doubles]
+        port = free_port()
+        target = DistributedTarget("127.0.0.1", port, backend="gloo", timeout=timedelta(seconds=60))
+        sync = DistributedSync(engines, engine_calls(), target, "qwen2_5_vl")
+        await push(sync, model, 4)
+        sync.reconnect([1])
+        await push(sync, model, 5)
+        for engine in engines:
+            await engine.close()
+        got = [httpx.get(f"{url}/received", timeout=10).json() for url, _ in doubles]
+    first, second = ({(i["rank_offset"], i["world_size"]) for i in g["inits"]} for g in got)
+    assert first == {(1, 3)} and second == {(2, 3), (1, 2)}
+    assert [u["weight_version"] for u in got[0]["updates"] if u["flush_cache"]] == ["4"]
+    assert [u["weight_version"] for u in got[1]["updates"] if u["flush_cache"]] == ["4", "5"]
+    for (_, received), updates in ((doubles[0], got[0]["updates"]), (doubles[1], got[1]["updates"])):
+        arrived = {}
+        for i in range(len(updates)):
+            arrived.update(load_file(received / f"bucket-{i:03d}.safetensors"))
+        assert set(arrived) == set(expected)
+        assert all(torch.equal(arrived[name], tensor) for name, tensor in expected.items())
+
+
+@contextlib.contextmanager
+def receiver_double(out_dir: Path) -> Iterator[tuple[str, Path]]:
+    """`SGLangReceiverDouble` in its own process: its URL, and the folder it saves the buckets to."""
+    port = free_port()
+    command = [sys.executable, "-m", "tests.sglang_receiver_double", str(port), str(out_dir)]
+    with running_process(command, ready_url=f"http://127.0.0.1:{port}/health", timeout=120):
+        yield f"http://127.0.0.1:{port}", out_dir
 
 
 @pytest.mark.slow  # two torchrun ranks: minutes of CPU

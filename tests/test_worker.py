@@ -251,6 +251,11 @@ def test_engine_specs_and_runner_paths_are_checked() -> None:
             EngineSpec.parse(bad)
     with pytest.raises(ValueError, match="SGLang runs as a server"):
         EngineSpec.parse("sglang:/models/tiny")
+    pool = EngineSpec.parse("hf:http://127.0.0.1:30000,http://127.0.0.1:30001")
+    assert pool.urls == ["http://127.0.0.1:30000", "http://127.0.0.1:30001"]
+    assert EngineSpec.parse("hf:/models/tiny").urls == []
+    with pytest.raises(ValueError, match="each comma-separated server is an http:// or https:// URL"):
+        EngineSpec.parse("sglang:http://127.0.0.1:30000,/models/tiny")
     assert load_runner_factory("tests.runners:make_noop_runner").__name__ == "make_noop_runner"
     for bad, message in (
         ("nocolon", "module:function"),

@@ -20,7 +20,7 @@ import asyncio
 import json
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -64,7 +64,10 @@ def push_and_check(checkpoint: Path, engine_url: str, master_port: int, out_dir:
     target = DistributedTarget("127.0.0.1", master_port, backend="gloo", timeout=TIMEOUT)
     transports: list[Transport | None] = [None, None]
     if local is not None:
-        transports = [InProcessSync(local, calls), DistributedSync(served, calls, target, config.model_type)]
+        transports = [
+            InProcessSync(local, calls),
+            DistributedSync([served], calls, target, config.model_type),
+        ]
     for version, transport in enumerate(transports, start=1):
         sync = WeightSync(config, torch.float32, BUCKET_BYTES, transport)
         sync.push(actor, version)
@@ -89,6 +92,9 @@ class EngineGone:
     def push(self, buckets: Iterable[Bucket], version: int) -> None:
         next(iter(buckets))
         raise ConnectionError("the engine went away")
+
+    def reconnect(self, engines: Sequence[int] | None) -> None:
+        """Nothing to form again."""
 
     def close(self) -> None:
         """Nothing to release."""

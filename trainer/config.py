@@ -12,7 +12,7 @@ import json
 import re
 import urllib.parse
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -27,7 +27,7 @@ KLType = Literal["k1", "k2", "k3"]
 CRITIC_ESTIMATORS: frozenset[str] = frozenset({"gae", "turn_gae"})
 GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "dr_grpo"})
 
-_ENGINE_RE = re.compile(r"^(?P<kind>hf|sglang)(?::(?P<url>https?://\S+))?$")
+_ENGINE_RE = re.compile(r"^(?P<kind>hf|sglang)(?::(?P<url>https?://[^\s,]+(,https?://[^\s,]+)*))?$")
 _IMPORT_PATH_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*([.:][A-Za-z_]\w*)$")
 OPENENV_SCHEMES = ("openenv+ws://", "openenv+wss://")
 """The schemes of an OpenEnv server's env URL: its WebSocket URL (`ws://`, `wss://`) behind `openenv+`."""
@@ -290,10 +290,14 @@ class RolloutConfig(_Section):
     @field_validator("engine")
     @classmethod
     def _engine_spec(cls, value: str) -> str:
-        """`hf` (embedded), `hf:URL` or `sglang:URL`; SGLang only runs as a server."""
+        """`hf` (embedded), `hf:URL` or `sglang:URL`, a URL or several comma-separated; SGLang only runs
+        as a server."""
         match = _ENGINE_RE.match(value)
         if match is None or (match["kind"] == "sglang" and match["url"] is None):
-            raise ValueError(f"{value!r} is not 'hf', 'hf:http://host:port' or 'sglang:http://host:port'")
+            raise ValueError(
+                f"{value!r} is not 'hf', 'hf:http://host:port' or 'sglang:http://host:port' (several "
+                "servers: their URLs comma-separated)"
+            )
         return value
 
     @model_validator(mode="after")
@@ -309,7 +313,8 @@ class RolloutConfig(_Section):
 
     @property
     def engine_url(self) -> str | None:
-        """The engine server's URL, or None for the embedded engine."""
+        """The engine server's URL (several, comma-separated, for a pool), or None for the embedded
+        engine."""
         match = _ENGINE_RE.match(self.engine)
         return match["url"] if match else None
 
@@ -470,7 +475,12 @@ class SyncConfig(_Section):
     )
     master_address: str = Field(default="127.0.0.1", description="nccl: trainer rank 0's address")
     master_port: int = Field(default=29600, ge=1, le=65535)
-    engine_world_size: int = Field(default=1, ge=1, description="nccl: the SGLang server's GPUs (tp x dp)")
+    engine_world_size: int = Field(default=1, ge=1, description="nccl: each SGLang server's GPUs (tp x dp)")
+    engine_urls: list[Annotated[str, Field(pattern=r"^https?://[^\s,]+$")]] = Field(
+        default_factory=list,
+        description="the servers behind rollout.engine when it is a router (SGLang's): pushes go to each of "
+        "them, generation through the router; empty: pushes go to rollout.engine's own server(s)",
+    )
     bucket_mb: int = Field(
         default=512, ge=1, description="MiB of pushed weights gathered on the GPU, and sent, at a time"
     )
@@ -607,6 +617,10 @@ class TrainConfig(_Section):
             )
         if self.sync.mode == "nccl" and self.rollout.engine_kind != "sglang":
             raise ValueError("sync.mode=nccl needs rollout.engine=sglang:URL")
+        if self.sync.engine_urls and (self.rollout.engine_url or ",").count(",") != 0:
+            raise ValueError(
+                "sync.engine_urls are the servers behind a router: set rollout.engine to the router's one URL"
+            )
         if self.rollout.local_workers == 0 and self.env.url is None and self.env.serve:
             raise ValueError(
                 "external workers (rollout.local_workers=0) cannot reach an env server on this machine's "

@@ -1,4 +1,4 @@
-"""Host-to-device copies that do not wait for the GPU's queued work."""
+"""Host-to-device copies that do not wait for the GPU's queued work, and a thread's own CUDA device."""
 
 from __future__ import annotations
 
@@ -10,3 +10,11 @@ def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def use_device(device: torch.device) -> None:
+    """Make `device` this thread's current CUDA device (a thread starts on device 0, whatever its process
+    set): a thread pool's initializer, so that streams, events and graphs made there without a device
+    are on the GPU its tensors live on. Nothing on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)

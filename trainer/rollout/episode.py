@@ -55,6 +55,7 @@ class _Episode:
     engine: Engine
     encoder: TurnEncoder
     settings: EpisodeSettings
+    session: str
     tracks: TokenTracks = field(init=False)
     turn_rewards: list[float] = field(default_factory=list, init=False)
     info: dict[str, Any] = field(default_factory=dict, init=False)
@@ -96,6 +97,7 @@ class _Episode:
             engine_ids=list(self.tracks.engine_ids),
             images=list(self.tracks.images),
             sampling=self.settings.sampling.model_copy(update={"max_new_tokens": limit}),
+            session=self.session,
         )
         with self._timer("generate"):
             result = await _generate(self.engine, request)
@@ -203,7 +205,7 @@ async def run_episode(
     settings = job.settings
     if job.sampling_seed is not None:
         settings = settings.sampled_with(sampling_seed=job.sampling_seed)
-    episode = _Episode(env, engine, encoder, settings)
+    episode = _Episode(env, engine, encoder, settings, job.episode_id)
     status, error = await _play(episode, job, deadline_s)
     reward = 0.0
     if status in (Status.COMPLETED, Status.TRUNCATED) and episode.turn_rewards:

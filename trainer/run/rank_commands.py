@@ -4,7 +4,7 @@ Rank 0 drives the run; every rank (rank 0 included) carries out each command it 
 
 - `Train`: one update on a step's trajectories, then a checkpoint if it names the state to save;
 - `Push`: the weights to the engine as a policy version (every rank gathers, rank 0 sends), over a
-  connection formed afresh when it says `reconnect` (the engine restarted);
+  connection formed afresh when it says `reconnect` (an engine restarted, or one of a pool's is down);
 - `Save`: a checkpoint of the run as a state, outside a step (a run stopped between steps);
 - `Stop`: the run is over.
 
@@ -42,10 +42,12 @@ class Train:
 @dataclass(frozen=True)
 class Push:
     """Send the actor's weights to the engine as policy version `version`; with `reconnect`, over a new
-    connection (the engine may be a new process that never joined the old one)."""
+    connection (the engine may be a new process that never joined the old one), to `engines` of an engine
+    pool's servers (indices; None: all of them)."""
 
     version: int
     reconnect: bool = False
+    engines: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

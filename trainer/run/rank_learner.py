@@ -33,6 +33,7 @@ from vistarl.trainer.learner.fsdp import init_distributed, rank_device
 from vistarl.trainer.learner.memory_budget import GIB, Budget, preflight
 from vistarl.trainer.learner.models import Models, load_actor, load_critic, load_reference
 from vistarl.trainer.learner.update import PolicyTrainer
+from vistarl.trainer.modeling.device import use_device
 from vistarl.trainer.rollout.engines.base import Engine
 from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.run.rank_commands import Push, RankCommand, Save, Stop, Train, share_command
@@ -70,7 +71,7 @@ class RankLearner:
         if self.checkpoint is not None:
             self._restore(self.checkpoint)
         self.compute = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="vistarl-train"
+            max_workers=1, thread_name_prefix="vistarl-train", initializer=use_device, initargs=(self.device,)
         )
         self.sync = self._weight_sync(None)
 
@@ -141,8 +142,8 @@ class RankLearner:
                 if state is not None:
                     self._save(state)
                 return metrics
-            case Push(version=version, reconnect=reconnect):
-                self.sync.push(self.trainer.actor, version, reconnect=reconnect)
+            case Push(version=version, reconnect=reconnect, engines=engines):
+                self.sync.push(self.trainer.actor, version, reconnect=reconnect, engines=engines)
             case Save(state=state):
                 self._save(state)
         return {}

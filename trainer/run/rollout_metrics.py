@@ -39,6 +39,8 @@ def rollout_metrics(gathered: Gathered, stack: Stack) -> dict[str, float]:
         "rollout/duplicates": float(stack.duplicates),
         "rollout/unusable_tries": float(gathered.tries - 1),
     }
+    for index, requests in enumerate(stack.engine_requests()):  # how a pool spread the step's generation
+        metrics[f"rollout/engine_requests/{index}"] = float(requests)
     statuses = Counter(t.status for t in trajectories)
     for status in Status:
         metrics[f"rollout/status/{status.value}"] = float(statuses.get(status, 0))

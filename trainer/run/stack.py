@@ -7,7 +7,10 @@ generate with an in-process `HFEngine` loaded from the checkpoint, which shares 
 trainer's model and receives its weights after every step. Each URL given replaces its part: `env.url`
 an env server (or an OpenEnv server, with `env.openenv`'s adapter in the URL its jobs carry),
 `rollout.queue` Redis (with `rollout.local_workers: 0`, the workers are external), `rollout.engine:
-sglang:URL` or `hf:URL` an engine server.
+sglang:URL` or `hf:URL` an engine server (several URLs: an `EnginePool` of them; a router's URL with
+`sync.engine_urls`: the router generates, the servers behind it take the pushes). Under torchrun with the
+embedded engine, every rank embeds one and the stack gets rank 0's pool of them
+(`vistarl.trainer.run.rank_engines`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import time
 from collections import Counter
@@ -31,7 +35,9 @@ from vistarl.trainer.queue.base import EpisodeQueue
 from vistarl.trainer.queue.consumer import ResultConsumer
 from vistarl.trainer.queue.worker import Worker
 from vistarl.trainer.rollout.engines.base import Engine
-from vistarl.trainer.rollout.engines.loading import make_engine
+from vistarl.trainer.rollout.engines.loading import POOLED_RETRY_DEADLINE_S, make_engine
+from vistarl.trainer.rollout.engines.pool import EnginePool
+from vistarl.trainer.rollout.engines.sglang import SGLangEngine
 from vistarl.trainer.rollout.job import EpisodeJob
 from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.rollout.rewards import load_reward_fn
@@ -91,6 +97,7 @@ class Stack:
     _consumer: ResultConsumer = field(init=False)
     _keys: dict[str, str] = field(default_factory=dict, init=False)
     _batches: dict[str, Gathered] = field(default_factory=dict, init=False)
+    _requests_seen: list[int] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         self._consumer = ResultConsumer(self.queue)
@@ -138,6 +145,17 @@ class Stack:
             yield
         finally:
             await self.engine.continue_generation()
+
+    def engine_requests(self) -> list[int]:
+        """The generation requests each engine of a pool took since the last call; none for one engine, a
+        router (which spreads them itself) or a pool that took none (the workers have their own)."""
+        engine = self.engine
+        if not isinstance(engine, EnginePool) or engine.router is not None:
+            return []
+        seen = self._requests_seen or [0] * len(engine.sent)
+        self._requests_seen = list(engine.sent)
+        taken = [now - before for now, before in zip(engine.sent, seen, strict=True)]
+        return taken if any(taken) else []
 
     def lag(self, trajectory: Trajectory) -> int:
         """Policy versions between the trajectory's policy and the trainer's; a negative lag is an error."""
@@ -200,22 +218,40 @@ async def open_stack(
 
 
 def build_engine(
-    cfg: TrainConfig, processor: VLProcessor, model_path: Path, device: torch.device | None
+    cfg: TrainConfig,
+    processor: VLProcessor,
+    model_path: Path,
+    device: torch.device | None,
+    *,
+    engines: int = 1,
 ) -> Engine:
-    """The configured engine: an `HFEngine` on the checkpoint in this process, or a server's client."""
+    """The configured engine: a server's client (see the module docstring), or an `HFEngine` on the
+    checkpoint in this process, which batches its share of the episodes the in-process workers run at once
+    (`engines` engines share them): its static KV cache on a GPU holds that many rows of
+    `rollout.rollout_max_context_len`."""
     url = cfg.rollout.engine_url
     if url is not None:
-        return make_engine(f"{cfg.rollout.engine_kind}:{url}", processor)
+        engine = make_engine(f"{cfg.rollout.engine_kind}:{url}", processor)
+        if not cfg.sync.engine_urls:
+            return engine
+        deadline = POOLED_RETRY_DEADLINE_S
+        servers = [SGLangEngine(u, processor, retry_deadline_s=deadline) for u in cfg.sync.engine_urls]
+        return EnginePool(servers, router=engine)
     target = device or torch.device("cpu")
     return make_engine(
         f"hf:{model_path}",
         device=str(target),
         dtype=DTYPES[cfg.model.dtype],
-        max_batch_size=cfg.rollout.concurrency,
+        max_batch_size=engine_batch(cfg, engines),
         cuda_graphs=cfg.rollout.cuda_graphs,
         static_cache_len=cfg.rollout.rollout_max_context_len if target.type == "cuda" else None,
         prefix_cache_mb=cfg.rollout.prefix_cache_mb if cfg.rollout.prefix_cache else 0,
     )
+
+
+def engine_batch(cfg: TrainConfig, engines: int) -> int:
+    """Requests one of `engines` embedded engines batches: its share of the episodes in flight."""
+    return max(1, math.ceil(max(1, cfg.rollout.local_workers) * cfg.rollout.concurrency / engines))
 
 
 @contextlib.asynccontextmanager

@@ -21,12 +21,11 @@ Step k+1's jobs go in where the run's `StepSchedule` (`vistarl.trainer.run.sched
 after step k's push (synchronous, the default), or before its update with the engine holding generation
 (overlapped resets), or before its update for the serving policy (asynchronous).
 
-Under torchrun, every rank trains its share of each mini-batch (FSDP2) and gathers its share of each
-weight push (`vistarl.trainer.weights`); rank 0 alone drives the queue, the engine and the logs, and sends the
-other ranks typed commands (`vistarl.trainer.run.rank_commands`: a step's update with its trajectories, a
-push, stop) that every rank's `RankLearner` (`vistarl.trainer.run.rank_learner`) carries out. Steps 3-5 are
-`vistarl.trainer.learner.update.PolicyTrainer.update`; what a step plays comes from
-`vistarl.trainer.run.prompts`.
+Under torchrun every rank trains its share of each mini-batch (FSDP2), gathers its share of each push
+(`vistarl.trainer.weights`) and, with the embedded engine, generates (`run.rank_engines`); rank 0 alone
+drives the queue, the engines and the logs, sending the others typed commands (`run.rank_commands`) that
+each rank's `run.rank_learner.RankLearner` carries out. Steps 3-5 are `learner.update.PolicyTrainer.update`;
+what a step plays comes from `run.prompts` (all under `vistarl.trainer`).
 """
 
 from __future__ import annotations
@@ -51,6 +50,7 @@ from vistarl.trainer.run.directory import agreed_run_dir
 from vistarl.trainer.run.outputs import RunLogger, failure_places, timed
 from vistarl.trainer.run.prompts import PromptSource, step_jobs
 from vistarl.trainer.run.rank_commands import Stop, Train
+from vistarl.trainer.run.rank_engines import rank_engines
 from vistarl.trainer.run.rank_learner import RankLearner
 from vistarl.trainer.run.rollout_metrics import endings, left_out, outcomes, rollout_metrics, throughput
 from vistarl.trainer.run.schedule import StepSchedule
@@ -229,19 +229,19 @@ async def run_training(
     console: Console | None = None,
 ) -> TrainResult:
     """Train as `cfg` says; `engine` replaces the configured engine (e.g. a scripted policy in tests).
-
-    Returns on every rank; only rank 0's result carries the metric history.
-    """
+    Returns on every rank; only rank 0's result carries the metric history."""
     resume = resume or cfg.train.resume
     init_distributed()
     run_dir = agreed_run_dir(cfg, name, resume, rank_device())
     torch.manual_seed(cfg.train.seed)
     random.seed(cfg.train.seed)
     learner = RankLearner(cfg, run_dir, resume)
+    console = console or Console()
     try:
-        if learner.rank == 0:
-            return await _Lead(cfg, learner, console or Console()).run(engine)
-        await learner.follow()
+        async with rank_engines(cfg, learner, engine, console.print) as engine:
+            if learner.rank == 0:
+                return await _Lead(cfg, learner, console).run(engine)
+            await learner.follow()
         return TrainResult(run_dir, learner.state.step, [], None)
     finally:
         learner.close()

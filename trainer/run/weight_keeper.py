@@ -1,13 +1,15 @@
-"""Which weights the engine serves during a run: the trainer's current version, and no other.
+"""Which weights the engines serve during a run: the trainer's current version, and no other.
 
-`WeightKeeper` is how a run's weights reach its engine. `push` sends a version (every rank gathers, rank
+`WeightKeeper` is how a run's weights reach its engines. `push` sends a version (every rank gathers, rank
 0 sends: `vistarl.trainer.run.rank_commands.Push`) and records it as the stack's `policy_version`, against
 which `Stack.lag` judges every trajectory. An engine server that died and came back serves its checkpoint
 again, and says so: its `/model_info` reports another version (SGLang's `default`, or `0`). The keeper
-asks before every push, and every `sync.watch_s` seconds between pushes (`watch`); an engine serving a
-version not the trainer's is pushed the current one again, over a new connection, and the push is
-logged. A restarted `vistarl engine serve --await-weights` generates nothing until that push; an episode
-that an engine did play on its starting weights lags the trainer (`policy_version_of`) and is stale.
+asks every server before every push, and every `sync.watch_s` seconds between pushes (`watch`); when one
+serves a version not the trainer's, the current one is pushed again, over a new connection, and the push
+is logged. A restarted `vistarl engine serve --await-weights` generates nothing until that push; an
+episode that an engine did play on its starting weights lags the trainer (`policy_version_of`) and is
+stale. Of several servers (an engine pool), a push reaches those that answer: one that is down is left
+out of the new connection, and the others keep serving; it is pushed again once it answers.
 
 `updating` marks an update and its push, the span where the actor's weights are newer than the stack's
 version: no push of the older version may run inside it, so a re-push waits for the span to end.
@@ -28,6 +30,7 @@ from vistarl.trainer.rollout.engines.sglang_api import ModelInfo
 from vistarl.trainer.run.rank_commands import Push
 from vistarl.trainer.run.rank_learner import RankLearner
 from vistarl.trainer.run.stack import Stack
+from vistarl.trainer.weights.transport import push_targets
 
 __all__ = ["PUSH_ATTEMPTS", "WeightKeeper"]
 
@@ -51,7 +54,7 @@ class ServedEngine(Protocol):
 
 
 class WeightKeeper:
-    """Rank 0's pushes to the stack's engine, checked against what it serves (see the module docstring).
+    """Rank 0's pushes to the stack's engines, checked against what they serve (see the module docstring).
 
     `note` prints a line in the run's console; `sync` gives `watch_s` and `engine_return_s`."""
 
@@ -67,7 +70,9 @@ class WeightKeeper:
         self.note = note
         self.watch_s = sync.watch_s
         self.engine_return_s = sync.engine_return_s
+        self.servers = [engine for engine in push_targets(stack.engine) if isinstance(engine, ServedEngine)]
         self._pushed = False
+        self._reached: tuple[int, ...] | None = None  # the servers the last push reached; None: all
         self._lock = asyncio.Lock()
 
     @contextlib.asynccontextmanager
@@ -77,26 +82,28 @@ class WeightKeeper:
             yield
 
     async def push(self, version: int) -> None:
-        """Make the engine serve `version`, once an engine server answers (`sync.engine_return_s` at most),
-        over a new connection if it serves other than the last push; a push that fails midway is tried
-        again, over a new connection, up to `PUSH_ATTEMPTS` times. The run's first push is tried once: an
-        engine that fails it was never up, and the run stops with the push's error."""
+        """Make the engines serve `version`, once an engine server answers (`sync.engine_return_s` at
+        most), over a new connection if one serves other than the last push or the servers that answer
+        changed; a push that fails midway is tried again, over a new connection, up to `PUSH_ATTEMPTS`
+        times. The run's first push is tried once: an engine that fails it was never up, and the run
+        stops with the push's error."""
         served = await (self._answer() if self._pushed else self._served())
-        reconnect = self._other(served)
-        if reconnect and self._pushed:
-            self._note_other(served, version)
+        if self._pushed:
+            self._note_changes(served, version)
         attempts = PUSH_ATTEMPTS if self._pushed else 1
         for attempt in range(1, attempts + 1):
+            reached = _answering(served)
+            reconnect = attempt > 1 or self._other(served) or reached != self._reached
             try:
-                await self.learner.command(Push(version, reconnect=reconnect))
+                await self.learner.command(Push(version, reconnect=reconnect, engines=reached))
                 break
             except PUSH_ERRORS as exc:
                 if attempt == attempts:
                     raise
                 self.note(f"the push of weight version {version} failed ({exc}); trying again")
-                await self._answer()
-                reconnect = True
+                served = await self._answer()
         self.stack.policy_version = version
+        self._reached = reached
         self._pushed = True
 
     @contextlib.asynccontextmanager
@@ -126,44 +133,64 @@ class WeightKeeper:
                     self.note(f"pushing the weights to the restarted engine failed: {exc}")
 
     async def _serves_other(self) -> bool:
-        """Whether the engine answers with a version other than the stack's."""
+        """Whether an engine server answers with a version other than the stack's."""
         return self._other(await self._served())
 
-    def _other(self, served: str | None) -> bool:
-        """Whether `served` (what an engine said it serves) is known, and not the stack's version."""
+    def _other(self, served: list[str | None]) -> bool:
+        """Whether some server said it serves a known version that is not the stack's."""
+        return any(map(self._differs, served))
+
+    def _differs(self, served: str | None) -> bool:
+        """Whether `served` (what a server said it serves) is known, and not the stack's version."""
         return served not in (None, UNKNOWN_VERSION) and served != str(self.stack.policy_version)
 
-    async def _served(self) -> str | None:
-        """The version an engine server reports, within `ASK_TIMEOUT_S` (`UNKNOWN_VERSION` if it reports
-        none); None for an engine in this process (it cannot restart) and for one that does not answer
-        (it may be restarting)."""
-        engine = self.stack.engine
-        if not isinstance(engine, ServedEngine):
-            return None
+    async def _served(self) -> list[str | None]:
+        """The version each engine server reports, within `ASK_TIMEOUT_S` (`UNKNOWN_VERSION` if it reports
+        none; None if it does not answer: it may be restarting); no servers for an engine in this process
+        (it cannot restart)."""
+        return list(await asyncio.gather(*map(self._version, self.servers)))
+
+    @staticmethod
+    async def _version(server: ServedEngine) -> str | None:
+        """The version one server reports, or None if it does not answer in time."""
         try:
-            info = await asyncio.wait_for(engine.model_info(), ASK_TIMEOUT_S)
+            info = await asyncio.wait_for(server.model_info(), ASK_TIMEOUT_S)
         except (EngineError, ConnectionError, TimeoutError) as exc:
-            log.info("the engine did not say which weights it serves: %s", exc)
+            log.info("an engine did not say which weights it serves: %s", exc)
             return None
         return info.weight_version or UNKNOWN_VERSION
 
-    async def _answer(self) -> str | None:
-        """The version an engine server serves, once it answers (a restarting one may take minutes to load
-        its checkpoint; a `TimeoutError` after `engine_return_s`); None for an engine in this process."""
-        if not isinstance(self.stack.engine, ServedEngine):
-            return None
+    async def _answer(self) -> list[str | None]:
+        """What each engine server serves, once one of them answers (a restarting one may take minutes to
+        load its checkpoint; a `TimeoutError` after `engine_return_s`)."""
         deadline = time.monotonic() + self.engine_return_s
-        while (served := await self._served()) is None:
+        served = await self._served()
+        while served and all(version is None for version in served):
             if time.monotonic() >= deadline:
                 raise TimeoutError(
-                    f"the engine did not answer within sync.engine_return_s={self.engine_return_s:g} s"
+                    f"no engine answered within sync.engine_return_s={self.engine_return_s:g} s"
                 )
             await asyncio.sleep(1.0)
+            served = await self._served()
         return served
 
-    def _note_other(self, served: str | None, version: int) -> None:
-        """Log that the engine serves weights the trainer did not last push, and what it gets instead."""
-        self.note(
-            f"the engine serves weight version {served!r}, not the trainer's {self.stack.policy_version} "
-            f"(it restarted): pushing version {version} before it generates"
-        )
+    def _note_changes(self, served: list[str | None], version: int) -> None:
+        """Log each server that serves weights the trainer did not last push, and each left out of the push
+        for not answering, with what the push does."""
+        policy = self.stack.policy_version
+        for index, other in enumerate(served):
+            which = "the engine" if len(served) == 1 else f"engine {index} of {len(served)}"
+            if self._differs(other):
+                self.note(
+                    f"{which} serves weight version {other!r}, not the trainer's {policy} (it restarted): "
+                    f"pushing version {version} before it generates"
+                )
+            elif other is None and len(served) > 1:
+                self.note(f"{which} does not answer: pushing version {version} to the others")
+
+
+def _answering(served: list[str | None]) -> tuple[int, ...] | None:
+    """The servers a push reaches: those that answered; None (all of them) when all did, or none did (the
+    push then fails as the servers do)."""
+    answered = tuple(index for index, version in enumerate(served) if version is not None)
+    return answered if 0 < len(answered) < len(served) else None

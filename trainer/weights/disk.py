@@ -1,11 +1,12 @@
 """The disk transport, and HF checkpoint directories: the buckets are written as a checkpoint directory
-the engine loads (`/update_weights_from_disk`); SGLang and `vistarl engine serve` both take it."""
+the engines load (`/update_weights_from_disk`), each push once, however many engines read it; SGLang and
+`vistarl engine serve` both take it."""
 
 from __future__ import annotations
 
 import copy
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -58,16 +59,18 @@ class DiskEngine(PausableEngine, Protocol):
 
 
 class DiskSync:
-    """Write an HF directory per version under `root` and have the engine load it; older ones are removed.
+    """Write an HF directory per version under `root` and have the engines load it (all at once); older
+    ones are removed.
 
     The buckets come to host memory here (a file needs them there). With `pause`, generation is paused
     around the load (SGLang's `/pause_generation` in `retract` mode keeps in-flight requests, which
-    resume on the new weights). `dtype` is what `config.json` records as the weights' dtype.
+    resume on the new weights). `dtype` is what `config.json` records as the weights' dtype. `reconnect`
+    names the engines later pushes reach (the directory must be readable by all of them).
     """
 
     def __init__(
         self,
-        engine: DiskEngine,
+        engines: Sequence[DiskEngine],
         calls: EngineCalls,
         root: str | Path,
         config: PretrainedConfig,
@@ -76,7 +79,8 @@ class DiskSync:
         dtype: torch.dtype | None = None,
         pause: bool = False,
     ) -> None:
-        self.engine = engine
+        self.engines = list(engines)
+        self.reached = list(self.engines)
         self.calls = calls
         self.root = Path(root)
         self.config = config
@@ -90,11 +94,17 @@ class DiskSync:
         state = {name: tensor.cpu() for bucket in buckets for name, tensor in bucket.tensors}
         path = self.root / f"policy-v{version:06d}"
         save_hf_weights(state, self.config, path, self.source_dir, self.dtype)
-        with paused(self.calls, self.engine, self.pause):
-            self.calls(self.engine.update_weights_from_disk(str(path.resolve()), str(version)))
+        with paused(self.calls, self.reached, self.pause):
+            self.calls.each(
+                engine.update_weights_from_disk(str(path.resolve()), str(version)) for engine in self.reached
+            )
         if self._previous is not None and self._previous != path:
             shutil.rmtree(self._previous, ignore_errors=True)
         self._previous = path
 
+    def reconnect(self, engines: Sequence[int] | None) -> None:
+        """Later pushes reach these engines (None: all)."""
+        self.reached = self.engines if engines is None else [self.engines[i] for i in engines]
+
     def close(self) -> None:
-        """Keep the last directory: it is the weights the engine serves."""
+        """Keep the last directory: it is the weights the engines serve."""

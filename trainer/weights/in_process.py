@@ -6,7 +6,7 @@ On one GPU the copy is device to device (`targets.copy_into`); nothing passes th
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 from vistarl.trainer.weights.buckets import Bucket
@@ -47,6 +47,9 @@ class InProcessSync:
             self.calls.wait(started)
 
         return loaded
+
+    def reconnect(self, engines: Sequence[int] | None) -> None:
+        """Nothing to form again: the engine lives in this process."""
 
     def close(self) -> None:
         """Nothing to release."""

@@ -1,20 +1,22 @@
 """The NCCL transport, trainer side: SGLang's `/update_weights_from_distributed` protocol, GPU to GPU.
 
-Trainer rank 0 and the engine's ranks form a process group (`/init_weights_update_group`, then
-`group.init_weight_update_group` on both sides). Then, bucket by bucket, one
-`/update_weights_from_distributed` call announces checkpoint names, dtypes and shapes while rank 0
-broadcasts the tensors in that order, straight from its device; the HTTP call and the broadcast block
-on each other, so the call runs on the engine's loop while the broadcast is posted here. The next
-bucket is gathered while one travels (`transport.pipelined`); the last bucket flushes the cache and
-sets the version. SGLang and `vistarl engine serve` (`receiver`) take it alike; on CPU it runs over gloo.
+Trainer rank 0 and the engines' ranks form one process group (`/init_weights_update_group` on each
+engine, then `group.init_weight_update_group` on every side): rank 0, then each engine's
+`engine_world_size` ranks in turn. Then, bucket by bucket, one `/update_weights_from_distributed` call to
+each engine announces checkpoint names, dtypes and shapes while rank 0 broadcasts the tensors in that
+order, once for every engine, straight from its device; the HTTP calls and the broadcast block on each
+other, so the calls run on the engines' loop while the broadcast is posted here. The next bucket is
+gathered while one travels (`transport.pipelined`); the last bucket flushes the cache and sets the
+version. SGLang and `vistarl engine serve` (`receiver`) take it alike; on CPU it runs over gloo.
 `close` leaves the group, and the next push forms a new one under a fresh name (`group.fresh_group_name`):
-that is how a restarted engine joins again.
+that is how a restarted engine joins again; `reconnect` also says which engines the new group holds (one
+that is down would leave the others waiting for it in every broadcast).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol, runtime_checkable
@@ -56,7 +58,7 @@ class BroadcastEngine(PausableEngine, Protocol):
 
 @dataclass(frozen=True)
 class DistributedTarget:
-    """Where trainer rank 0 meets an engine's ranks for weight broadcasts."""
+    """Where trainer rank 0 meets the engines' ranks for weight broadcasts (`engine_world_size` each)."""
 
     master_address: str
     master_port: int
@@ -81,65 +83,83 @@ def distributed_body(
 
 
 class DistributedSync:
-    """SGLang's NCCL weight update, driven from trainer rank 0 (see the module docstring)."""
+    """SGLang's NCCL weight update to one or several engines, driven from trainer rank 0 (see the module
+    docstring)."""
 
     def __init__(
         self,
-        engine: BroadcastEngine,
+        engines: Sequence[BroadcastEngine],
         calls: EngineCalls,
         target: DistributedTarget,
         model_type: str,
         *,
         pause: bool = True,
     ) -> None:
-        self.engine = engine
+        self.engines = list(engines)
         self.calls = calls
         self.target = target
         self.model_type = model_type
         self.pause = pause
+        self.reached = list(self.engines)
         self._group: dist.ProcessGroup | None = None
         self._group_name = target.group_name
 
     def connect(self) -> dist.ProcessGroup:
-        """Form the group: the engine's `/init_weights_update_group` and rank 0's join, concurrently."""
+        """Form the group: every reached engine's `/init_weights_update_group` and rank 0's join, at once."""
         t = self.target
         self._group_name = fresh_group_name(t.master_address, t.master_port, t.group_name)
-        body = InitWeightsUpdateGroupBody(
-            master_address=t.master_address,
-            master_port=t.master_port,
-            rank_offset=1,
-            world_size=1 + t.engine_world_size,
-            group_name=self._group_name,
-            backend=t.backend,
-        )
-        answer = self.calls.start(self.engine.init_weights_update_group(body))
-        world = 1 + t.engine_world_size
+        world = 1 + len(self.reached) * t.engine_world_size
+        answers = [
+            self.calls.start(engine.init_weights_update_group(self._join_body(position, world)))
+            for position, engine in enumerate(self.reached)
+        ]
         group = init_weight_update_group(
             t.master_address, t.master_port, 0, world, self._group_name, t.backend, t.timeout
         )
-        self.calls.wait(answer)
+        for answer in answers:
+            self.calls.wait(answer)
         self._group = group
         return group
+
+    def _join_body(self, position: int, world: int) -> InitWeightsUpdateGroupBody:
+        """What the reached engine at `position` joins the group as: its first rank, after rank 0 and the
+        engines before it."""
+        t = self.target
+        return InitWeightsUpdateGroupBody(
+            master_address=t.master_address,
+            master_port=t.master_port,
+            rank_offset=1 + position * t.engine_world_size,
+            world_size=world,
+            group_name=self._group_name,
+            backend=t.backend,
+        )
 
     def push(self, buckets: Iterable[Bucket], version: int) -> None:
         """Broadcast bucket by bucket, generation paused around them (the first push forms the group)."""
         group = self._group or self.connect()
-        with paused(self.calls, self.engine, self.pause):
+        with paused(self.calls, self.reached, self.pause):
             pipelined(buckets, functools.partial(self._send, group=group, version=version))
 
     def _send(self, bucket: Bucket, group: dist.ProcessGroup, version: int) -> Waiter:
-        """Announce one bucket and post its broadcasts; the waiter waits for both, each wait bounded."""
+        """Announce one bucket to every engine and post its broadcasts; the waiter waits for all of them,
+        each wait bounded."""
         body = distributed_body(bucket, self.model_type, self._group_name, version)
-        answer = self.calls.start(self.engine.update_weights_from_distributed(body))
+        answers = [self.calls.start(engine.update_weights_from_distributed(body)) for engine in self.reached]
         works = [dist.broadcast(tensor, src=0, group=group, async_op=True) for _, tensor in bucket.tensors]
 
         def sent() -> None:
             for work in works:
                 assert work is not None
                 work.wait(self.target.timeout)
-            self.calls.wait(answer)
+            for answer in answers:
+                self.calls.wait(answer)
 
         return sent
+
+    def reconnect(self, engines: Sequence[int] | None) -> None:
+        """Leave the group; the next push forms one with these engines (None: all)."""
+        self.close()
+        self.reached = self.engines if engines is None else [self.engines[i] for i in engines]
 
     def close(self) -> None:
         """Leave the weight-update group (bounded: see `group.leave_group`)."""

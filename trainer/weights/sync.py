@@ -4,13 +4,15 @@
 collectives: each rank walks the model's buckets (`buckets.gathered_buckets`, a collective), and rank
 0's transport sends them to the engine. The transport is the one the engine names
 (`weight_transports`): `in_process` for an engine in this process, else `sync.mode` (`disk` or
-`nccl`) among those the engine takes.
+`nccl`) among those the engine takes; for an engine pool it reaches every server the pool names
+(`transport.push_targets`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -24,7 +26,7 @@ from vistarl.trainer.weights.buckets import gathered_buckets
 from vistarl.trainer.weights.disk import DiskEngine, DiskSync
 from vistarl.trainer.weights.in_process import InProcessSync, LocalEngine
 from vistarl.trainer.weights.nccl import BroadcastEngine, DistributedSync, DistributedTarget
-from vistarl.trainer.weights.transport import EngineCalls, Transport, TransportKind
+from vistarl.trainer.weights.transport import EngineCalls, Transport, TransportKind, push_targets
 
 __all__ = ["ENGINE_CALL_TIMEOUT_S", "WeightSync", "WeightTarget", "transport_kind", "weight_sync"]
 
@@ -49,14 +51,22 @@ class WeightSync:
     bucket_bytes: int
     transport: Transport | None = None
 
-    def push(self, model: nn.Module, version: int, *, reconnect: bool = False) -> None:
+    def push(
+        self,
+        model: nn.Module,
+        version: int,
+        *,
+        reconnect: bool = False,
+        engines: Sequence[int] | None = None,
+    ) -> None:
         """Every rank: gather `model`'s buckets; rank 0 makes the engine serve them as `str(version)`, with
-        `reconnect` over a connection formed afresh (a restarted engine never joined the old one)."""
+        `reconnect` over a connection formed afresh (a restarted engine never joined the old one), to
+        `engines` of a pool's servers (None: all)."""
         buckets = gathered_buckets(model, self.config, self.dtype, self.bucket_bytes)
         try:
             if self.transport is not None:
                 if reconnect:
-                    self.transport.close()
+                    self.transport.reconnect(engines)
                 self.transport.push(buckets, version)
         finally:
             # This rank's part of every gather: the other ranks walk every bucket, even when the
@@ -100,16 +110,19 @@ def weight_sync(
     transport's process-group backend (gloo for weights on the CPU)."""
     calls = EngineCalls(loop, ENGINE_CALL_TIMEOUT_S)
     kind = transport_kind(engine, sync.mode)
+    targets = push_targets(engine)
+    broadcast = [target for target in targets if isinstance(target, BroadcastEngine)]
+    disk = [target for target in targets if isinstance(target, DiskEngine)]
     transport: Transport
     if kind == "in_process" and isinstance(engine, LocalEngine):
         transport = InProcessSync(engine, calls)
-    elif kind == "nccl" and isinstance(engine, BroadcastEngine):
-        target = DistributedTarget(
+    elif kind == "nccl" and len(broadcast) == len(targets):
+        meet = DistributedTarget(
             sync.master_address, sync.master_port, sync.engine_world_size, backend=backend
         )
-        transport = DistributedSync(engine, calls, target, config.model_type)
-    elif kind == "disk" and isinstance(engine, DiskEngine):
-        transport = DiskSync(engine, calls, weights_dir, config, source_dir, dtype=dtype, pause=pause)
+        transport = DistributedSync(broadcast, calls, meet, config.model_type)
+    elif kind == "disk" and len(disk) == len(targets):
+        transport = DiskSync(disk, calls, weights_dir, config, source_dir, dtype=dtype, pause=pause)
     else:
         raise TypeError(f"{type(engine).__name__} names transport {kind!r} but lacks its calls")
     return WeightSync(config, dtype, sync.bucket_mb * 1024 * 1024, transport)

@@ -7,7 +7,10 @@ one weight version. The engine's own calls are coroutines of the event loop the 
 in flight to the engine while the next one is gathered.
 
 Engines name the transports they take (`weight_transports`, of `TransportKind`): `in_process` for an
-engine in the trainer's process, `disk` and `nccl` for servers.
+engine in the trainer's process, `disk` and `nccl` for servers. An engine pool (`PushTargets`) names the
+servers one push reaches: the disk and NCCL transports send each push once to all of them (one
+checkpoint directory, one broadcast), or to those a reconnection names (`Transport.reconnect`: one that
+died is left out until it serves again).
 """
 
 from __future__ import annotations
@@ -15,13 +18,23 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from vistarl.trainer.rollout.engines.sglang_api import PauseMode
 from vistarl.trainer.weights.buckets import Bucket
 
-__all__ = ["EngineCalls", "PausableEngine", "Transport", "TransportKind", "Waiter", "paused", "pipelined"]
+__all__ = [
+    "EngineCalls",
+    "PausableEngine",
+    "PushTargets",
+    "Transport",
+    "TransportKind",
+    "Waiter",
+    "paused",
+    "pipelined",
+    "push_targets",
+]
 
 TransportKind = Literal["in_process", "disk", "nccl"]
 T = TypeVar("T")
@@ -36,10 +49,30 @@ class Transport(Protocol):
         """Make the engine serve these buckets as `str(version)`; consumes every bucket."""
         ...
 
+    def reconnect(self, engines: Sequence[int] | None) -> None:
+        """Drop the connection: the next push forms it afresh, to these of the engine's push targets
+        (indices; None: all of them)."""
+        ...
+
     def close(self) -> None:
         """Release what the transport holds (process groups); the engine keeps its weights. A push after
         it connects again."""
         ...
+
+
+@runtime_checkable
+class PushTargets(Protocol):
+    """Several engines that one push reaches (an engine pool's servers)."""
+
+    @property
+    def push_targets(self) -> Sequence[object]:
+        """The engines, in the order the indices of `Transport.reconnect` count them."""
+        ...
+
+
+def push_targets(engine: object) -> list[object]:
+    """The engines a push to `engine` reaches: a pool's push targets, else the engine itself."""
+    return list(engine.push_targets) if isinstance(engine, PushTargets) else [engine]
 
 
 class EngineCalls:
@@ -64,6 +97,10 @@ class EngineCalls:
     def __call__(self, call: Coroutine[Any, Any, T]) -> T:
         """Run `call` on the engine's loop and wait for its result."""
         return self.wait(self.start(call))
+
+    def each(self, calls: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
+        """Start every call, then wait for each result in order (all of them run at once)."""
+        return [self.wait(future) for future in [self.start(call) for call in calls]]
 
 
 def pipelined(buckets: Iterable[Bucket], send: Callable[[Bucket], Waiter]) -> None:
@@ -92,14 +129,14 @@ class PausableEngine(Protocol):
 
 
 @contextlib.contextmanager
-def paused(calls: EngineCalls, engine: PausableEngine, pause: bool) -> Iterator[None]:
-    """With `pause`, hold the engine's generation for the block (`retract`: requests in flight resume on
-    the new weights), then resume it."""
+def paused(calls: EngineCalls, engines: Sequence[PausableEngine], pause: bool) -> Iterator[None]:
+    """With `pause`, hold the engines' generation for the block (`retract`: requests in flight resume on
+    the new weights), then resume it; each call goes to every engine at once."""
     if not pause:
         yield
         return
-    calls(engine.pause_generation("retract"))
+    calls.each(engine.pause_generation("retract") for engine in engines)
     try:
         yield
     finally:
-        calls(engine.continue_generation())
+        calls.each(engine.continue_generation() for engine in engines)

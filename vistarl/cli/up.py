@@ -44,8 +44,21 @@ def up(
     trainer_gpus: Gpus = None,
     engine_gpus: Gpus = None,
     workers: Annotated[
-        int, typer.Option(min=1, help="Rollout worker processes (`vistarl worker`) of the workers role.")
+        int,
+        typer.Option(
+            min=1,
+            help="Rollout worker processes (`vistarl worker`) of the workers role; colocated, the trainer's "
+            "in-process workers.",
+        ),
     ] = 2,
+    engines: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Engine servers on the CPU (default 1); with --engine-gpus, one a GPU. The same GPUs for "
+            "--trainer-gpus and --engine-gpus run colocated: every trainer rank generates on its GPU.",
+        ),
+    ] = None,
     detach: Annotated[
         bool, typer.Option("--detach", help="Return at once; the run goes on in its own session.")
     ] = False,
@@ -121,6 +134,7 @@ def up(
         node_rank=node_rank,
         rdzv_endpoint=rdzv_endpoint,
         resume=resume,
+        engines=engines,
     )
     try:
         plan = plan_processes(options)

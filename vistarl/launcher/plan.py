@@ -2,12 +2,18 @@
 
 `plan_processes` turns the options of `vistarl up` and the run's config into `ProcessSpec`s, in start
 order: Redis (the queue in database 0, the env servers' sessions in database 1), the config's env server,
-one `vistarl engine serve` per engine GPU (one on the CPU; it batches as many requests as the workers
-run episodes, unless `VISTARL_MAX_BATCH_SIZE` says otherwise), the rollout workers, and `vistarl train`
-(under torchrun on the trainer GPUs, plainly on the CPU) with the NCCL weight sync (over gloo on the
-CPU). The commands and flags are the compose file's services' (docker-compose.yml), on this host's ports,
-and so are the stop grace periods; the engine waits for the trainer's weights before it generates
+one `vistarl engine serve` per engine GPU (`--engines` of them on the CPU, one by default; together they
+batch as many requests as the workers run episodes, unless `VISTARL_MAX_BATCH_SIZE` says otherwise), the
+rollout workers (spreading their requests over the engines), and `vistarl train` (under torchrun on the
+trainer GPUs, plainly on the CPU) with the NCCL weight sync (over gloo on the CPU), one broadcast to every
+engine. The commands and flags are the compose file's services' (docker-compose.yml), on this host's
+ports, and so are the stop grace periods; an engine waits for the trainer's weights before it generates
 (`--await-weights`), so one that restarts serves nothing else.
+
+Placement (docs/deploy.md, "Placement"): GPUs named for the engines and not the trainer make that split
+layout; the same GPUs for both make it colocated: no engine server and no worker process, the trainer's
+ranks each embed an engine on their GPU (`vistarl.trainer.run.rank_engines`) and rank 0 runs the workers
+(`rollout.local_workers`), on the run's Redis queue.
 
 `--role` narrows a host to its part of a larger run: each part the roles leave out, or whose URL is
 given (`--redis-url`, `--env-url`, `--engine-url`), is not started here, and the processes that need it
@@ -18,6 +24,7 @@ processes here, and the readiness checks, reach them at the address they listen 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -81,6 +88,19 @@ class UpOptions:
     node_rank: int = 0
     rdzv_endpoint: str | None = None
     resume: bool = False
+    engines: int | None = None
+
+    @property
+    def colocated(self) -> bool:
+        """Whether the trainer's ranks generate on their own GPUs: the same GPUs named for both roles, both
+        run here."""
+        both_here = {"engine", "trainer"} <= set(self.roles) and self.engine_url is None
+        return both_here and bool(self.trainer_gpus) and set(self.trainer_gpus) == set(self.engine_gpus)
+
+    @property
+    def engine_count(self) -> int:
+        """Engine servers the engine role starts: one per engine GPU, else `engines` (one) on the CPU."""
+        return len(self.engine_gpus) or self.engines or 1
 
 
 @dataclass(frozen=True)
@@ -129,12 +149,12 @@ def plan_processes(options: UpOptions) -> Plan:
         env_url = f"http://{near}:{port}"
         specs.append(_env_server(options, cfg, port, redis_url))
     engine_url = options.engine_url
-    if engine_url is None and "engine" in options.roles:
-        port = ports.take("engine")
-        engine_url = f"http://{near}:{port}"
-        specs.append(_engine(options, cfg, port))
+    if engine_url is None and "engine" in options.roles and not options.colocated:
+        engine_ports = [ports.take("engine", index) for index in range(options.engine_count)]
+        engine_url = ",".join(f"http://{near}:{port}" for port in engine_ports)
+        specs += [_engine(options, cfg, index, port) for index, port in enumerate(engine_ports)]
     urls = {"redis": redis_url, "env": env_url, "engine": engine_url}
-    if "workers" in options.roles:
+    if "workers" in options.roles and not options.colocated:
         specs += [
             _worker(options, cfg, index, ports.take("workers", index), urls)
             for index in range(options.workers)
@@ -175,15 +195,21 @@ def _check(options: UpOptions, cfg: TrainConfig) -> None:
         using = sorted(users & set(roles) - {part})
         if using and part not in roles and given[part] is None:
             raise PlanError(f"{', '.join(using)} need {part}: give --role {part} or {flags[part]}")
-    if len(options.engine_gpus) > 1:
-        raise PlanError(
-            "one engine GPU per run: the trainer pushes its weights to one engine server "
-            f"(got --engine-gpus {','.join(map(str, options.engine_gpus))})"
-        )
     both_here = {"engine", "trainer"} <= set(roles) and options.engine_url is None
     if both_here and bool(options.trainer_gpus) != bool(options.engine_gpus):
         raise PlanError(
             "name GPUs for both the trainer and the engine (--trainer-gpus, --engine-gpus), or neither"
+        )
+    shared = set(options.trainer_gpus) & set(options.engine_gpus)
+    if both_here and shared and not options.colocated:
+        raise PlanError(
+            f"GPUs {','.join(map(str, sorted(shared)))} are named for both roles: give the trainer and the "
+            "engines the same GPUs (colocated) or separate ones"
+        )
+    if options.engines is not None and options.engine_gpus and options.engines != len(options.engine_gpus):
+        raise PlanError(
+            f"--engines {options.engines} with {len(options.engine_gpus)} engine GPUs: one engine runs on "
+            "each engine GPU"
         )
     if options.nnodes > 1 and not re.fullmatch(r"[^:\s]+:\d+", options.rdzv_endpoint or ""):
         raise PlanError("a trainer over several nodes (--nnodes) needs torchrun's --rdzv-endpoint HOST:PORT")
@@ -237,22 +263,25 @@ def _env_server(options: UpOptions, cfg: TrainConfig, port: int, redis_url: str)
     )  # fmt: skip
 
 
-def _engine(options: UpOptions, cfg: TrainConfig, port: int) -> ProcessSpec:
-    """`vistarl engine serve` on the run's checkpoint (of `model.arch`), on the engine GPU (or the CPU),
-    awaiting weights, with the run's prefix cache."""
+def _engine(options: UpOptions, cfg: TrainConfig, index: int, port: int) -> ProcessSpec:
+    """`vistarl engine serve` number `index` on the run's checkpoint (of `model.arch`), on its engine GPU (or
+    the CPU), awaiting weights, with the run's prefix cache; `engine`, or `engine-0`, `engine-1`, ... when
+    there are several."""
+    count = options.engine_count
     device = "cuda" if options.engine_gpus else "cpu"
     argv = vistarl(
         "engine", "serve", "--model", str(cfg.model.path), "--arch", cfg.model.arch, "--host", options.host,
         "--port", str(port), "--device", device, "--await-weights",
     )  # fmt: skip
-    if "VISTARL_MAX_BATCH_SIZE" not in os.environ:  # batch every episode the workers run at once
-        argv += ("--max-batch-size", str(options.workers * cfg.rollout.concurrency))
+    if "VISTARL_MAX_BATCH_SIZE" not in os.environ:  # batch its share of the episodes the workers run at once
+        argv += ("--max-batch-size", str(math.ceil(options.workers * cfg.rollout.concurrency / count)))
     prefixes = cfg.rollout.prefix_cache
     argv += ("--prefix-cache-mb", str(cfg.rollout.prefix_cache_mb)) if prefixes else ("--no-prefix-cache",)
+    gpus = options.engine_gpus[index : index + 1]
     return ProcessSpec(
-        "engine", "engine", argv, env=_visible(options.engine_gpus),
-        ready=f"http://{reach(options.host)}:{port}/health",
-        stop_grace_s=STOP_GRACE_S["engine"], start_timeout_s=START_TIMEOUT_S["engine"],
+        "engine" if count == 1 else f"engine-{index}", "engine", argv, env=_visible(gpus),
+        ready=f"http://{reach(options.host)}:{port}/health", stop_grace_s=STOP_GRACE_S["engine"],
+        start_timeout_s=START_TIMEOUT_S["engine"],
     )  # fmt: skip
 
 
@@ -278,19 +307,22 @@ def _worker(
 
 def _trainer(options: UpOptions, urls: dict[str, str | None]) -> ProcessSpec:
     """`vistarl train` on the config, its rollouts through the queue, the external workers and the engine
-    server, weights pushed over NCCL unless the user's `--set sync.mode` says otherwise (the defaults come
-    before the user's overrides, the URLs after); under torchrun on the trainer GPUs (and nodes), plainly on
-    the CPU; with `--resume` when the run resumes."""
+    servers, weights pushed over NCCL unless the user's `--set sync.mode` says otherwise (the defaults come
+    before the user's overrides, the URLs after); or, colocated, its rank 0's workers and every rank's
+    embedded engine, pushed in process. Under torchrun on the trainer GPUs (and nodes), plainly on the CPU;
+    with `--resume` when the run resumes."""
     overrides = [
         f"train.run_dir={options.out.resolve() / 'run'}",
-        "sync.mode=nccl",
+        *(() if options.colocated else ("sync.mode=nccl",)),
         *options.overrides,
         f"rollout.queue={urls['redis']}",
-        "rollout.local_workers=0",
-        f"rollout.engine=sglang:{urls['engine']}",
         f"env.url={urls['env']}",
     ]
-    if is_loopback(options.host):
+    if options.colocated:
+        overrides += [f"rollout.local_workers={options.workers}", "rollout.engine=hf"]
+    else:
+        overrides += ["rollout.local_workers=0", f"rollout.engine=sglang:{urls['engine']}"]
+    if is_loopback(options.host) and not options.colocated:
         overrides.append(f"sync.master_port={free_port()}")
     train = (
         "-m",

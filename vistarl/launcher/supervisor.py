@@ -3,7 +3,9 @@
 Each process runs in a session of its own, so that what it starts (an env server's env workers,
 torchrun's ranks) is signalled with it; its output goes to `DIR/logs/NAME.log` and its pid to
 `DIR/pids/NAME.pid`, and `DIR/processes.json` holds every process's state, rewritten at each change
-(`vistarl status` reads it). A process starts once the one before it answers its readiness check.
+(`vistarl status` reads it). The processes start part by part (Redis, the env server, the engines, the
+workers, the trainer): a part's processes all at once (several engines load their checkpoints together),
+once every process of the part before answers its readiness check.
 
 A long-lived process that exits, or that does not answer within its start timeout, is started again,
 at most `max_restarts` times; one more death and the run stops, exiting 1 with the process's name and
@@ -16,6 +18,7 @@ part killed once its grace period (the compose file's) has passed; a second sign
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -106,10 +109,13 @@ class Supervisor:
         self.signals.append(signum)
 
     def _start_all(self) -> Ending | None:
-        """Start each process once the one before it is ready; an ending if the run ends meanwhile."""
-        for process in self.processes:
-            self._launch(process)
-            while process.state in ("starting", "restarting"):
+        """Start each part's processes together once the part before is ready; an ending if the run ends
+        meanwhile."""
+        for _, part in itertools.groupby(self.processes, key=lambda process: process.spec.role):
+            starting = list(part)
+            for process in starting:
+                self._launch(process)
+            while any(process.state in ("starting", "restarting") for process in starting):
                 ending = self._tick()
                 if ending is not None:
                     return ending

@@ -1,11 +1,14 @@
-"""Run `vistarl serve NAME` as a child process on a free loopback port, and stop it cleanly.
+"""Run `vistarl serve NAME` as a child process on a free loopback port, and stop it cleanly; or serve an
+app on this process's event loop (`serving_in_loop`).
 
 The single-machine stack (`vistarl train`), the scripted demo and the tests all start env servers
-this way, so production's HTTP path is what they exercise.
+this way, so production's HTTP path is what they exercise. Under torchrun each rank but the first
+serves its embedded engine in its own loop (`vistarl.trainer.run.rank_engines`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -13,10 +16,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
+import uvicorn
 
 SERVER_START_TIMEOUT_S = 60.0
 SERVER_STOP_GRACE_S = 10.0
@@ -90,3 +95,31 @@ def serve_env(name: str, log_path: Path, port: int | None = None) -> Iterator[st
         yield url
     finally:
         stop_process(proc)
+
+
+@contextlib.asynccontextmanager
+async def serving_in_loop(
+    app: Any, host: str = "127.0.0.1", port: int = 0, **config: Any
+) -> AsyncIterator[str]:
+    """Serve the ASGI `app` with uvicorn on the running event loop, on `host`'s `port` (0: a free one),
+    until the block ends; yields its URL once it listens. `config` goes to `uvicorn.Config` (`log_level`,
+    ...)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    server = uvicorn.Server(uvicorn.Config(app, **config))
+    task = asyncio.create_task(server.serve(sockets=[sock]), name="vistarl-serving")
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while not server.started:
+            if task.done():
+                raise RuntimeError(f"the server on {host} stopped before it listened: {task.exception()!r}")
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"the server on {host} did not listen within {SERVER_START_TIMEOUT_S:g} s")
+            await asyncio.sleep(0.02)
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
+            await asyncio.wait_for(task, SERVER_STOP_GRACE_S)
+        sock.close()

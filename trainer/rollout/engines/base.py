@@ -1,9 +1,9 @@
 """What every generation engine takes and returns, and the `Engine` protocol the rollout drives.
 
-A request carries `engine_ids` (one `<|image_pad|>` per image, see docs/tokens.md), the
-images as data URLs in pad order, and SGLang-named sampling params. A result carries the generated ids
-verbatim with one logprob each, why generation ended, the engine's prompt length after pad expansion,
-and the weight version that produced it.
+A request carries `engine_ids` (one `<|image_pad|>` per image, see docs/tokens.md), the images as data
+URLs in pad order, SGLang-named sampling params, and the episode it is a turn of. A result carries the
+generated ids verbatim with one logprob each, why generation ended, the engine's prompt length after pad
+expansion, and the weight version that produced it.
 
 Failure contract: `generate` raises `EngineRequestError` when the request itself is wrong (resending
 cannot help); every engine-side failure (unreachable, timed out, aborted, prompt length mismatch)
@@ -59,6 +59,11 @@ class GenerateRequest(BaseModel):
     images: list[str] = Field(default_factory=list, description="data URLs, one per image pad, in order")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     rid: str = Field(default_factory=lambda: uuid.uuid4().hex, min_length=1, max_length=256)
+    session: str | None = Field(
+        default=None,
+        description="the episode the request is a turn of: an engine pool keeps its turns on one engine, "
+        "which holds their shared prefix",
+    )
 
 
 class GenerateResult(BaseModel):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Literal
@@ -68,6 +69,8 @@ from vistarl.trainer.rollout.engines.sglang_api import (
 )
 from vistarl.trainer.weights.receiver import WeightReceiver
 
+log = logging.getLogger(__name__)
+
 OPEN_PATHS = frozenset({"/health", "/health_generate", "/metrics"})
 STARTING_VERSION = "default"
 """The weight version an awaiting server reports before its first update: SGLang's name for the weights a
@@ -108,8 +111,9 @@ def create_app(engine: HFEngine, settings: EngineServerSettings | None = None) -
     awaiting = settings.await_weights
 
     async def loaded() -> None:
-        """A weight update completed: an awaiting server starts generating."""
+        """A weight update completed (logged with its version): an awaiting server starts generating."""
         nonlocal awaiting
+        log.info("serving weight version %s", engine.weight_version)
         if awaiting:
             awaiting = False
             await engine.continue_generation()

@@ -40,6 +40,7 @@ import torch
 from transformers import PreTrainedModel
 
 from vistarl.trainer.modeling.attention import SEQUENCE_SDPA_ATTENTION, VARLEN_ATTENTION, use_attention
+from vistarl.trainer.modeling.device import use_device
 from vistarl.trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
 from vistarl.trainer.rollout.engines.hf.batch import BatchRun, EngineStats, Job
 from vistarl.trainer.rollout.engines.hf.loading import eos_ids, load_model, static_decoder
@@ -120,7 +121,12 @@ class HFEngine:
         self._resumed.set()
         self._batch_lock = asyncio.Lock()
         self._holds_waiting = 0  # weight updates and cache flushes waiting for the running batch to end
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vistarl-hf-engine")
+        self._executor = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix="vistarl-hf-engine",
+            initializer=use_device,
+            initargs=(self.device,),
+        )
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 

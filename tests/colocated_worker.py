@@ -1,0 +1,39 @@
+"""Two steps of `run_training` under torchrun with the embedded engine (`tests/test_placement.py`): each rank
+embeds an `HFEngine` of its own, rank 0's pool spreads the episodes over both, and each rank pushes its
+engine in process.
+
+    torchrun --nproc-per-node 2 tests/colocated_worker.py CHECKPOINT OUT_DIR
+
+GRPO on `tests/test_learning.py`'s one-turn env and reward (the share of even token ids, so that every
+update changes the weights), 8 episodes a step, 4 at once, fp32 on the CPU; rank 0 writes its metric
+history to OUT_DIR/history.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+
+from tests.test_learning import learning_config
+from tests.test_train_loop import with_changes
+from vistarl.trainer.learner.fsdp import init_distributed
+from vistarl.trainer.run.train import run_training
+
+
+def main(checkpoint: Path, out_dir: Path) -> None:
+    """Train two steps on every rank, each generating on its own engine."""
+    init_distributed()
+    cfg = learning_config(checkpoint, out_dir / "run", steps=2)
+    cfg = with_changes(cfg, "rollout", rollout_batch_size=1, concurrency=4)
+    result = asyncio.run(run_training(cfg, name="colocated"))
+    if dist.get_rank() == 0:
+        (out_dir / "history.json").write_text(json.dumps(result.history))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))
