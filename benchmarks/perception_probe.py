@@ -19,8 +19,10 @@ This is how the CPU demo's curriculum was chosen (docs/results.md, "Choosing the
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ import torch
 from benchmarks.harness import benchmark_parser
 from vistarl.cli.sokoban import write_demonstrations
 from vistarl.services.sokoban.actions import parse_actions
+from vistarl.services.sokoban.levels import seed_key
 from vistarl.services.sokoban.options import SokobanOptions
 from vistarl.trainer.config import load_config
 from vistarl.trainer.learner.fsdp import rank_device
@@ -51,7 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = benchmark_parser(__doc__)
     parser.add_argument("--model", required=True, help="HF checkpoint (`vistarl model tiny --out DIR`).")
     parser.add_argument("--options", default="{}", help="Sokoban options (JSON) over one-move 6x6 levels.")
-    parser.add_argument("--demos", type=int, default=600, help="Training levels (seeds 0..N-1).")
+    parser.add_argument(
+        "--demos", type=int, default=600, help="Training levels (the first N seeds of no held-out level)."
+    )
     parser.add_argument("--held-out", type=int, default=100, help="Held-out levels (seeds from 100000).")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=16)
@@ -73,7 +78,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def conversations(options: SokobanOptions, seeds: range, path: Path, system: bool) -> list[Conversation]:
+def conversations(
+    options: SokobanOptions, seeds: Sequence[int], path: Path, system: bool
+) -> list[Conversation]:
     """The demonstrations of `seeds`, written to `path` (the SFT data) and returned as message lists."""
     write_demonstrations(options, seeds, path)
     records = [json.loads(line) for line in path.read_text().splitlines()]
@@ -152,8 +159,12 @@ def main(argv: list[str] | None = None) -> None:
     options: SokobanOptions = args.options
     args.out.mkdir(parents=True, exist_ok=True)
     system = not args.no_system_prompt
-    train = conversations(options, range(args.demos), args.out / "train.jsonl", system)
     held_seeds = range(HELD_OUT_SEED, HELD_OUT_SEED + args.held_out)
+    held_levels = {seed_key(options, seed) for seed in held_seeds} - {None}  # None: a fixed level
+    fresh = (seed for seed in itertools.count() if seed_key(options, seed) not in held_levels)
+    train = conversations(
+        options, list(itertools.islice(fresh, args.demos)), args.out / "train.jsonl", system
+    )
     held_out = conversations(options, held_seeds, args.out / "held-out.jsonl", system)
     if args.vision_readout:
         vision_readout(args, train, held_out)

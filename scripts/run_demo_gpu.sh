@@ -18,8 +18,8 @@
 # Each run leaves OUT/<name>/ (eval-before, sft, eval-sft, rl, eval-rl) and OUT/<name>.log, whose last
 # line is `held-out success: before X% -> after SFT Y% -> after RL Z% (200 levels)`; <name> is the
 # curriculum, with `-seed<N>` when SEEDS names more than one. The SFT and RL checkpoints are then
-# evaluated again on CONFIRM_SEEDS (default 200000-200199, levels that neither training nor the
-# held-out curve ever shows: a second held-out set, not watched while choosing the recipe) into
+# evaluated again on CONFIRM_SEEDS (default 200000-200199, a second held-out set, not watched while
+# choosing the recipe; training plays neither its seeds nor their levels, `env.confirm_seeds`) into
 # OUT/<name>/confirm-sft and confirm-rl, and both pairs are compared level by level
 # (benchmarks/paired_eval.py) into OUT/<name>/paired.txt; CONFIRM_SEEDS="" skips it.
 # Detached, the script's own output goes to OUT/driver.log and its process id to OUT/driver.pid; the
@@ -75,6 +75,7 @@ for curriculum in "${curricula[@]}"; do
     for seed in "${seeds[@]}"; do
         name=$curriculum; [ "${#seeds[@]}" -gt 1 ] && name=$curriculum-seed$seed
         sets=(--set "train.seed=$seed")
+        [ "${#confirm[@]}" != 2 ] || sets+=(--set "env.confirm_seeds=[${confirm[0]},${confirm[1]}]")
         for value in $(overrides "$curriculum") "${common[@]}"; do sets+=(--set "$value"); done
         export CUDA_VISIBLE_DEVICES=${gpus[run % ${#gpus[@]}]}
         { vistarl demo learn --config configs/sokoban_demo_gpu.yaml --out "$out/$name" --demos "$demos" "${sets[@]}" \

@@ -241,6 +241,10 @@ class EnvFactory:
     """A baseline policy (`vistarl eval --dummy`): a random valid reply, given the conversation's text."""
     benchmark: Callable[[Sequence[EpisodeScore]], dict[str, float]] | None = None
     """How the env's benchmark turns finished episodes into its scores (VSI-Bench's per-task, overall)."""
+    task_key: Callable[[BaseModel, int], str | None] | None = None
+    """The identity of the task a seed gives under validated options (Sokoban's: the level's content), so
+    that training skips the seeds whose task is a held-out seed's; None from an env whose seeds never
+    repeat a task, and from the call when the options fix the task whatever the seed."""
     import_path: str | None = None
     """The module that defines this factory as `ENV_FACTORY` (`__name__` there), from which env worker
     processes load it; `load_env_factory` fills it in when a module leaves it out."""

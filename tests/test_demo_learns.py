@@ -6,13 +6,14 @@ of 2 at lr 1e-3, two GRPO steps of 4 levels x 4 replies, 64 held-out levels. The
 `vistarl model tiny --shape tiny --seed 0` (the `tiny_qwen25` fixture writes the same checkpoint).
 
 The thresholds come from six seeds of this run, seed s meaning `--seed s` for the model and
-`train.seed=s` (docs/results.md, "The CPU demo as a test", has the table and the command):
-held-out success before SFT 0% in all six, after SFT 20-48%, after RL 20-48%, RL at most 3 points
-(2 levels) below SFT.
-- `SFT_MARGIN`: half the smallest lift the seeds gave (20 points), so that every seed passes with
-  10 points to spare, while a run whose SFT teaches nothing (0%, the reply format unlearnt) fails.
-- `RL_TOLERANCE`: 5 levels of 64, a bit over twice the largest drop the seeds gave, so that GRPO
-  may move a few levels either way but not undo what SFT taught.
+`train.seed=s` (docs/results.md, "The CPU demo as a test", has the table and the command), with no
+held-out level among the training levels: held-out success before SFT 0% in all six, after SFT
+25-50%, after RL 2-25%, RL up to 17 levels below SFT (two GRPO steps of 16 episodes can swap the
+policy's one direction for another, or undo the board reading SFT began).
+- `SFT_MARGIN`: under half the smallest lift the seeds gave (25 points), so that every seed passes
+  with 15 points to spare, while a run whose SFT teaches nothing (0%, the reply format unlearnt) fails.
+- `RL_TOLERANCE`: 20 levels of 64, above the largest drop the seeds gave: it catches a GRPO stage
+  that wrecks the policy outright (seed 0: from 41% to below 10%), not one that loses what SFT began.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ SETS = (
 )
 SFT_MARGIN = 10.0
 """Points of held-out success that SFT must add to the figure before it."""
-RL_TOLERANCE = 100 * 5 / 64
+RL_TOLERANCE = 100 * 20 / 64
 """Points of held-out success that GRPO may lose from the SFT checkpoint it starts from."""
 MALLOC = dict.fromkeys(("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"), str(1 << 30))
 """glibc keeps freed memory instead of handing it back and faulting it in again at the next step:

@@ -194,10 +194,12 @@ def test_async_mode_needs_room_for_one_version_of_lag(tiny_qwen25: Path, tmp_pat
         with_changes(cfg, "rollout", async_mode=True, max_staleness=0)
 
 
-def test_training_seeds_skip_the_eval_range(tiny_qwen25: Path, tmp_path: Path) -> None:
+def test_training_seeds_skip_the_held_out_ranges(tiny_qwen25: Path, tmp_path: Path) -> None:
     cfg = with_changes(scripted_config(tiny_qwen25, tmp_path, steps=1), "env", eval_seeds=(3, 6))
     seeds = [start["seed"] for start in PromptSource(cfg).take(0, 8)]
     assert seeds == [0, 1, 2, 6, 7, 8, 9, 10]
+    cfg = with_changes(cfg, "env", confirm_seeds=(8, 10))
+    assert [start["seed"] for start in PromptSource(cfg).take(0, 8)] == [0, 1, 2, 6, 7, 10, 11, 12]
 
 
 async def test_dataset_rows_become_samples_in_a_shuffled_resumable_order(tmp_path: Path) -> None:
@@ -222,7 +224,7 @@ async def test_dataset_rows_become_samples_in_a_shuffled_resumable_order(tmp_pat
         assert isinstance(env, SokobanEnv) and env.options.max_steps == 7
 
     leaky = TrainConfig.model_validate({"env": {"dataset": str(paths["test"]), "eval_seeds": [0, 1000]}})
-    with pytest.raises(ValueError, match="an eval seed"):
+    with pytest.raises(ValueError, match="a held-out seed"):
         await PromptSource.create(leaky, "sokoban")
 
 

@@ -178,6 +178,11 @@ class EnvConfig(_Section):
     )
     reward_path: str | None = None
     eval_seeds: tuple[int, int] = (100_000, 100_032)
+    confirm_seeds: tuple[int, int] | None = Field(
+        default=None,
+        description="a second held-out seed range [start, stop), evaluated after the run "
+        "(scripts/run_demo_gpu.sh's CONFIRM_SEEDS): training plays neither its seeds nor their levels",
+    )
 
     @field_validator("reward_path")
     @classmethod
@@ -187,11 +192,11 @@ class EnvConfig(_Section):
             raise ValueError(f"{value!r} is not an import path like 'package.module:function'")
         return value
 
-    @field_validator("eval_seeds")
+    @field_validator("eval_seeds", "confirm_seeds")
     @classmethod
-    def _seed_range(cls, value: tuple[int, int]) -> tuple[int, int]:
-        """Evaluation seeds are the half-open range [start, stop) and must not be empty."""
-        if value[0] >= value[1]:
+    def _seed_range(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        """Held-out seeds are the half-open range [start, stop) and must not be empty."""
+        if value is not None and value[0] >= value[1]:
             raise ValueError(f"[start, stop) must have start < stop, got {list(value)}")
         return value
 
@@ -227,6 +232,12 @@ class EnvConfig(_Section):
     def eval_seed_range(self) -> range:
         """The evaluation seeds as a `range`."""
         return range(*self.eval_seeds)
+
+    @property
+    def held_out_seed_ranges(self) -> tuple[range, ...]:
+        """Every held-out seed range: `eval_seeds`, then `confirm_seeds` when set."""
+        confirm = () if self.confirm_seeds is None else (range(*self.confirm_seeds),)
+        return (self.eval_seed_range, *confirm)
 
 
 def check_budgets(max_new_tokens: int, rollout_max_response_len: int, rollout_max_context_len: int) -> None:

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from vistarl.services.env_api import Env, EnvFactory, checked_create
 from vistarl.services.sokoban.actions import random_reply
+from vistarl.services.sokoban.levels import seed_key
 from vistarl.services.sokoban.options import SokobanOptions
 from vistarl.services.sokoban.prompt import ACTION_FORMAT, system_prompt
 from vistarl.services.sokoban.tools import TOOLS, tool_call_text
@@ -85,6 +86,7 @@ ENV_FACTORY = EnvFactory(
     tools=TOOLS,
     tool_call_text=tool_call_text,
     random_reply=random_reply,
+    task_key=seed_key,
     import_path=__name__,
     preload=_preload,
 )

@@ -8,32 +8,48 @@ up to `max_actions_per_turn` moves each. `vistarl sokoban demos` writes them for
 A transcription (`transcription`) teaches the policy to see the board before it plays: the same system
 prompt and image as an episode's, an instruction to write the board down, and as the reply the board's
 text grid (XSB), which the image alone shows. `vistarl demo learn` writes `sft.transcribe_boards` of them
-for SFT's reading stage (`sft.transcribe_data`, docs/results.md).
+for SFT's reading stage (`sft.transcribe_data`, docs/results.md), leaving out every board of a held-out
+level or that shows one (`transcriptions`).
+
+Each record names the levels it shows or comes from by their keys (`levels`, `levels.level_key`), so a
+file of them can be checked against the held-out levels (`vistarl demo learn` prints the overlap).
 """
 
 from __future__ import annotations
 
+import itertools
 import random
+from collections.abc import Iterator, Set
 from typing import Any
 
 from vistarl.services.env_api import user_message
 from vistarl.services.sokoban.env import SokobanEnv
-from vistarl.services.sokoban.game import DIRECTIONS, Game
+from vistarl.services.sokoban.game import DIRECTIONS, Game, Level
+from vistarl.services.sokoban.levels import level_key
 from vistarl.services.sokoban.options import SokobanOptions
 from vistarl.services.sokoban.prompt import IMAGE_HINT
 from vistarl.services.sokoban.render import render_image
 from vistarl.services.sokoban.solver import solve
 
-__all__ = ["TRANSCRIBE_FIRST_SEED", "TRANSCRIBE_INSTRUCTION", "demonstration", "transcription"]
+__all__ = [
+    "MAX_SKIPPED_BOARDS",
+    "TRANSCRIBE_FIRST_SEED",
+    "TRANSCRIBE_INSTRUCTION",
+    "demonstration",
+    "transcription",
+    "transcriptions",
+]
 
 TRANSCRIBE_INSTRUCTION = "Write the board as a text grid, one line per row."
 TRANSCRIBE_FIRST_SEED = 1_000_000  # above the demonstrations' seeds and both held-out sets
 MAX_RANDOM_MOVES = 2  # a board is a level's start or a state a few moves in, as later turns show them
+MAX_SKIPPED_BOARDS = 10_000  # boards in a row left out as held out before `transcriptions` gives up
 
 
 def demonstration(options: SokobanOptions, seed: int, time_limit_s: float = 10.0) -> dict[str, Any]:
-    """The solved episode of level `seed` as `{episode_id, env, seed, episode_reward, success, messages}`;
-    messages hold PIL images, which the caller encodes. Raises `ValueError` if the solver gives up."""
+    """The solved episode of level `seed` as `{episode_id, env, seed, levels, episode_reward, success,
+    messages}`, `levels` the level's key; messages hold PIL images, which the caller encodes. Raises
+    `ValueError` if the solver gives up."""
     env = SokobanEnv(options, seed)
     result = solve(env.level, time_limit=time_limit_s)
     if result.moves is None:
@@ -57,6 +73,7 @@ def demonstration(options: SokobanOptions, seed: int, time_limit_s: float = 10.0
         "episode_id": f"sokoban-demo-{seed}",
         "env": "sokoban",
         "seed": seed,
+        "levels": [level_key(env.level)],
         "episode_reward": info.get("episode_reward", 0.0),
         "success": bool(info.get("success")),
         "messages": messages,
@@ -66,21 +83,41 @@ def demonstration(options: SokobanOptions, seed: int, time_limit_s: float = 10.0
 def transcription(options: SokobanOptions, seed: int) -> dict[str, Any]:
     """Level `seed` after 0-2 random moves as a conversation to imitate: the env's system prompt, the
     board's image alone (whatever `render_mode` says) with `TRANSCRIBE_INSTRUCTION`, and as the reply
-    the board's text grid; `{episode_id, env, seed, messages}`, messages holding a PIL image."""
+    the board's text grid; `{episode_id, env, seed, levels, messages}`, messages holding a PIL image and
+    `levels` the keys of the level and of the board shown."""
     env = SokobanEnv(options, seed)
     game = Game(env.level)
     moves = random.Random(seed)
     for _ in range(moves.randint(0, MAX_RANDOM_MOVES)):
         game.move(moves.choice(list(DIRECTIONS)))
-    image = render_image(env.level.grid, game.boxes, game.player, options.cell_size)
+    board = Level(env.level.grid, frozenset(game.boxes), game.player)
+    image = render_image(board.grid, board.boxes, board.player, options.cell_size)
     text = f"[Observation]\n{IMAGE_HINT}\n{TRANSCRIBE_INSTRUCTION}"
     return {
         "episode_id": f"sokoban-board-{seed}",
         "env": "sokoban",
         "seed": seed,
+        "levels": sorted({level_key(env.level), level_key(board)}),
         "messages": [
             {"role": "system", "content": env.system_prompt},
             user_message({"images": [image], "text": text}),
-            {"role": "assistant", "content": game.to_xsb()},
+            {"role": "assistant", "content": board.to_xsb()},
         ],
     }
+
+
+def transcriptions(
+    options: SokobanOptions, count: int, held_out: Set[str] = frozenset()
+) -> Iterator[dict[str, Any]]:
+    """`count` boards to read (`transcription`) from `TRANSCRIBE_FIRST_SEED` up, leaving out each board of
+    a held-out level or that shows one (`held_out`: their keys); a `ValueError` once `MAX_SKIPPED_BOARDS`
+    boards in a row are left out."""
+    seeds = itertools.count(TRANSCRIBE_FIRST_SEED)
+    for _ in range(count):
+        for _ in range(MAX_SKIPPED_BOARDS):
+            record = transcription(options, next(seeds))
+            if held_out.isdisjoint(record["levels"]):
+                yield record
+                break
+        else:
+            raise ValueError(f"{MAX_SKIPPED_BOARDS} boards to read in a row show held-out levels")

@@ -18,7 +18,7 @@ from PIL import Image
 from vistarl.services.env_api import Env, EnvObservation, StepResult, check_steppable, episode_end
 from vistarl.services.sokoban.actions import parse_actions
 from vistarl.services.sokoban.game import Game, Level
-from vistarl.services.sokoban.generator import generate_level
+from vistarl.services.sokoban.levels import generated_level
 from vistarl.services.sokoban.options import SokobanOptions
 from vistarl.services.sokoban.prompt import observation_text, system_prompt
 from vistarl.services.sokoban.render import render_image
@@ -52,14 +52,7 @@ class SokobanEnv(Env[SokobanOptions]):
             if seed is None:
                 seed = self.options.seed if self.options.seed is not None else secrets.randbelow(2**31)
             self.seed = seed
-            generated = generate_level(
-                self.seed,
-                self.options.shape,
-                self.options.num_boxes,
-                self.options.wall_fraction,
-                self.options.min_solution_len,
-                self.options.max_moves,
-            )
+            generated = generated_level(self.options, self.seed)
             self.level, self.optimal_moves = generated.level, len(generated.solution)
         self._targets = self.level.targets
         self._started = False

@@ -22,6 +22,8 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from vistarl.clients.http import EnvClient
+    from vistarl.services.sokoban.options import SokobanOptions
+    from vistarl.trainer.config import TrainConfig
 
 demo_app = typer.Typer(help="End-to-end demonstrations that run on this machine; with no command, `solver`.")
 
@@ -82,8 +84,6 @@ def learn_command(
     held-out success before, after SFT and after RL."""
     import asyncio
 
-    from vistarl.cli.sokoban import write_demonstrations, write_transcriptions
-    from vistarl.services.sokoban.demos import TRANSCRIBE_FIRST_SEED
     from vistarl.services.sokoban.options import SokobanOptions
     from vistarl.trainer.config import ConfigError, load_config
     from vistarl.trainer.curriculum import run_curriculum
@@ -96,28 +96,52 @@ def learn_command(
     root = out or Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     root.mkdir(parents=True, exist_ok=True)
     console = Console()
-    data = demos_from or root / "demos.jsonl"
-    if demos_from is None:
-        write_demonstrations(options, _training_seeds(demos, cfg.env.eval_seed_range), data)
-        console.print(f"wrote {demos} solver demonstrations to {data}")
-    sft: dict[str, Any] = {"data": data}
-    boards = range(TRANSCRIBE_FIRST_SEED, TRANSCRIBE_FIRST_SEED + cfg.sft.transcribe_boards)
-    held_out = cfg.env.eval_seed_range
-    if boards and max(boards.start, held_out.start) < min(boards.stop, held_out.stop):
-        raise typer.BadParameter(f"the boards to read ({boards}) overlap env.eval_seeds", param_hint="--set")
-    if cfg.sft.transcribe_boards:
-        sft["transcribe_data"] = root / "boards.jsonl"
-        write_transcriptions(options, cfg.sft.transcribe_boards, sft["transcribe_data"])
-        console.print(f"wrote {cfg.sft.transcribe_boards} boards to read to {sft['transcribe_data']}")
-    cfg = cfg.model_copy(update={"sft": cfg.sft.model_copy(update=sft)})
+    try:
+        cfg = write_sft_data(cfg, options, demos, demos_from, root, console)
+    except ValueError as exc:  # a --demos-from file that names no levels, or too few levels to train on
+        raise typer.BadParameter(str(exc), param_hint="--demos-from/--set") from None
     result = asyncio.run(run_curriculum(cfg, root, console))
     console.print(f"runs, curves and saved episodes under {root}")
     console.print(result.headline(), markup=False)
 
 
-def _training_seeds(count: int, eval_seeds: range) -> list[int]:
-    """The first `count` level seeds outside the held-out range."""
-    return [seed for seed in range(count + len(eval_seeds)) if seed not in eval_seeds][:count]
+def write_sft_data(
+    cfg: TrainConfig,
+    options: SokobanOptions,
+    demos: int,
+    demos_from: Path | None,
+    root: Path,
+    console: Console,
+) -> TrainConfig:
+    """Write what SFT imitates under `root`: `demos` solver demonstrations of GRPO's first levels (unless
+    `demos_from` gives them) and `sft.transcribe_boards` boards to read, none of a held-out level; print
+    how many held-out levels the SFT data holds (0 unless `demos_from` brings some). Returns `cfg` with
+    `sft.data` (and `sft.transcribe_data`) set."""
+    from vistarl.cli.sokoban import recorded_levels, write_demonstrations, write_transcriptions
+    from vistarl.trainer.run.prompts import PromptSource
+
+    training = PromptSource(cfg)  # seeds past the held-out ones, and past every held-out level
+    data = demos_from or root / "demos.jsonl"
+    if demos_from is None:
+        write_demonstrations(options, [start["seed"] for start in training.take(0, demos)], data)
+        console.print(f"wrote {demos} solver demonstrations to {data}")
+    sft: dict[str, Any] = {"data": data}
+    if cfg.sft.transcribe_boards:
+        sft["transcribe_data"] = root / "boards.jsonl"
+        write_transcriptions(
+            options, cfg.sft.transcribe_boards, sft["transcribe_data"], training.held_out_tasks
+        )
+        console.print(f"wrote {cfg.sft.transcribe_boards} boards to read to {sft['transcribe_data']}")
+    shown = set().union(*(recorded_levels(path) for path in (data, sft.get("transcribe_data")) if path))
+    held_out = training.held_out_tasks
+    seeds = sum(len(seeds) for seeds in training.held_out)
+    console.print(
+        f"held-out levels in the SFT data: {len(held_out & shown)} of {len(held_out)} (the distinct levels "
+        f"of {seeds} held-out seeds); GRPO plays none of them",
+        markup=False,
+        soft_wrap=True,
+    )
+    return cfg.model_copy(update={"sft": cfg.sft.model_copy(update=sft)})
 
 
 @demo_app.command("solver")

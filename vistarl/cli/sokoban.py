@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -157,13 +157,31 @@ def write_demonstrations(options: SokobanOptions, seeds: Iterable[int], out: Pat
     return write_conversations((demonstration(options, seed) for seed in seeds), out)
 
 
-def write_transcriptions(options: SokobanOptions, count: int, out: Path) -> list[int]:
-    """Write `count` boards to read (`transcription`, seeds from `TRANSCRIBE_FIRST_SEED`) to `out` as
-    JSONL conversations, for SFT's reading stage (`sft.transcribe_data`); returns their turns (1 each)."""
-    from vistarl.services.sokoban.demos import TRANSCRIBE_FIRST_SEED, transcription
+def write_transcriptions(
+    options: SokobanOptions, count: int, out: Path, held_out: Set[str] = frozenset()
+) -> list[int]:
+    """Write `count` boards to read (`transcriptions`, none of a level whose key is in `held_out`) to `out`
+    as JSONL conversations, for SFT's reading stage (`sft.transcribe_data`); returns their turns (1 each)."""
+    from vistarl.services.sokoban.demos import transcriptions
 
-    seeds = range(TRANSCRIBE_FIRST_SEED, TRANSCRIBE_FIRST_SEED + count)
-    return write_conversations((transcription(options, seed) for seed in seeds), out)
+    return write_conversations(transcriptions(options, count, held_out), out)
+
+
+def recorded_levels(path: Path) -> set[str]:
+    """The keys of the levels that the conversations of a JSONL file show or come from (the `levels`
+    that `demonstration` and `transcription` write); a record without them is a ValueError naming it."""
+    import json
+
+    keys: set[str] = set()
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            levels = json.loads(line).get("levels") if line.strip() else []
+            if not isinstance(levels, list):
+                raise ValueError(
+                    f"{path} line {number} names no levels: write it again with `vistarl sokoban demos`"
+                )
+            keys.update(levels)
+    return keys
 
 
 def write_conversations(records: Iterable[dict[str, Any]], out: Path) -> list[int]:
