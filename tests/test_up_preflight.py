@@ -86,8 +86,8 @@ def refused(out: Path, path: str, *flags: str) -> str:
         (
             ("--trainer-gpus", "0,1", "--engine-gpus", "0"),
             (("nvidia-smi", NVIDIA_SMI_STAND_IN),),
-            r"--engine-gpus 0 takes GPU 0, trainer rank 0's .* NCCL cannot put both ends of the weight sync "
-            r"on one GPU: .*",
+            r"GPUs 0 are named for both roles: give the trainer and the engines the same GPUs \(colocated\) "
+            r"or separate ones",
         ),
         (
             (),

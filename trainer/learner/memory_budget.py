@@ -305,11 +305,11 @@ def check_budget(
         for change, total in savings:
             if total < budget.total:
                 fits = ", fits" if total <= available else ""
-                lines.append(f"  --set {change}: {total / GIB:.1f} GiB{fits}")
+                lines.append(f"  {total / GIB:.1f} GiB{fits}: --set {change}")
     together = _fitting_set(cfg, counts, world, available)
     if together is not None and len(together[0]) > 1:
         sets = " ".join(f"--set {change}" for change in together[0])
-        lines.append(f"together: {sets}: {together[1] / GIB:.1f} GiB")
+        lines.append(f"together, {together[1] / GIB:.1f} GiB: {sets}")
     lines.append(
         "or train on more GPUs (torchrun --nproc-per-node), which shard the weights, gradients and AdamW "
         "state; train.memory_check=warn starts anyway, and train.gpu_memory_gib sets the memory planned for"

@@ -139,7 +139,7 @@ def up(
     try:
         plan = plan_processes(options)
     except PlanError as exc:
-        raise typer.BadParameter(str(exc)) from None
+        _refuse(str(exc))
     try:
         preflight(options, plan)
     except PreflightError as exc:

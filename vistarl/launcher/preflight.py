@@ -7,9 +7,9 @@ torch can use them; the `redis-server` to start is Redis 7 or later (the queue's
 checkpoint the engine and the trainer load is of the config's `model.arch`; every port a server is to
 listen on is free, and `--host` is an address of this host.
 
-The trainer and the engine on exactly the same GPUs is the colocated layout, which passes here; what
-cannot work is the engine on trainer rank 0's GPU beside other trainer GPUs, as both ends of the weight
-sync's NCCL group would sit on one GPU ("Duplicate GPU detected").
+The trainer and the engine on exactly the same GPUs is the colocated layout, which passes here; GPU sets
+that overlap without being the same, which cannot work (two processes on one GPU, and the weight sync's
+NCCL group with both ends on one: "Duplicate GPU detected"), the plan refuses before the preflight runs.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def preflight(options: UpOptions, plan: Plan) -> None:
     here = {spec.role for spec in plan.processes}
     _directory(options.out, resume=options.resume or cfg.train.resume)
     trainer = options.trainer_gpus if "trainer" in here else ()
-    engine = options.engine_gpus if "engine" in here else ()
-    _gpu_layout(trainer, engine, node_rank=options.node_rank)
+    engine = options.engine_gpus if "engine" in here or options.colocated else ()
+    _gpu_layout(trainer, engine)
     _gpus_present({"--trainer-gpus": trainer, "--engine-gpus": engine})
     if "redis" in here:
         _redis_version()
@@ -74,18 +74,13 @@ def _directory(out: Path, *, resume: bool) -> None:
         )
 
 
-def _gpu_layout(trainer: tuple[int, ...], engine: tuple[int, ...], *, node_rank: int) -> None:
-    """No GPU named twice in one list, and no engine on trainer rank 0's GPU unless the two share all."""
+def _gpu_layout(trainer: tuple[int, ...], engine: tuple[int, ...]) -> None:
+    """No GPU named twice in one list. (Trainer and engine GPUs that overlap without being the same, the
+    one layout of both that cannot work, the plan already refuses: `plan.plan_processes`.)"""
     for flag, gpus in (("--trainer-gpus", trainer), ("--engine-gpus", engine)):
         twice = sorted(gpu for gpu, n in Counter(gpus).items() if n > 1)
         if twice:
             raise PreflightError(f"{flag} {_listed(gpus)} names GPU {_listed(twice)} more than once")
-    if node_rank == 0 and trainer and trainer[0] in engine and set(trainer) != set(engine):
-        raise PreflightError(
-            f"--engine-gpus {_listed(engine)} takes GPU {trainer[0]}, trainer rank 0's (the first of "
-            f"--trainer-gpus {_listed(trainer)}), and NCCL cannot put both ends of the weight sync on one "
-            "GPU: give the engine GPUs of its own, or exactly the trainer's"
-        )
 
 
 def _gpus_present(named: dict[str, tuple[int, ...]]) -> None:
