@@ -5,9 +5,9 @@ Images travel as `data:image/png;base64,...` strings (the form OpenAI `image_url
 before decoding it, and the header's pixel count before decompressing the pixels.
 
 Encoding is on every env step's path, so the common modes are written here rather than by Pillow: the
-rows unfiltered and deflated by ISA-L at its level 1, 5-11x faster than Pillow's PNG writer at
-`compress_level=1` on the envs' frames and no larger (docs/benchmarks.md, "PNG encoding and the env
-worker's memory").
+rows unfiltered and deflated by ISA-L at its level 1, several times faster than Pillow's PNG writer at
+`compress_level=1` on the envs' frames and no larger (the figures in docs/benchmarks.md, "PNG encoding
+and the env worker's memory").
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ aiohttp session, opened on first use for the event loop of that use.
 
 aiohttp, because its cost per request stays flat with hundreds of requests in flight on kept-alive
 connections. httpx's pool did not: 128 requests sent at once on connections kept from an earlier round
-reached the server over 2.4 to 4 s instead of 30 to 86 ms (`python -m benchmarks.http_burst`; served
-`/generate` rows in docs/benchmarks.md, "The HF engine's decode step").
+reached the server spread over seconds, where aiohttp's arrive together (`python -m benchmarks.http_burst`;
+the figures in docs/benchmarks.md, "The HF engine's decode step").
 """
 
 from __future__ import annotations

@@ -272,7 +272,8 @@ class RolloutConfig(_Section):
     cuda_graphs: bool = Field(
         default=True,
         description="the embedded engine captures each decode step from its static KV cache on a GPU in a "
-        "CUDA graph and replays it (off: the same step runs eagerly, about 4x slower at 3B; docs/engines.md)",
+        "CUDA graph and replays it (off: the same step runs eagerly, several times slower at 3B; "
+        "docs/benchmarks.md, 'The HF engine's decode step')",
     )
     prefix_cache: bool = Field(
         default=True,

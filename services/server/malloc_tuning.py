@@ -4,10 +4,10 @@ By default glibc returns the free top of its heap to the kernel once it passes 1
 block over 128 KiB its own mapping; it raises both thresholds only when such a block is freed, so where
 they end up depends on what the process happened to allocate first. A server that builds the same few
 hundred kilobytes for every request (rendered frames, their PNGs, the base64 answer) can then fault those
-pages in again on every request: VSI's env worker takes 24 minor page faults a step with the defaults and
-2 with these thresholds, and Sokoban's took 84 a step, and 0.55 ms of CPU against 0.31, until its PNG rows
-were laid out in one array (`benchmarks/malloc_thresholds.py`; docs/benchmarks.md, "PNG encoding and the
-env worker's memory", and for Sokoban's faults that file's history). Fixed thresholds keep the memory for
+pages in again on every request: VSI's env worker faults in pages on every step with the defaults and
+hardly ever with these thresholds, and Sokoban's did, at a cost in CPU, until its PNG rows were laid out in
+one array (`benchmarks/malloc_thresholds.py`; the figures in docs/benchmarks.md, "PNG encoding and the env
+worker's memory", and for Sokoban's faults that file's history). Fixed thresholds keep the memory for
 the next request, whatever the process allocated first.
 """
 

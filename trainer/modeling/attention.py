@@ -257,8 +257,8 @@ _CONFIGS: weakref.WeakKeyDictionary[nn.Module, list[PretrainedConfig]] = weakref
 
 def _configs(model: nn.Module) -> list[PretrainedConfig]:
     """The configs of the HF (sub)models inside `model`, found once per model: the HF engine switches its
-    text model's attention every decode step, and walking a 3B model's modules takes about 0.3 ms
-    (the 2-core machine)."""
+    text model's attention every decode step, and walking a 3B model's 839 modules each time is CPU the
+    step need not spend."""
     if model not in _CONFIGS:
         _CONFIGS[model] = [m.config for m in model.modules() if isinstance(m, PreTrainedModel)]
     return _CONFIGS[model]

@@ -14,8 +14,8 @@ and the close by the env timeout (`Envs(timeout_s=...)`). A reply with no valid 
 model's fault, not the env's: the env is not stepped, and the episode ends with a turn reward of 0.
 
 The messages are `vistarl.clients.protocol`'s OpenEnv models, sent with `websockets`. openenv-core's own
-`GenericEnvClient` speaks the same, but importing it imports gradio: about 5 s of CPU per process on the
-2-core test machine, for a client of some 30 lines.
+`GenericEnvClient` speaks the same, but importing it imports gradio: seconds of CPU per process
+(docs/benchmarks.md, "Start-up"), for a client of some 30 lines.
 """
 
 from __future__ import annotations
