@@ -23,7 +23,7 @@ from vistarl.launcher.lock import DirectoryInUse, RunLock, held_by
 from vistarl.launcher.plan import PlanError, ProcessSpec, UpOptions, plan_processes
 from vistarl.launcher.status import PLAN_FILE, RunStatus, alive, step_figures
 from vistarl.launcher.supervisor import PROCESSES_FILE, Supervisor
-from vistarl.serving.launch import free_port
+from vistarl.httpserver.launch import free_port
 from vistarl.trainer.config import TrainConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,7 +1,7 @@
 """The folders import one way: the trainer reaches envs only through `clients/` and the sessions contract
 (`services/sessions_api.py`), never the env server's internals (`services/server/`); `services/` never
 imports the trainer; `clients/` (what an external agent installs) imports no torch; `benchmarks/` and
-`vistarl/devtools/` import nothing from the tests (tests may import them); `vistarl/serving/` (the HTTP
+`vistarl/devtools/` import nothing from the tests (tests may import them); `vistarl/httpserver/` (the HTTP
 plumbing both servers share) imports neither side; and the learner and the rollout side meet only in
 what both may import (`vistarl.trainer.weights`, `vistarl.trainer.modeling`, the processor, `Trajectory`),
 never in each other's code.
@@ -40,8 +40,8 @@ FORBIDDEN: list[tuple[str, str, frozenset[str]]] = [
     ("clients", "torch", frozenset()),
     ("benchmarks", "tests", frozenset()),
     ("vistarl/devtools", "tests", frozenset()),
-    ("vistarl/serving", "vistarl.services", frozenset()),
-    ("vistarl/serving", "vistarl.trainer", frozenset()),
+    ("vistarl/httpserver", "vistarl.services", frozenset()),
+    ("vistarl/httpserver", "vistarl.trainer", frozenset()),
     ("trainer/rollout", "vistarl.trainer.learner", frozenset()),
     ("trainer/learner", "vistarl.trainer.rollout.engines", frozenset()),
     ("trainer/queue", "vistarl.trainer.learner", frozenset()),
@@ -203,7 +203,7 @@ def test_clients_load_no_torch_even_through_what_they_import() -> None:
 def test_code_imports_the_packages_through_the_vistarl_namespace() -> None:
     """`clients`, `services` and `trainer` are reachable at the top of a checkout too (they are its
     folders), but a module imported under two names is two modules: every import goes through `vistarl`."""
-    tops = (*LINKED, "cli", "launcher", "serving", "devtools")
+    tops = (*LINKED, "cli", "launcher", "httpserver", "devtools")
     files = [
         p for folder in (*LINKED, "vistarl", "tests", "benchmarks") for p in (ROOT / folder).rglob("*.py")
     ]

@@ -25,7 +25,7 @@ from vistarl.services.server.metrics import ServerMetrics
 from vistarl.services.server.sessions import SessionManager
 from vistarl.services.server.settings import ServerSettings
 from vistarl.services.server.tasks import TaskCatalog
-from vistarl.serving.errors import ServiceError
+from vistarl.httpserver.errors import ServiceError
 
 __all__ = ["EnvService"]
 

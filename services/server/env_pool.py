@@ -36,7 +36,7 @@ from vistarl.services.env_api import EnvFactory
 from vistarl.services.server.env_work import EnvHost, Reply, Stepped, Task, guarded, task_payload
 from vistarl.services.server.metrics import ServerMetrics
 from vistarl.services.server.settings import ServerSettings
-from vistarl.serving.errors import ServiceError
+from vistarl.httpserver.errors import ServiceError
 
 logger = logging.getLogger(__name__)
 

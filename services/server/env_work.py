@@ -30,7 +30,7 @@ from vistarl.services.server.encoding import (
     observation_from_wire,
     observation_to_wire,
 )
-from vistarl.serving.errors import ServiceError
+from vistarl.httpserver.errors import ServiceError
 
 logger = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from vistarl.services.env_api import load_env_factory
 from vistarl.services.server.env_work import EnvHost, guarded, task_from_payload
 from vistarl.services.server.gc_tuning import collect_garbage_less_often
 from vistarl.services.server.malloc_tuning import keep_freed_memory
-from vistarl.serving.errors import ServiceError
+from vistarl.httpserver.errors import ServiceError
 
 READ_CHUNK = 1 << 16
 MAX_CALL_BYTES = 1 << 28

@@ -58,7 +58,7 @@ from vistarl.services.server.store.base import (
     action_digest,
 )
 from vistarl.services.server.tasks import TaskCatalog
-from vistarl.serving.errors import ServiceError, describe_validation_errors
+from vistarl.httpserver.errors import ServiceError, describe_validation_errors
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from vistarl.clients.protocol import Datasets, ErrorCode, ResetRequest, SplitInf
 from vistarl.services.datasets import ParquetSplit, load_splits
 from vistarl.services.env_api import EnvFactory, TaskSplit
 from vistarl.services.server.settings import ServerSettings
-from vistarl.serving.errors import ServiceError, describe_validation_errors
+from vistarl.httpserver.errors import ServiceError, describe_validation_errors
 
 IMAGE_URL_PREFIX = "data:image/"
 

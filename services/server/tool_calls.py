@@ -16,7 +16,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from vistarl.clients.protocol import ErrorCode, JSONObject, StepRequest, ToolCall
 from vistarl.services.env_api import EnvFactory
-from vistarl.serving.errors import ServiceError
+from vistarl.httpserver.errors import ServiceError
 
 if TYPE_CHECKING:
     from jsonschema import Draft202012Validator

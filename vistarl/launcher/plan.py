@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Literal
 
 from vistarl.launcher.addresses import is_loopback, reach
-from vistarl.serving.launch import free_port
+from vistarl.httpserver.launch import free_port
 from vistarl.trainer.config import ConfigError, TrainConfig, load_config
 
 __all__ = [

@@ -25,7 +25,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from vistarl.clients.protocol import ErrorCode
 from vistarl.services.server.store.base import Commit, Retention, Snapshot, StepRecord, StoredAnswer
-from vistarl.serving.errors import ServiceError
+from vistarl.httpserver.errors import ServiceError
 
 T = TypeVar("T")
 
