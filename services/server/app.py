@@ -30,6 +30,8 @@ from vistarl.clients.protocol import (
     StepRequest,
     StepResponse,
 )
+from vistarl.httpserver.errors import install_error_handlers
+from vistarl.httpserver.guard import RequestGuard
 from vistarl.services.env_api import EnvFactory
 from vistarl.services.server.embedded import EnvService
 from vistarl.services.server.json_route import JSONRoute, LeanRoutes
@@ -40,8 +42,6 @@ from vistarl.services.server.play import PLAY_PATHS, play_routes
 from vistarl.services.server.security import OPEN_PATHS, ROUTE_GUARDED_PATHS, cors_options
 from vistarl.services.server.settings import ServerSettings
 from vistarl.services.server.tool_calls import ToolActions
-from vistarl.httpserver.errors import install_error_handlers
-from vistarl.httpserver.guard import RequestGuard
 
 
 def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) -> FastAPI:

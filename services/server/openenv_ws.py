@@ -53,10 +53,10 @@ from vistarl.clients.protocol import (
     StepResponse,
     ToolCall,
 )
+from vistarl.httpserver.errors import ServiceError, describe_validation_errors, error_response
 from vistarl.services.env_api import EnvFactory
 from vistarl.services.server.embedded import EnvService
 from vistarl.services.server.tool_calls import ToolActions
-from vistarl.httpserver.errors import ServiceError, describe_validation_errors, error_response
 
 __all__ = ["OpenEnvRoutes"]
 
