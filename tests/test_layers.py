@@ -4,7 +4,7 @@ imports the trainer; `clients/` (what an external agent installs) imports no tor
 `vistarl/devtools/` import nothing from the tests (tests may import them); `vistarl/httpserver/` (the HTTP
 plumbing both servers share) imports neither side; and the learner and the rollout side meet only in
 what both may import (`vistarl.trainer.weights`, `vistarl.trainer.modeling`, the processor, `Trajectory`),
-never in each other's code.
+never in each other's code. No two modules of `clients/`, `services/` and `trainer/` import each other.
 
 Inside `trainer/` the rooms show the design, and at most 8 modules stay at its top. `trainer/run/`, the
 run driver, may import every room; the rooms (`learner`, `rollout`, `queue`, `weights`, `modeling`)
@@ -147,6 +147,34 @@ def test_modeling_is_shared_by_the_learner_and_the_engine() -> None:
         assert any(m.startswith("vistarl.trainer.modeling.") for m in uses), (
             f"{user} no longer uses trainer/modeling"
         )
+
+
+def mutual_imports(root: Path = ROOT) -> list[str]:
+    """`a <-> b` for each two modules of the code under `root` that import each other, at any depth (one
+    that waits for first use too); a package and a module inside it are not a loop (`from . import x`)."""
+    files = [p for folder in LINKED if (root / folder).exists() for p in (root / folder).rglob("*.py")]
+    names = {".".join(module_parts(p, root)).removesuffix(".__init__"): p for p in files}
+    imports = {name: imported_modules(path, root) & names.keys() for name, path in names.items()}
+    return sorted(
+        f"{a} <-> {b}"
+        for a in imports
+        for b in imports[a]
+        if a < b and a in imports[b] and not (b.startswith(a + ".") or a.startswith(b + "."))
+    )
+
+
+def test_no_two_modules_import_each_other() -> None:
+    """A loop (`env_handle` and `openenv_env` once) leaves one of the two half-imported, and says that they
+    share something that belongs to neither."""
+    assert mutual_imports() == []
+
+
+def test_the_loop_check_finds_two_modules_that_import_each_other(tmp_path: Path) -> None:
+    rollout = tmp_path / "trainer" / "rollout"
+    rollout.mkdir(parents=True)
+    (rollout / "a.py").write_text("def f():\n    from vistarl.trainer.rollout.b import g\n")
+    (rollout / "b.py").write_text("from .a import f\n")
+    assert mutual_imports(tmp_path) == ["vistarl.trainer.rollout.a <-> vistarl.trainer.rollout.b"]
 
 
 def test_the_walk_sees_imports_inside_functions(tmp_path: Path) -> None:
