@@ -42,7 +42,7 @@ import torch
 from benchmarks.harness import benchmark_parser
 from vistarl.devtools.model_shapes import REAL_SHAPES, SHAPES, arch_for
 from vistarl.devtools.tiny_checkpoint import write_tiny_checkpoint
-from vistarl.serving.launch import free_port, stop_process, wait_healthy
+from vistarl.httpserver.launch import free_port, stop_process, wait_healthy
 from vistarl.trainer.config import RolloutConfig
 from vistarl.trainer.rollout.engines.base import Engine, GenerateRequest, GenerateResult
 from vistarl.trainer.rollout.engines.hf import HFEngine

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from vistarl.devtools.model_shapes import REAL_SHAPES
 from vistarl.devtools.servers import running_process, vistarl_cmd
-from vistarl.serving.launch import free_port
+from vistarl.httpserver.launch import free_port
 
 
 def benchmark_parser(doc: str | None) -> argparse.ArgumentParser:

@@ -23,7 +23,7 @@ from fastapi import FastAPI
 from benchmarks.harness import benchmark_parser
 from vistarl.clients.pool import LoopPool
 from vistarl.devtools.servers import running_process
-from vistarl.serving.launch import free_port
+from vistarl.httpserver.launch import free_port
 
 app = FastAPI()
 _arrivals: list[float] = []

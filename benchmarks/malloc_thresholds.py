@@ -4,9 +4,9 @@ ones it sets (`vistarl.services.server.malloc_tuning`).
     .venv/bin/python -m benchmarks.malloc_thresholds [--envs sokoban geo3k vsi] [--seconds 8] [--warmup 3]
         [--sessions 32]
 
-For each env, its worker (`python -m vistarl.services.server.env_worker ENV`, as `vistarl serve` starts it)
-runs twice: as shipped, and with `keep_freed_memory` replaced by a no-op, which leaves glibc's defaults. This
-process keeps `--sessions` episodes of `benchmarks.episodes` in flight on it, one call each, so that the
+For each env, its worker (`python -m vistarl.services.server.worker_process ENV`, as `vistarl serve` starts
+it) runs twice: as shipped, and with `keep_freed_memory` replaced by a no-op, which leaves glibc's defaults.
+This process keeps `--sessions` episodes of `benchmarks.episodes` in flight on it, one call each, so that the
 worker never waits for work. After the warm-up it reads from /proc, over `--seconds`, the CPU time of the
 worker and its children (Geo3k's grading processes) and the worker's own minor page faults. Prints steps/s,
 CPU ms per step and page faults per step.
@@ -35,11 +35,11 @@ from benchmarks.harness import (
 )
 
 DEFAULTS_WORKER = (
-    "import vistarl.services.server.env_worker as worker;"
+    "import vistarl.services.server.worker_process as worker;"
     " worker.keep_freed_memory = lambda: False; worker.main()"
 )
 """The env worker with glibc's default thresholds: `keep_freed_memory` skipped, the rest as shipped."""
-SHIPPED_WORKER = ["-m", "vistarl.services.server.env_worker"]
+SHIPPED_WORKER = ["-m", "vistarl.services.server.worker_process"]
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class Figures:
 
 
 class Driver:
-    """Speaks the env worker's frames (`vistarl.services.server.env_worker`): calls out, answers in."""
+    """Speaks the env worker's frames (`vistarl.services.server.worker_process`): calls out, answers in."""
 
     def __init__(self, command: list[str]) -> None:
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)

@@ -40,8 +40,8 @@ from benchmarks.harness import ServedEnv, add_window_arguments, benchmark_parser
 from benchmarks.lean_load import Row, measure_vistarl
 from benchmarks.server_profile import env_alone
 from vistarl.devtools.servers import running_process
+from vistarl.httpserver.launch import free_port
 from vistarl.services.server.settings import ServerSettings, default_env_workers
-from vistarl.serving.launch import free_port
 
 USERS = 64
 STEPS = 3  # per episode, as Geo3k's and VSI's

@@ -30,7 +30,7 @@ import redis
 
 from benchmarks.harness import benchmark_parser, markdown_header
 from vistarl.devtools.servers import redis_server, running_process, vistarl_cmd
-from vistarl.serving.launch import free_port
+from vistarl.httpserver.launch import free_port
 from vistarl.trainer.config import RolloutConfig
 from vistarl.trainer.queue.base import EpisodeQueue
 from vistarl.trainer.queue.consumer import ResultConsumer

@@ -29,7 +29,7 @@ from benchmarks.harness import markdown_header, served_env
 from benchmarks.lean_load import Row, measure, measure_vistarl, openenv_user
 from benchmarks.server_profile import breakdown, sampled
 from vistarl.devtools.servers import running_process
-from vistarl.serving.launch import free_port
+from vistarl.httpserver.launch import free_port
 
 
 def openenv_installed() -> bool:

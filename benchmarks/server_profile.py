@@ -51,8 +51,11 @@ from vistarl.services.server.encoding import observation_to_wire
 PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("env: step, reset, render", ("services/sokoban/", "services/geo3k/", "services/vsi/", "math_verify")),
     ("env: PNG encoding of images", ("clients/images.py",)),
-    ("JSON answer (base64 images, info)", ("services/server/env_work.py", "services/server/encoding.py")),
-    ("frames to env workers (msgpack, pipes)", ("services/server/env_worker.py", "env_pool.py", "msgpack")),
+    ("JSON answer (base64 images, info)", ("services/server/env_calls.py", "services/server/encoding.py")),
+    (
+        "frames to env workers (msgpack, pipes)",
+        ("services/server/worker_process.py", "services/server/process_pool.py", "msgpack"),
+    ),
     ("metrics", ("prometheus_client",)),
     (
         "session rules and store",

@@ -51,7 +51,7 @@ from benchmarks.gpu_profile import compile_report, profile_step, sync_report
 from benchmarks.harness import add_shape_argument, benchmark_parser, markdown_header
 from vistarl.devtools.model_shapes import REAL_SHAPES, SHAPES, Arch, qwen_vl_config
 from vistarl.devtools.tiny_checkpoint import write_tiny_checkpoint
-from vistarl.serving.launch import free_port
+from vistarl.httpserver.launch import free_port
 from vistarl.trainer.learner.fsdp import init_distributed, rank_device, set_last_micro_batch, shard_model
 from vistarl.trainer.learner.logprobs import token_logprobs
 from vistarl.trainer.learner.models import ActorModel

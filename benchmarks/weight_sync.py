@@ -51,7 +51,7 @@ from benchmarks.train_step import benchmark_config, build_actor, process_group
 from vistarl.devtools.model_shapes import REAL_SHAPES
 from vistarl.devtools.servers import running_process, vistarl_cmd
 from vistarl.devtools.tiny_checkpoint import write_tiny_checkpoint
-from vistarl.serving.launch import free_port
+from vistarl.httpserver.launch import free_port
 from vistarl.trainer.learner.fsdp import full_state_dict, rank_device, shard_model
 from vistarl.trainer.rollout.engines.hf import HFEngine
 from vistarl.trainer.rollout.engines.sglang import SGLangEngine

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from vistarl.serving.launch import free_port
+from vistarl.httpserver.launch import free_port
 
 _VARIABLE = re.compile(r"\$\{([^}]*)\}")
 _REFERENCE = re.compile(r"^(?P<name>[A-Za-z_]\w*)(?:(?P<op>:-|-)(?P<default>.*))?$", re.DOTALL)

@@ -61,7 +61,7 @@ from vistarl.clients.protocol import (
     StepResponse,
 )
 from vistarl.clients.retry import Delivery, attempt_until_final, delivery, retry_after_seconds, retry_delay
-from vistarl.serving.launch import free_port
+from vistarl.httpserver.launch import free_port
 
 FAST = RetryPolicy(max_attempts=5, base_delay=0.05, max_delay=0.2, deadline_s=10.0)
 

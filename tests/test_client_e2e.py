@@ -25,7 +25,7 @@ from vistarl.clients import (
 )
 from vistarl.clients.protocol import ImagePart, TextPart
 from vistarl.devtools.servers import running_process, vistarl_cmd
-from vistarl.serving.launch import free_port
+from vistarl.httpserver.launch import free_port
 
 TOKEN = "e2e-secret"
 MAX_SESSIONS = 4

@@ -17,7 +17,7 @@ from tests.client_kinds import Client
 from tests.envs.serving import counter_process, counter_server
 from tests.retries import retry_waits
 from vistarl.clients import EnvConnectionError, RetryPolicy, SessionNotFoundError
-from vistarl.serving.launch import free_port, stop_process
+from vistarl.httpserver.launch import free_port, stop_process
 
 # A backoff far longer than the test: a retry on another replica must not wait for it.
 SLOW_BACKOFF = RetryPolicy(max_attempts=4, base_delay=20.0, max_delay=20.0, deadline_s=30.0)

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForImageTextToText
 
 from tests.servers import wait_until
-from vistarl.serving.launch import serving_in_loop
+from vistarl.httpserver.launch import serving_in_loop
 from vistarl.trainer.config import load_config
 from vistarl.trainer.rollout.engines.base import GenerateRequest
 from vistarl.trainer.rollout.engines.hf import HFEngine

@@ -31,10 +31,10 @@ from vistarl.clients.images import encode_image
 from vistarl.clients.protocol import ToolCall
 from vistarl.devtools.servers import running_process, vistarl_cmd
 from vistarl.devtools.tiny_checkpoint import build_model
+from vistarl.httpserver.launch import free_port, serving_in_loop
 from vistarl.services.env_api import load_env_factory
 from vistarl.services.server.tool_calls import ToolActions
 from vistarl.services.sokoban.actions import parse_actions
-from vistarl.serving.launch import free_port, serving_in_loop
 from vistarl.trainer.rollout.engines.base import EngineRequestError, EngineUnavailableError, GenerateRequest
 from vistarl.trainer.rollout.engines.chat import ChatCompletionRequest, completion, generate_request
 from vistarl.trainer.rollout.engines.hf import HFEngine

@@ -34,7 +34,7 @@ from vistarl.services.env_api import (
     load_env_factory,
 )
 from vistarl.services.server.encoding import json_safe, observation_to_wire
-from vistarl.services.server.env_work import decode_state, encode_state
+from vistarl.services.server.env_calls import decode_state, encode_state
 
 TEST_ENVS = ("tests.envs.counter", "tests.envs.quiz")
 # Geo3k grades in processes of its own: started first, so that original and twin never differ by one

@@ -14,8 +14,9 @@ from tests.retries import retry_waits
 from tests.runners import SETTINGS
 from vistarl.clients.protocol import ResetResponse, StepResponse
 from vistarl.devtools.servers import running_process, vistarl_cmd
-from vistarl.serving.launch import free_port, stop_process
-from vistarl.trainer.rollout.env_handle import EnvError, EnvHandle, Envs, is_url
+from vistarl.httpserver.launch import free_port, stop_process
+from vistarl.trainer.rollout.env_handle import EnvHandle, Envs, is_url
+from vistarl.trainer.rollout.episode_env import EnvError
 from vistarl.trainer.rollout.job import EpisodeJob
 from vistarl.trainer.rollout.rewards import env_reward, load_reward_fn
 

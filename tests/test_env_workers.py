@@ -23,11 +23,13 @@ from tests.servers import children, metric, wait_until
 from vistarl.services.env_api import load_env_factory
 from vistarl.services.server import settings as server_settings
 from vistarl.services.server.app import create_app
-from vistarl.services.server.env_pool import ProcessEnvPool, ThreadEnvPool, create_pool
-from vistarl.services.server.env_work import EnvHost
-from vistarl.services.server.env_worker import serve
+from vistarl.services.server.env_calls import EnvHost
+from vistarl.services.server.env_pool import create_pool
 from vistarl.services.server.metrics import ServerMetrics
+from vistarl.services.server.process_pool import ProcessEnvPool
 from vistarl.services.server.settings import ServerSettings, usable_cores
+from vistarl.services.server.thread_pool import ThreadEnvPool
+from vistarl.services.server.worker_process import serve
 
 TIMEOUT = 30.0
 

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from vistarl.devtools.servers import running_process, vistarl_cmd
+from vistarl.httpserver.launch import free_port
 from vistarl.services.env_api import ENV_MODULES, checked_step, load_env_factory
-from vistarl.serving.launch import free_port
 from vistarl.trainer.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]

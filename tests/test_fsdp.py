@@ -24,7 +24,7 @@ from benchmarks.train_step import benchmark_config, build_actor, counted_params
 from tests.fsdp_worker import train_step
 from tests.machine import outlasting
 from tests.test_update import assert_same_step
-from vistarl.serving.launch import free_port
+from vistarl.httpserver.launch import free_port
 from vistarl.trainer.learner.fsdp import full_state_dict
 from vistarl.trainer.learner.models import load_actor, load_critic
 from vistarl.trainer.weights.buckets import pushed_dtype

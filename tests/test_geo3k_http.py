@@ -13,9 +13,9 @@ from vistarl.clients.errors import BadRequestError
 from vistarl.clients.http import EnvClient
 from vistarl.clients.images import decode_image
 from vistarl.devtools.servers import running_process, vistarl_cmd
+from vistarl.httpserver.launch import free_port
 from vistarl.services.geo3k.generator import generate
 from vistarl.services.geo3k.generator.diagram import IMAGE_SIZE
-from vistarl.serving.launch import free_port
 
 
 @pytest.fixture(scope="module", params=[0, 1], ids=["threads", "env-workers"])

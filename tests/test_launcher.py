@@ -19,14 +19,26 @@ import pytest
 
 from tests.compose_file import load_services
 from tests.servers import wait_until
+from vistarl.httpserver.launch import free_port
 from vistarl.launcher.lock import DirectoryInUse, RunLock, held_by
-from vistarl.launcher.plan import PlanError, ProcessSpec, UpOptions, plan_processes
+from vistarl.launcher.plan import (
+    COMPOSE_PORTS,
+    SESSIONS_DB,
+    STOP_GRACE_S,
+    WORKER_SHUTDOWN_GRACE_S,
+    PlanError,
+    ProcessSpec,
+    UpOptions,
+    plan_processes,
+)
 from vistarl.launcher.status import PLAN_FILE, RunStatus, alive, step_figures
 from vistarl.launcher.supervisor import PROCESSES_FILE, Supervisor
-from vistarl.serving.launch import free_port
 from vistarl.trainer.config import TrainConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
+COMPOSE_SERVICES = {"redis": ("redis",), "env": ("sokoban", "geo3k", "vsi"), "engine": ("engine", "sglang")}
+COMPOSE_SERVICES |= {"workers": ("worker",), "trainer": ("trainer", "trainer-gpu")}
+"""docker-compose.yml's services that play each part of `vistarl up`'s plan."""
 TINY_CONFIG = ROOT / "configs" / "sokoban_tiny.yaml"
 
 
@@ -44,6 +56,29 @@ def flag(argv: tuple[str, ...], name: str) -> str:
         if arg == name:
             return argv[index + 1]
     raise AssertionError(f"{name} not in {argv}")
+
+
+def test_the_plans_ports_and_grace_periods_are_the_compose_files() -> None:
+    """plan.py copies them from docker-compose.yml (the wheel ships no compose file): every port it takes
+    beyond loopback, and every stop grace period, is the one compose gives that part's services."""
+    compose = load_services(ROOT / "docker-compose.yml", {})
+    assert COMPOSE_SERVICES.keys() == STOP_GRACE_S.keys() >= COMPOSE_PORTS.keys()
+    for part, services in COMPOSE_SERVICES.items():
+        for service in services:
+            assert compose[service].stop_grace_s == STOP_GRACE_S[part], service
+            if part in COMPOSE_PORTS and service != "sglang":  # the gpu profile's SGLang exposes none
+                assert compose[service].expose == [COMPOSE_PORTS[part]], service
+    for service in ("sokoban", "geo3k", "vsi", "engine", "sglang"):
+        port = COMPOSE_PORTS["env" if service not in ("engine", "sglang") else "engine"]
+        assert flag(tuple(compose[service].command), "--port") == str(port), service
+    for service in ("sokoban", "geo3k", "vsi"):
+        store = urlsplit(flag(tuple(compose[service].command), "--session-store"))
+        assert (store.port, store.path) == (COMPOSE_PORTS["redis"], f"/{SESSIONS_DB}"), service
+    worker = tuple(compose["worker"].command)
+    assert flag(worker, "--metrics-port") == str(COMPOSE_PORTS["workers"])
+    assert flag(worker, "--shutdown-grace-s") == f"{WORKER_SHUTDOWN_GRACE_S:g}"
+    assert urlsplit(flag(worker, "--redis-url")).port == COMPOSE_PORTS["redis"]
+    assert urlsplit(flag(worker, "--engine").removeprefix("sglang:")).port == COMPOSE_PORTS["engine"]
 
 
 def test_the_cpu_plan_is_the_compose_files_services_on_this_hosts_ports(

@@ -1,10 +1,10 @@
 """The folders import one way: the trainer reaches envs only through `clients/` and the sessions contract
 (`services/sessions_api.py`), never the env server's internals (`services/server/`); `services/` never
 imports the trainer; `clients/` (what an external agent installs) imports no torch; `benchmarks/` and
-`vistarl/devtools/` import nothing from the tests (tests may import them); `vistarl/serving/` (the HTTP
+`vistarl/devtools/` import nothing from the tests (tests may import them); `vistarl/httpserver/` (the HTTP
 plumbing both servers share) imports neither side; and the learner and the rollout side meet only in
 what both may import (`vistarl.trainer.weights`, `vistarl.trainer.modeling`, the processor, `Trajectory`),
-never in each other's code.
+never in each other's code. No two modules of `clients/`, `services/` and `trainer/` import each other.
 
 Inside `trainer/` the rooms show the design, and at most 8 modules stay at its top. `trainer/run/`, the
 run driver, may import every room; the rooms (`learner`, `rollout`, `queue`, `weights`, `modeling`)
@@ -40,8 +40,8 @@ FORBIDDEN: list[tuple[str, str, frozenset[str]]] = [
     ("clients", "torch", frozenset()),
     ("benchmarks", "tests", frozenset()),
     ("vistarl/devtools", "tests", frozenset()),
-    ("vistarl/serving", "vistarl.services", frozenset()),
-    ("vistarl/serving", "vistarl.trainer", frozenset()),
+    ("vistarl/httpserver", "vistarl.services", frozenset()),
+    ("vistarl/httpserver", "vistarl.trainer", frozenset()),
     ("trainer/rollout", "vistarl.trainer.learner", frozenset()),
     ("trainer/learner", "vistarl.trainer.rollout.engines", frozenset()),
     ("trainer/queue", "vistarl.trainer.learner", frozenset()),
@@ -149,6 +149,34 @@ def test_modeling_is_shared_by_the_learner_and_the_engine() -> None:
         )
 
 
+def mutual_imports(root: Path = ROOT) -> list[str]:
+    """`a <-> b` for each two modules of the code under `root` that import each other, at any depth (one
+    that waits for first use too); a package and a module inside it are not a loop (`from . import x`)."""
+    files = [p for folder in LINKED if (root / folder).exists() for p in (root / folder).rglob("*.py")]
+    names = {".".join(module_parts(p, root)).removesuffix(".__init__"): p for p in files}
+    imports = {name: imported_modules(path, root) & names.keys() for name, path in names.items()}
+    return sorted(
+        f"{a} <-> {b}"
+        for a in imports
+        for b in imports[a]
+        if a < b and a in imports[b] and not (b.startswith(a + ".") or a.startswith(b + "."))
+    )
+
+
+def test_no_two_modules_import_each_other() -> None:
+    """A loop (`env_handle` and `openenv_env` once) leaves one of the two half-imported, and says that they
+    share something that belongs to neither."""
+    assert mutual_imports() == []
+
+
+def test_the_loop_check_finds_two_modules_that_import_each_other(tmp_path: Path) -> None:
+    rollout = tmp_path / "trainer" / "rollout"
+    rollout.mkdir(parents=True)
+    (rollout / "a.py").write_text("def f():\n    from vistarl.trainer.rollout.b import g\n")
+    (rollout / "b.py").write_text("from .a import f\n")
+    assert mutual_imports(tmp_path) == ["vistarl.trainer.rollout.a <-> vistarl.trainer.rollout.b"]
+
+
 def test_the_walk_sees_imports_inside_functions(tmp_path: Path) -> None:
     source = tmp_path / "m.py"
     source.write_text(
@@ -203,7 +231,7 @@ def test_clients_load_no_torch_even_through_what_they_import() -> None:
 def test_code_imports_the_packages_through_the_vistarl_namespace() -> None:
     """`clients`, `services` and `trainer` are reachable at the top of a checkout too (they are its
     folders), but a module imported under two names is two modules: every import goes through `vistarl`."""
-    tops = (*LINKED, "cli", "launcher", "serving", "devtools")
+    tops = (*LINKED, "cli", "launcher", "httpserver", "devtools")
     files = [
         p for folder in (*LINKED, "vistarl", "tests", "benchmarks") for p in (ROOT / folder).rglob("*.py")
     ]

@@ -26,7 +26,7 @@ from tests.runners import SETTINGS
 from tests.test_rollout_hf import generated_runs
 from vistarl.clients.images import encode_image
 from vistarl.devtools.servers import running_process, vistarl_cmd
-from vistarl.serving.launch import free_port
+from vistarl.httpserver.launch import free_port
 from vistarl.trainer.config import ConfigError, OpenEnvAdapter, load_config
 from vistarl.trainer.rollout.engines.scripted import ScriptedEngine
 from vistarl.trainer.rollout.env_handle import Envs

@@ -16,7 +16,7 @@ import msgpack
 import pytest
 
 from tests.machine import outlasting
-from vistarl.serving.launch import free_port
+from vistarl.httpserver.launch import free_port
 from vistarl.trainer.learner.checkpoint import TrainerState
 from vistarl.trainer.rollout.trajectory import Behaviour, Status, Trajectory
 from vistarl.trainer.run.rank_commands import Push, Save, Stop, Train, decode, encode

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from vistarl.devtools.model_shapes import SHAPES, qwen_vl_config
-from vistarl.serving.launch import free_port
+from vistarl.httpserver.launch import free_port
 from vistarl.trainer.run.rank_engines import kv_cache_bytes
 
 REPO = Path(__file__).resolve().parent.parent

@@ -14,8 +14,8 @@ from pydantic import ValidationError
 from tests.runners import trajectory_for
 from tests.test_env_handle import env_process, image_urls
 from vistarl.clients.http import AsyncEnvClient
+from vistarl.httpserver.launch import free_port
 from vistarl.services.sokoban.reward import reward as sokoban_reward
-from vistarl.serving.launch import free_port
 from vistarl.trainer.config import RolloutConfig
 from vistarl.trainer.rollout.engines.base import Engine, GenerateRequest
 from vistarl.trainer.rollout.engines.scripted import ScriptedEngine

@@ -21,12 +21,12 @@ from tests.envs.counter import ENV_FACTORY
 from vistarl.clients.images import decode_image, encode_image
 from vistarl.clients.protocol import FormatRequest
 from vistarl.devtools.servers import vistarl_cmd, wait_http
+from vistarl.httpserver.launch import free_port, stop_process
 from vistarl.services.env_api import EnvObservation
 from vistarl.services.server.app import create_app
 from vistarl.services.server.encoding import json_safe, message_to_wire, observation_to_wire
 from vistarl.services.server.json_route import JSONRoute, LeanRoutes
 from vistarl.services.server.settings import ServerSettings
-from vistarl.serving.launch import free_port, stop_process
 
 
 def test_json_safe_turns_env_info_into_plain_json() -> None:

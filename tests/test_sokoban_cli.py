@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from vistarl.cli.main import app
 from vistarl.devtools.servers import vistarl_cmd
-from vistarl.serving.launch import free_port
+from vistarl.httpserver.launch import free_port
 
 
 def test_solve_reports_the_solve_rate() -> None:

@@ -10,9 +10,9 @@ from vistarl.clients.errors import BadRequestError
 from vistarl.clients.http import EnvClient
 from vistarl.clients.images import decode_image
 from vistarl.devtools.servers import running_process, vistarl_cmd
+from vistarl.httpserver.launch import free_port
 from vistarl.services.sokoban.game import Game, Level
 from vistarl.services.sokoban.solver import solve
-from vistarl.serving.launch import free_port
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ import pytest
 from tests.envs.serving import served
 from tests.wire import assert_error
 from vistarl.clients.protocol import InfoResponse, StepResponse, ToolCall
+from vistarl.httpserver.errors import ServiceError
 from vistarl.services.env_api import ENV_MODULES, load_env_factory
 from vistarl.services.server.tool_calls import ToolActions
-from vistarl.serving.errors import ServiceError
 
 CORRIDOR = {"xsb": "########\n#@ $  .#\n########"}
 

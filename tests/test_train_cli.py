@@ -20,7 +20,7 @@ from tests.machine import outlasting
 from tests.servers import wait_until
 from vistarl.cli.main import app
 from vistarl.devtools.servers import running_process, vistarl_cmd
-from vistarl.serving.launch import free_port
+from vistarl.httpserver.launch import free_port
 from vistarl.trainer.config import load_config
 from vistarl.trainer.rollout.engines.base import EngineUnavailableError
 from vistarl.trainer.run.outputs import draw_curve, failure_places

@@ -26,9 +26,9 @@ import pytest
 from tests.machine import outlasting, require
 from tests.servers import wait_until
 from vistarl.devtools.servers import vistarl_cmd
+from vistarl.httpserver.launch import stop_process
 from vistarl.launcher.plan import UpOptions, plan_processes
 from vistarl.launcher.status import alive
-from vistarl.serving.launch import stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = str(ROOT / "configs" / "sokoban_tiny.yaml")

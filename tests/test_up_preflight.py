@@ -18,7 +18,7 @@ import pytest
 
 from tests.machine import require
 from vistarl.devtools.servers import vistarl_cmd
-from vistarl.serving.launch import stop_process
+from vistarl.httpserver.launch import stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = str(ROOT / "configs" / "sokoban_tiny.yaml")

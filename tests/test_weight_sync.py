@@ -24,7 +24,7 @@ from torch import nn
 from tests.machine import outlasting
 from tests.weight_probe import WeightSyncMismatch, nudge, verify_weight_sync
 from vistarl.devtools.servers import running_process, vistarl_cmd
-from vistarl.serving.launch import free_port
+from vistarl.httpserver.launch import free_port
 from vistarl.trainer.learner.models import load_lm
 from vistarl.trainer.rollout.engines.base import EngineRequestError
 from vistarl.trainer.rollout.engines.hf import HFEngine

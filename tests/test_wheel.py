@@ -26,7 +26,7 @@ PYPI_NEIGHBOURS = ("devtools==0.13.0", "trainer==0.0.36")
 CHECK = """
 import devtools, trainer
 import vistarl.trainer.run.train, vistarl.services.sokoban, vistarl.clients.http, vistarl.cli.main
-import vistarl.devtools.tiny_checkpoint, vistarl.launcher.plan, vistarl.serving.guard
+import vistarl.devtools.tiny_checkpoint, vistarl.launcher.plan, vistarl.httpserver.guard
 assert hasattr(devtools, "debug"), devtools.__file__
 assert hasattr(trainer, "Trainer"), trainer.__file__
 for module in (vistarl.trainer.run.train, vistarl.services.sokoban, vistarl.cli.main):

@@ -25,7 +25,7 @@ from tests.machine import require
 from tests.runners import SETTINGS
 from vistarl.cli.main import app
 from vistarl.devtools.servers import running_process, vistarl_cmd, wait_http
-from vistarl.serving.launch import free_port, stop_process
+from vistarl.httpserver.launch import free_port, stop_process
 from vistarl.trainer.queue.base import unpack
 from vistarl.trainer.queue.consumer import ResultConsumer
 from vistarl.trainer.queue.redis import RedisQueue

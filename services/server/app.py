@@ -7,7 +7,7 @@ GET /play/replay. The sessions and what runs them come from `embedded` (session 
 `tasks`, where envs run in `env_pool`); the open paths and CORS in `security`, what the OpenAPI schema adds in
 `openapi`, the lean path of the env endpoints in `json_route`, tool calls as actions in `tool_calls`, the MCP
 tools in `mcp_tools`, OpenEnv's protocol in `openenv_ws`, the pages in `play` (all in
-`vistarl.services.server`); error shapes and the request guard (auth, the body limit) come from `serving`,
+`vistarl.services.server`); error shapes and the request guard (auth, the body limit) come from `httpserver`,
 shared with the engine server. This module only wires them together.
 """
 
@@ -30,6 +30,8 @@ from vistarl.clients.protocol import (
     StepRequest,
     StepResponse,
 )
+from vistarl.httpserver.errors import install_error_handlers
+from vistarl.httpserver.guard import RequestGuard
 from vistarl.services.env_api import EnvFactory
 from vistarl.services.server.embedded import EnvService
 from vistarl.services.server.json_route import JSONRoute, LeanRoutes
@@ -40,8 +42,6 @@ from vistarl.services.server.play import PLAY_PATHS, play_routes
 from vistarl.services.server.security import OPEN_PATHS, ROUTE_GUARDED_PATHS, cors_options
 from vistarl.services.server.settings import ServerSettings
 from vistarl.services.server.tool_calls import ToolActions
-from vistarl.serving.errors import install_error_handlers
-from vistarl.serving.guard import RequestGuard
 
 
 def create_app(env_factory: EnvFactory, settings: ServerSettings | None = None) -> FastAPI:

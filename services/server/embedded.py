@@ -19,13 +19,13 @@ from vistarl.clients.protocol import (
     StepRequest,
     StepResponse,
 )
+from vistarl.httpserver.errors import ServiceError
 from vistarl.services.env_api import EnvFactory
 from vistarl.services.server.env_pool import create_pool
 from vistarl.services.server.metrics import ServerMetrics
 from vistarl.services.server.sessions import SessionManager
 from vistarl.services.server.settings import ServerSettings
 from vistarl.services.server.tasks import TaskCatalog
-from vistarl.serving.errors import ServiceError
 
 __all__ = ["EnvService"]
 

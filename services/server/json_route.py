@@ -38,7 +38,7 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from vistarl.clients.protocol import ErrorCode
-from vistarl.serving.errors import ServiceError, invalid_body
+from vistarl.httpserver.errors import ServiceError, invalid_body
 
 JSON_MEDIA_TYPE = "application/json"
 
@@ -178,7 +178,7 @@ class LeanRoutes:
 async def read_json(request: Request, model: type[BaseModel]) -> BaseModel:
     """The request's JSON body as `model`, or a `ServiceError` (400 malformed, 422 invalid or not JSON).
 
-    The body is read once; its size is already bounded by `vistarl.serving.guard.RequestGuard`.
+    The body is read once; its size is already bounded by `vistarl.httpserver.guard.RequestGuard`.
     """
     try:
         body = await _body(request.receive)

@@ -33,10 +33,10 @@ from starlette.routing import Route, Router
 from starlette.types import Message, Receive, Scope, Send
 
 from vistarl.clients.protocol import ErrorCode, JsonRpcResponse
+from vistarl.httpserver.guard import carries_token, refusal_of, unauthorized
+from vistarl.httpserver.metrics import ServingMetrics
 from vistarl.services.server.embedded import EnvService
 from vistarl.services.server.security import MCP_PATH
-from vistarl.serving.guard import carries_token, refusal_of, unauthorized
-from vistarl.serving.metrics import ServingMetrics
 
 if TYPE_CHECKING:
     from vistarl.services.server.mcp_tools import EnvTools

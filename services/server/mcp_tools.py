@@ -41,9 +41,9 @@ from vistarl.clients.protocol import (
     StepRequest,
     StepResponse,
 )
+from vistarl.httpserver.errors import ServiceError, describe_validation_errors
 from vistarl.services.server.embedded import EnvService
 from vistarl.services.server.security import MCP_PATH
-from vistarl.serving.errors import ServiceError, describe_validation_errors
 
 
 class _Arguments(BaseModel):

@@ -1,4 +1,4 @@
-"""Prometheus metrics of one environment server, in the registry of its own that `vistarl.serving.metrics`
+"""Prometheus metrics of one environment server, in the registry of its own that `vistarl.httpserver.metrics`
 gives every server."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import functools
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from vistarl.serving.metrics import ServingMetrics
+from vistarl.httpserver.metrics import ServingMetrics
 
 STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 

@@ -16,7 +16,7 @@ and a new socket continues it: `/ws?session_id=ID`, or `/sessions/ID/ws` (where 
 appends `/ws` to its base URL, reaches it), on this replica or, with a shared store, on any other. A step
 resent there with the same `request_id` is answered once. A socket idle for the session TTL is closed.
 The bearer token and the message size limit are checked at the handshake and by uvicorn
-(`vistarl.serving.guard.RequestGuard`, `vistarl/cli/serve.py`).
+(`vistarl.httpserver.guard.RequestGuard`, `vistarl/cli/serve.py`).
 """
 
 from __future__ import annotations
@@ -53,10 +53,10 @@ from vistarl.clients.protocol import (
     StepResponse,
     ToolCall,
 )
+from vistarl.httpserver.errors import ServiceError, describe_validation_errors, error_response
 from vistarl.services.env_api import EnvFactory
 from vistarl.services.server.embedded import EnvService
 from vistarl.services.server.tool_calls import ToolActions
-from vistarl.serving.errors import ServiceError, describe_validation_errors, error_response
 
 __all__ = ["OpenEnvRoutes"]
 

@@ -1,6 +1,6 @@
 """The env server's access policy: the paths that need no bearer token, the path whose route checks it
 itself, and the CORS options that let browser pages of chosen origins call it. The guard that enforces
-auth and the body limit is `vistarl.serving.guard.RequestGuard`, shared with the engine server.
+auth and the body limit is `vistarl.httpserver.guard.RequestGuard`, shared with the engine server.
 
 The probe and scrape paths stay open with a token set (docs/server.md, "Authentication"): Kubernetes
 probes and Prometheus send no token, and these paths reveal only counts, never a session or an observation.

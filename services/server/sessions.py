@@ -42,9 +42,10 @@ from vistarl.clients.protocol import (
     StepRequest,
     StepResponse,
 )
+from vistarl.httpserver.errors import ServiceError, describe_validation_errors
 from vistarl.services.env_api import EnvFactory
-from vistarl.services.server.env_pool import EnvGoneError, EnvLostError, EnvPool
-from vistarl.services.server.env_work import Reply, Stepped, Task
+from vistarl.services.server.env_calls import EnvGoneError, EnvLostError, Reply, Stepped, Task
+from vistarl.services.server.env_pool import EnvPool
 from vistarl.services.server.local_sessions import LocalSessions
 from vistarl.services.server.metrics import ServerMetrics
 from vistarl.services.server.settings import ServerSettings
@@ -58,7 +59,6 @@ from vistarl.services.server.store.base import (
     action_digest,
 )
 from vistarl.services.server.tasks import TaskCatalog
-from vistarl.serving.errors import ServiceError, describe_validation_errors
 
 logger = logging.getLogger(__name__)
 

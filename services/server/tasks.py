@@ -18,10 +18,10 @@ from pydantic import BaseModel, ValidationError
 
 from vistarl.clients.images import ImageError, decode_image
 from vistarl.clients.protocol import Datasets, ErrorCode, ResetRequest, SplitInfo
+from vistarl.httpserver.errors import ServiceError, describe_validation_errors
 from vistarl.services.datasets import ParquetSplit, load_splits
 from vistarl.services.env_api import EnvFactory, TaskSplit
 from vistarl.services.server.settings import ServerSettings
-from vistarl.serving.errors import ServiceError, describe_validation_errors
 
 IMAGE_URL_PREFIX = "data:image/"
 

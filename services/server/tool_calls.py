@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import TypeAdapter, ValidationError
 
 from vistarl.clients.protocol import ErrorCode, JSONObject, StepRequest, ToolCall
+from vistarl.httpserver.errors import ServiceError
 from vistarl.services.env_api import EnvFactory
-from vistarl.serving.errors import ServiceError
 
 if TYPE_CHECKING:
     from jsonschema import Draft202012Validator

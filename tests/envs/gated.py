@@ -1,7 +1,7 @@
 """The counter env behind a gate that env worker processes stop at, to test a server whose workers are
 slow to start, or cannot.
 
-In a `vistarl.services.server.env_worker` process, importing this module waits until the file named by
+In a `vistarl.services.server.worker_process` process, importing this module waits until the file named by
 `VISTARL_TEST_GATE` exists (at most `GATE_WAIT_S`), then raises if the file holds `fail`. Any other
 process (the server's own) loads it at once.
 """
@@ -20,10 +20,10 @@ __all__ = ["ENV_FACTORY"]
 GATE_WAIT_S = 60.0
 
 
-def in_env_worker() -> bool:
-    """Whether this process is an env worker (`python -m vistarl.services.server.env_worker`)."""
+def in_worker_process() -> bool:
+    """Whether this process is an env worker (`python -m vistarl.services.server.worker_process`)."""
     spec = getattr(sys.modules["__main__"], "__spec__", None)
-    return spec is not None and spec.name == "vistarl.services.server.env_worker"
+    return spec is not None and spec.name == "vistarl.services.server.worker_process"
 
 
 def wait_at_gate(gate: Path) -> None:
@@ -35,5 +35,5 @@ def wait_at_gate(gate: Path) -> None:
         raise RuntimeError("this env worker was told not to start")
 
 
-if in_env_worker():
+if in_worker_process():
     wait_at_gate(Path(os.environ["VISTARL_TEST_GATE"]))

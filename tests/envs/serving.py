@@ -7,7 +7,7 @@ import subprocess
 from collections.abc import Iterator
 
 from vistarl.devtools.servers import running_process, vistarl_cmd
-from vistarl.serving.launch import free_port
+from vistarl.httpserver.launch import free_port
 
 COUNTER_ENV = "tests.envs.counter"
 

@@ -8,17 +8,16 @@ models through one contract, `vistarl.services.sessions_api.EnvSessions`: a job'
 carry the env's own chat messages (image parts as PNG data URLs). So the episode loop cannot tell the two
 apart, and a task reaches the env the same way in process, over HTTP and through the queue. An `openenv+ws://`
 URL names an OpenEnv server instead, played by `vistarl.trainer.rollout.openenv_env.OpenEnvHandle`.
-Every env failure (an exception, a timeout, an unreachable or failing server) surfaces as `EnvError`.
+Every env failure (an exception, a timeout, an unreachable or failing server) surfaces as `EnvError`
+(`vistarl.trainer.rollout.episode_env`, the contract both handles meet).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from vistarl.clients.http import AsyncEnvClient, RetryPolicy
 from vistarl.clients.protocol import (
@@ -31,47 +30,15 @@ from vistarl.clients.protocol import (
 )
 from vistarl.services.sessions_api import EnvSessions, InProcessSessions, open_in_process
 from vistarl.trainer.config import is_openenv
+from vistarl.trainer.rollout.episode_env import EnvError, EpisodeEnv, env_errors
 from vistarl.trainer.rollout.job import EpisodeJob
 
 if TYPE_CHECKING:
     from vistarl.trainer.rollout.openenv_env import OpenEnvServer
 
-__all__ = [
-    "EnvError",
-    "EnvHandle",
-    "Envs",
-    "EpisodeEnv",
-    "describe_env",
-    "env_errors",
-    "is_openenv",
-    "is_url",
-    "split_size",
-]
+__all__ = ["EnvHandle", "Envs", "describe_env", "is_openenv", "is_url", "split_size"]
 
 log = logging.getLogger(__name__)
-
-
-class EnvError(RuntimeError):
-    """The environment failed: it raised, overran its timeout, or its server failed or is unreachable."""
-
-
-class EpisodeEnv(Protocol):
-    """What an episode plays: one session of an env, reset from the job, stepped with each reply, closed at
-    the end. `system_prompt` is valid once `reset` has returned."""
-
-    system_prompt: str
-
-    async def reset(self, job: EpisodeJob) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Start the job's task: the first observation as a user message, and the env's info."""
-        ...
-
-    async def step(self, text: str) -> tuple[dict[str, Any], StepResponse]:
-        """Send the model's reply: the next observation's message, and the turn (reward, done, info)."""
-        ...
-
-    async def close(self) -> None:
-        """End the session; never raises, safe to call twice."""
-        ...
 
 
 def is_url(spec: str) -> bool:
@@ -232,19 +199,6 @@ class EnvHandle:
                 await self.sessions.close(session_id)
         except EnvError as exc:
             log.warning("could not close session %s: %s", session_id, exc)
-
-
-@contextlib.contextmanager
-def env_errors(what: str) -> Iterator[None]:
-    """Re-raise any failure of an env call (but not cancellation) as `EnvError` naming the call."""
-    try:
-        yield
-    except EnvError:
-        raise
-    except TimeoutError as exc:
-        raise EnvError(f"env {what} timed out") from exc
-    except Exception as exc:
-        raise EnvError(f"env {what} failed: {type(exc).__name__}: {exc}") from exc
 
 
 def _required_message(message: Message | None, what: str) -> dict[str, Any]:

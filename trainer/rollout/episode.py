@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from vistarl.trainer.rollout.engines.base import Engine, GenerateRequest, GenerateResult, policy_version_of
-from vistarl.trainer.rollout.env_handle import EnvError, EpisodeEnv
+from vistarl.trainer.rollout.episode_env import EnvError, EpisodeEnv
 from vistarl.trainer.rollout.job import EpisodeJob, EpisodeSettings
 from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.rollout.rewards import RewardFn, env_reward

@@ -46,7 +46,7 @@ from vistarl.clients.protocol import (
     TextPart,
 )
 from vistarl.trainer.config import OpenEnvAdapter
-from vistarl.trainer.rollout.env_handle import EnvError, env_errors
+from vistarl.trainer.rollout.episode_env import EnvError, env_errors
 from vistarl.trainer.rollout.job import EpisodeJob
 
 __all__ = ["OpenEnvHandle", "OpenEnvServer", "open_server"]

@@ -12,8 +12,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 
 from vistarl.trainer.config import RolloutConfig
 from vistarl.trainer.rollout.engines.base import Engine
-from vistarl.trainer.rollout.env_handle import EnvError, Envs
+from vistarl.trainer.rollout.env_handle import Envs
 from vistarl.trainer.rollout.episode import failed_trajectory, run_episode
+from vistarl.trainer.rollout.episode_env import EnvError
 from vistarl.trainer.rollout.job import EpisodeJob
 from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.rollout.rewards import RewardFn, env_reward

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from transformers import PretrainedConfig
 
-from vistarl.serving.launch import serving_in_loop
+from vistarl.httpserver.launch import serving_in_loop
 from vistarl.trainer.config import TrainConfig
 from vistarl.trainer.rollout.engines.base import Engine
 from vistarl.trainer.rollout.engines.hf import HFEngine

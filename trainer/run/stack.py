@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from vistarl.serving.launch import serve_env
+from vistarl.httpserver.launch import serve_env
 from vistarl.trainer.config import TrainConfig
 from vistarl.trainer.queue import open_queue
 from vistarl.trainer.queue.base import EpisodeQueue

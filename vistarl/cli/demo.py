@@ -156,7 +156,7 @@ def solver_command(
     """Serve Sokoban, play generated levels with a scripted BFS agent over HTTP, and save what it saw."""
     from vistarl.clients.errors import EnvClientError
     from vistarl.clients.http import EnvClient
-    from vistarl.serving.launch import serve_env
+    from vistarl.httpserver.launch import serve_env
 
     run_dir = out or Path("runs") / f"demo-solver-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from vistarl.serving.launch import free_port, stop_process
+from vistarl.httpserver.launch import free_port, stop_process
 
 __all__ = ["env_server", "redis_server", "running_process", "vistarl_cmd", "wait_http"]
 

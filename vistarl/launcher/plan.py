@@ -7,7 +7,8 @@ batch as many requests as the workers run episodes, unless `VISTARL_MAX_BATCH_SI
 rollout workers (spreading their requests over the engines), and `vistarl train` (under torchrun on the
 trainer GPUs, plainly on the CPU) with the NCCL weight sync (over gloo on the CPU), one broadcast to every
 engine. The commands and flags are the compose file's services' (docker-compose.yml), on this host's
-ports, and so are the stop grace periods; an engine waits for the trainer's weights before it generates
+ports, and so are the stop grace periods (copied here: the wheel ships no compose file;
+tests/test_launcher.py holds them equal); an engine waits for the trainer's weights before it generates
 (`--await-weights`), so one that restarts serves nothing else.
 
 Placement (docs/deploy.md, "Placement"): GPUs named for the engines and not the trainer make that split
@@ -33,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from vistarl.httpserver.launch import free_port
 from vistarl.launcher.addresses import is_loopback, reach
-from vistarl.serving.launch import free_port
 from vistarl.trainer.config import ConfigError, TrainConfig, load_config
 
 __all__ = [
@@ -53,7 +54,9 @@ ROLES: tuple[Role, ...] = ("redis", "env", "engine", "workers", "trainer")
 
 LOOPBACK = "127.0.0.1"
 COMPOSE_PORTS = {"redis": 6379, "env": 8000, "engine": 30000, "workers": 9100}
-"""The ports of docker-compose.yml's services, which servers take when they listen beyond loopback."""
+"""The ports of docker-compose.yml's services, which servers take when they listen beyond loopback (held
+equal to the file's by tests/test_launcher.py, as are `STOP_GRACE_S`, `SESSIONS_DB` and
+`WORKER_SHUTDOWN_GRACE_S`)."""
 STOP_GRACE_S = {"redis": 10.0, "env": 20.0, "engine": 10.0, "workers": 45.0, "trainer": 30.0}
 """docker-compose.yml's `stop_grace_period` of each part (10 s, Compose's default, where it sets none); the
 trainer's 30 s are for the checkpoint it saves on SIGTERM, and torchrun's own bound on its ranks' exit."""

@@ -28,7 +28,7 @@ from typing import Protocol
 import msgpack
 
 from vistarl.clients.protocol import ErrorCode
-from vistarl.serving.errors import ServiceError
+from vistarl.httpserver.errors import ServiceError
 
 
 def action_digest(action: str) -> bytes:

@@ -24,8 +24,8 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from vistarl.clients.protocol import ErrorCode
+from vistarl.httpserver.errors import ServiceError
 from vistarl.services.server.store.base import Commit, Retention, Snapshot, StepRecord, StoredAnswer
-from vistarl.serving.errors import ServiceError
 
 T = TypeVar("T")
 

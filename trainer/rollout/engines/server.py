@@ -12,7 +12,7 @@ answers are the shared models of `vistarl.trainer.rollout.engines.sglang_api`; l
 body (an unknown `sampling_params` key, say) gets 400. `POST /v1/chat/completions` is a minimal
 OpenAI-compatible chat completion for agents (`vistarl.trainer.rollout.engines.chat`, docs/agents.md). The
 body-size limit, the optional bearer token (`VISTARL_API_TOKEN`) and the error bodies are those of the env
-servers too (`serving`).
+servers too (`vistarl.httpserver`).
 
 With `await_weights` (`vistarl engine serve --await-weights`, as `vistarl up` starts it) the server
 generates nothing until a weight update completes: `/generate` requests wait, `/health_generate` answers
@@ -39,14 +39,14 @@ from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from vistarl.clients.protocol import ErrorCode
-from vistarl.serving.errors import (
+from vistarl.httpserver.errors import (
     ServiceError,
     describe_validation_errors,
     error_response,
     install_error_handlers,
 )
-from vistarl.serving.guard import RequestGuard
-from vistarl.serving.metrics import ServingMetrics
+from vistarl.httpserver.guard import RequestGuard
+from vistarl.httpserver.metrics import ServingMetrics
 from vistarl.trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
 from vistarl.trainer.rollout.engines.chat import (
     ChatCompletion,

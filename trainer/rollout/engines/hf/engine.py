@@ -2,13 +2,14 @@
 
 Requests queue up; one background task takes up to `max_batch_size` of them at once and decodes them
 together (`batch.py`): one prompt pass over the prompts packed in one row, then one token per step for every
-live row from a shared KV cache (`rows.py`: grown per step, or static on a GPU), each row
-with its own sampling params (`sampling.py`). Rows leave the batch as they finish, and requests that arrive
-meanwhile join it between steps, up to `max_batch_size` rows, unless a weight update or a cache flush is
-waiting for the batch to end. Before a batch starts, the loop waits while requests keep arriving (every
-`batch_wait_s`, up to `max_batch_wait_s`), so the episodes of a rollout step that reach the engine together
-prefill together. The keys and values of finished requests stay in a prefix cache (`prefix_cache.py`), so a
-conversation's next turn prefills only what it adds; weight updates and `flush_cache` empty it.
+live row from a shared KV cache (`rows.py`: grown per step in `dynamic_rows.py`, or static on a GPU in
+`static_decoder.py`), each row with its own sampling params (`sampling.py`). Rows leave the batch as they
+finish, and requests that arrive meanwhile join it between steps, up to `max_batch_size` rows, unless a
+weight update or a cache flush is waiting for the batch to end. Before a batch starts, the loop waits
+while requests keep arriving (every `batch_wait_s`, up to `max_batch_wait_s`), so the episodes of a rollout
+step that reach the engine together prefill together. The keys and values of finished requests stay in a
+prefix cache (`prefix_cache.py`), so a conversation's next turn prefills only what it adds; weight updates
+and `flush_cache` empty it.
 
 A request is made ready off the model thread (`prompts.py`: ids checked, images decoded, positions found).
 A batch runs whole on one dedicated model thread, which takes joining requests from the queue between
@@ -43,10 +44,11 @@ from vistarl.trainer.modeling.attention import SEQUENCE_SDPA_ATTENTION, VARLEN_A
 from vistarl.trainer.modeling.device import use_device
 from vistarl.trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
 from vistarl.trainer.rollout.engines.hf.batch import BatchRun, EngineStats, Job
+from vistarl.trainer.rollout.engines.hf.dynamic_rows import DynamicRows
 from vistarl.trainer.rollout.engines.hf.loading import eos_ids, load_model, static_decoder
 from vistarl.trainer.rollout.engines.hf.prefix_cache import PrefixCache
 from vistarl.trainer.rollout.engines.hf.prompts import PromptRules
-from vistarl.trainer.rollout.engines.hf.rows import DecodeRows, DynamicRows
+from vistarl.trainer.rollout.engines.hf.rows import DecodeRows
 from vistarl.trainer.rollout.engines.hf.sampling import RowSampling
 from vistarl.trainer.rollout.engines.sglang_api import FinishReason, PauseMode, SamplingParams
 from vistarl.trainer.rollout.processor import VLProcessor, checkpoint_dir

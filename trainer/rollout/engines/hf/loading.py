@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForImageTextToText, PreTrainedModel
 
-from vistarl.trainer.rollout.engines.hf.rows import StaticDecoder
+from vistarl.trainer.rollout.engines.hf.static_decoder import StaticDecoder
 from vistarl.trainer.rollout.processor import VLProcessor
 
 DEFAULT_STATIC_CACHE_LEN = 4096

@@ -1,6 +1,6 @@
 """An env worker process: hosts the envs of some sessions for a server's `ProcessEnvPool`.
 
-    python -m vistarl.services.server.env_worker vistarl.services.sokoban [--max-image-bytes N]
+    python -m vistarl.services.server.worker_process vistarl.services.sokoban [--max-image-bytes N]
     [--max-image-pixels N]
         [--export-state]
 
@@ -33,11 +33,11 @@ from typing import Any, BinaryIO
 import msgpack
 
 from vistarl.clients.protocol import ErrorCode, Observation
+from vistarl.httpserver.errors import ServiceError
 from vistarl.services.env_api import load_env_factory
-from vistarl.services.server.env_work import EnvHost, guarded, task_from_payload
+from vistarl.services.server.env_calls import EnvHost, guarded, task_from_payload
 from vistarl.services.server.gc_tuning import collect_garbage_less_often
 from vistarl.services.server.malloc_tuning import keep_freed_memory
-from vistarl.serving.errors import ServiceError
 
 READ_CHUNK = 1 << 16
 MAX_CALL_BYTES = 1 << 28

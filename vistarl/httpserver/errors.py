@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from vistarl.clients.protocol import ERROR_STATUS, ErrorCode, ErrorResponse
-from vistarl.serving.metrics import ServingMetrics
+from vistarl.httpserver.metrics import ServingMetrics
 
 logger = logging.getLogger(__name__)
 

@@ -23,6 +23,7 @@ from pydantic_core import to_json
 
 from vistarl.clients.images import ImageError
 from vistarl.clients.protocol import ErrorCode, FormatResponse, Observation, ResetResponse, StepResponse
+from vistarl.httpserver.errors import ServiceError
 from vistarl.services.env_api import Env, EnvFactory, checked_step
 from vistarl.services.server.encoding import (
     json_safe,
@@ -30,7 +31,6 @@ from vistarl.services.server.encoding import (
     observation_from_wire,
     observation_to_wire,
 )
-from vistarl.serving.errors import ServiceError
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,17 @@ class Stepped(NamedTuple):
     done: bool
     reply: Reply[StepResponse]
     state: bytes | None
+
+
+class EnvGoneError(ServiceError):
+    """A 500 after which the session's env cannot be used again: the caller forgets it here."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.INTERNAL, message)
+
+
+class EnvLostError(EnvGoneError):
+    """The env was gone before the call was sent (its worker had died), so the call did nothing."""
 
 
 class EnvHost:

@@ -108,7 +108,7 @@ async def serving_in_loop(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     server = uvicorn.Server(uvicorn.Config(app, **config))
-    task = asyncio.create_task(server.serve(sockets=[sock]), name="vistarl-serving")
+    task = asyncio.create_task(server.serve(sockets=[sock]), name="vistarl-httpserver")
     try:
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
         while not server.started:

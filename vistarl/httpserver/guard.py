@@ -21,8 +21,8 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vistarl.clients.protocol import ErrorCode
-from vistarl.serving.errors import error_response
-from vistarl.serving.metrics import ServingMetrics
+from vistarl.httpserver.errors import error_response
+from vistarl.httpserver.metrics import ServingMetrics
 
 NO_TOKEN = "missing or invalid bearer token"
 
