@@ -7,6 +7,7 @@ import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -14,6 +15,9 @@ from tests.client_kinds import BlockingAsyncClient, Client
 from tests.servers import wait_until
 from vistarl.clients import EnvClient
 from vistarl.devtools.servers import redis_server
+
+if TYPE_CHECKING:
+    from tests.hf_models import Loaded
 
 if "PYTEST_XDIST_WORKER" in os.environ:
     # Workers share the cores: torch in each (and in the processes it starts) runs one thread, where a pool
@@ -97,6 +101,22 @@ def tiny_qwen25(tiny_checkpoints: dict[str, Path]) -> Path:
 def tiny_qwen3(tiny_checkpoints: dict[str, Path]) -> Path:
     """The tiny Qwen3-VL checkpoint directory."""
     return tiny_checkpoints["qwen3_vl"]
+
+
+@pytest.fixture(scope="module")
+def qwen25(tiny_qwen25: Path) -> Loaded:
+    """The tiny Qwen2.5-VL in fp32 with its processor, loaded once a module (tests/hf_models.py)."""
+    from tests.hf_models import load
+
+    return load(tiny_qwen25)
+
+
+@pytest.fixture(scope="module")
+def qwen3(tiny_qwen3: Path) -> Loaded:
+    """The tiny Qwen3-VL in fp32 with its processor, loaded once a module."""
+    from tests.hf_models import load
+
+    return load(tiny_qwen3)
 
 
 @pytest.fixture(scope="module")

@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForImageTextToText, PreTrainedModel
 
+from tests.hf_models import Loaded
 from tests.vl_samples import noise_image
 from vistarl.clients.images import encode_image
 from vistarl.trainer.learner.logprobs import sequence_logprobs
@@ -23,23 +22,7 @@ from vistarl.trainer.rollout.engines.hf.engine import arrivals_settled
 from vistarl.trainer.rollout.engines.sglang_api import SamplingParams
 from vistarl.trainer.rollout.processor import VLProcessor
 
-Loaded = tuple[PreTrainedModel, VLProcessor]
 ATOL = 1e-4
-
-
-def load(path: Path) -> Loaded:
-    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
-    return model, VLProcessor.from_pretrained(path)
-
-
-@pytest.fixture(scope="module")
-def qwen25(tiny_qwen25: Path) -> Loaded:
-    return load(tiny_qwen25)
-
-
-@pytest.fixture(scope="module")
-def qwen3(tiny_qwen3: Path) -> Loaded:
-    return load(tiny_qwen3)
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
-from transformers import AutoModelForImageTextToText, PreTrainedModel
 
+from tests.hf_models import Loaded
 from tests.vl_samples import noise_image
 from vistarl.clients.images import encode_image
 from vistarl.trainer.rollout.engines.base import GenerateRequest, GenerateResult
@@ -26,7 +26,6 @@ from vistarl.trainer.rollout.engines.server import EngineServerSettings, create_
 from vistarl.trainer.rollout.engines.sglang_api import SamplingParams
 from vistarl.trainer.rollout.processor import VLProcessor
 
-Loaded = tuple[PreTrainedModel, VLProcessor]
 ATOL = 1e-4
 PAD = 7  # the image pad of the unit tests' keys
 
@@ -107,21 +106,6 @@ def test_the_least_recently_used_entry_goes_first_and_an_extended_one_at_once() 
 # --- on the tiny checkpoints ---------------------------------------------------------------------------
 
 SYSTEM = "You push boxes onto the targets of a grid of walls. Answer with one move (up, down, left or right)."
-
-
-def load(path: Path) -> Loaded:
-    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
-    return model, VLProcessor.from_pretrained(path)
-
-
-@pytest.fixture(scope="module")
-def qwen25(tiny_qwen25: Path) -> Loaded:
-    return load(tiny_qwen25)
-
-
-@pytest.fixture(scope="module")
-def qwen3(tiny_qwen3: Path) -> Loaded:
-    return load(tiny_qwen3)
 
 
 def picture(seed: int, size: tuple[int, int] = (56, 56)) -> str:
