@@ -31,6 +31,7 @@ SLOW_FIRST = (
     "test_eval.py",
     "test_train_cli.py",
     "test_trl.py",
+    "test_openenv_validate.py",
     "test_engine_serve.py",
     "test_fsdp.py",
     "test_engine_hf.py",
@@ -44,6 +45,9 @@ SLOW_FIRST = (
     "test_rollout_hf.py",
     "test_fsdp_models.py",
     "test_vision_passes.py",
+    "test_optimizers.py",
+    "test_memory_budget.py",
+    "test_up_preflight.py",
 )
 """The files that take longest, dealt to xdist workers first (`--dist loadfile`), so that none of them
 starts last and keeps one worker busy after the others are done."""
