@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from vistarl.services.sokoban import SokobanOptions, build_env
 from vistarl.services.sokoban.game import TARGET, Game
 from vistarl.services.sokoban.generator import MAX_BOXES, GenerationError, generate_level, limits
+from vistarl.services.sokoban.levels import generated_level
 from vistarl.services.sokoban.reverse_play import reverse_walk, room
 from vistarl.services.sokoban.solver import solve_bfs
 
@@ -38,29 +39,17 @@ def valid_configs(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
-def generate(options: SokobanOptions, seed: int) -> Any:
-    """The generator called as the env calls it."""
-    return generate_level(
-        seed,
-        options.shape,
-        options.num_boxes,
-        options.wall_fraction,
-        options.min_solution_len,
-        options.max_moves,
-    )
-
-
 @settings(max_examples=40, deadline=None)
 @given(config=valid_configs(), seed=SEEDS)
 def test_every_valid_config_gives_a_level_for_any_seed(config: dict[str, Any], seed: int) -> None:
     options = SokobanOptions.model_validate(config)
-    generated = generate(options, seed)
+    generated = generated_level(options, seed)
     level = generated.level
     assert level.shape == options.shape and len(level.boxes) == options.num_boxes == len(level.targets)
     assert all(level.grid[r][c] != TARGET for r, c in level.boxes)
     assert Game(level).play(generated.solution)
     assert options.min_solution_len <= len(generated.solution) <= options.max_moves
-    assert generate(options, seed) == generated
+    assert generated_level(options, seed) == generated
     env = build_env(seed=seed, **config)
     assert env.level == level and env.optimal_moves == len(generated.solution)
 
