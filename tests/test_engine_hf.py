@@ -283,23 +283,56 @@ async def test_captured_steps_replay_as_eager_ones_across_batches_and_joins(
 ) -> None:
     """On a GPU, decode steps captured in CUDA graphs give the tokens and logprobs of the same steps run
     eagerly: in a second batch, whose prompt pass runs after the graphs were captured, and when queued rows
-    join the slots that finished rows freed."""
+    join the slots that finished rows freed.
+
+    Every request is queued before the first batch starts (`queued_together`), so both paths run the same
+    batches, joins and prompt passes. Left to arrive as their prompts were prepared, the rows fell into
+    batches by timing: a different packing of a prompt pass rounds differently, and at a near tie of a random
+    model the eager path's own ids changed from run to run (docs/engines.md, "GPU tests")."""
     model, processor = request.getfixturevalue("qwen25" if arch == "qwen2_5_vl" else "qwen3")
     on_gpu = copy.deepcopy(model).cuda()
     requests = mixed_requests(processor)
     results = {}
     for graphs in (False, True):
         engine = HFEngine(on_gpu, processor, max_batch_size=3, batch_wait_s=0.0, cuda_graphs=graphs)
-        results[graphs] = [
-            result
-            for _ in range(2)
-            for result in await asyncio.gather(*(engine.generate(r) for r in requests))
-        ]
+        results[graphs] = [result for _ in range(2) for result in await queued_together(engine, requests)]
         await engine.close()
         assert engine.stats.batches >= 2 and engine.stats.static_batches == engine.stats.batches
     for eager, captured in zip(results[False], results[True], strict=True):
         assert captured.output_ids == eager.output_ids
         np.testing.assert_allclose(captured.logprobs, eager.logprobs, atol=ATOL)
+
+
+async def test_requests_queued_together_run_the_same_batches_every_time(request: pytest.FixtureRequest) -> None:
+    """Queued while the engine is paused, the same requests run the same batches, joins and prompt passes
+    each time, whatever the time each prompt took to prepare: what the GPU test above relies on."""
+    model, processor = request.getfixturevalue("qwen25")
+    requests = mixed_requests(processor)
+    runs = []
+    for _ in range(2):
+        engine = HFEngine(model, processor, max_batch_size=3, batch_wait_s=0.0, static_cache_len=300)
+        results = await queued_together(engine, requests)
+        await engine.close()
+        stats = engine.stats
+        runs.append(([r.output_ids for r in results], stats.batches, stats.joins, stats.prompt_passes))
+    assert runs[0] == runs[1]
+    _, batches, joins, passes = runs[0]
+    assert (batches, joins, passes) == (1, passes - 1, passes) and passes >= 2
+
+
+async def queued_together(engine: HFEngine, requests: list[GenerateRequest]) -> list[GenerateResult]:
+    """`requests`' results, every one queued while the engine was paused: its batches and joins then follow
+    from the rows alone, not from when each prompt was ready."""
+    await engine.pause_generation("in_place")
+    calls = [asyncio.ensure_future(engine.generate(r)) for r in requests]
+
+    async def all_queued() -> None:
+        while engine.queued < len(requests):
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(all_queued(), timeout=60)
+    await engine.continue_generation()
+    return list(await asyncio.gather(*calls))
 
 
 @pytest.mark.parametrize("cache_len", [None, 200])

@@ -13,11 +13,13 @@ import functools
 import hashlib
 import io
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import cachetools
 import numpy as np
 import torch
 from PIL import Image
@@ -33,7 +35,7 @@ Grid = tuple[int, int, int]
 MAX_IMAGE_BYTES = 32 * 1024 * 1024
 MAX_IMAGE_PIXELS = 64 * 1024 * 1024
 _HEADER_CHARS = 4096  # base64 characters read for a header: a multiple of 4
-PIXEL_CACHE_SIZE = 64  # data URLs whose pixel inputs a processor keeps (a rollout step's distinct images)
+PIXEL_CACHE_BYTES = 1 << 30  # pixel inputs a processor keeps, by data URL: every image of a rollout step
 CONTENT_KEY_CACHE_SIZE = 1024  # data URLs whose content keys a processor keeps (every turn resends them all)
 
 
@@ -74,6 +76,13 @@ class PixelInputs:
     image_grid_thw: torch.Tensor
 
 
+def concat_pixels(parts: Sequence[PixelInputs]) -> PixelInputs:
+    """The pixel inputs of several images as one batch, in order."""
+    return PixelInputs(
+        torch.cat([p.pixel_values for p in parts]), torch.cat([p.image_grid_thw for p in parts])
+    )
+
+
 class VLProcessor:
     """Tokenizer + image processor of one checkpoint, loaded through `from_pretrained`."""
 
@@ -81,7 +90,10 @@ class VLProcessor:
         self.tokenizer = tokenizer
         self.image_processor = image_processor
         self.ids = SpecialIds.from_tokenizer(tokenizer)
-        self._cached_pixels = functools.lru_cache(maxsize=PIXEL_CACHE_SIZE)(self._pixels)
+        pixels: cachetools.LRUCache[str, PixelInputs] = cachetools.LRUCache(
+            PIXEL_CACHE_BYTES, getsizeof=lambda p: max(1, p.pixel_values.nbytes)
+        )
+        self._cached_pixels = cachetools.cached(pixels, lock=threading.Lock())(self._pixels)
         self._cached_content_key = functools.lru_cache(maxsize=CONTENT_KEY_CACHE_SIZE)(self._content_key)
         self.patch_size = int(image_processor.patch_size)  # type: ignore[attr-defined]
         self.merge_size = int(image_processor.merge_size)  # type: ignore[attr-defined]
@@ -133,18 +145,21 @@ class VLProcessor:
         return out
 
     def pixel_inputs(self, images: Sequence[ImageLike]) -> PixelInputs:
-        """Preprocess images (in pad order) into `pixel_values` and `image_grid_thw`.
-
-        Each image is preprocessed on its own, a data URL once for the last `PIXEL_CACHE_SIZE` seen (the
-        samples of a GRPO group share their first observation, and the engine and the trainer both ask).
-        """
-        parts = [self._cached_pixels(img) if isinstance(img, str) else self._pixels(img) for img in images]
+        """Preprocess images (in pad order) into `pixel_values` and `image_grid_thw` (`image_inputs`,
+        concatenated)."""
+        parts = self.image_inputs(images)
         if not parts:
             out = self.image_processor(images=[], return_tensors="pt")  # type: ignore[operator]
             return PixelInputs(pixel_values=out["pixel_values"], image_grid_thw=out["image_grid_thw"])
-        return PixelInputs(
-            torch.cat([p.pixel_values for p in parts]), torch.cat([p.image_grid_thw for p in parts])
-        )
+        return concat_pixels(parts)
+
+    def image_inputs(self, images: Sequence[ImageLike]) -> list[PixelInputs]:
+        """Each image's pixel inputs, preprocessed on its own; a data URL's once while it is among the last
+        `PIXEL_CACHE_BYTES` of inputs used: the samples of a GRPO group share their first observation, every
+        turn of an episode resends the earlier turns' images, and the engine and the trainer both ask. A
+        count of entries would not do: a step of 16 eight-turn episodes holds 128 images, and a cache of
+        fewer misses on every one of them, turn after turn."""
+        return [self._cached_pixels(img) if isinstance(img, str) else self._pixels(img) for img in images]
 
     def content_keys(self, images: Sequence[ImageLike]) -> list[int]:
         """A 63-bit key of each image's content: a hash of the pixel inputs the vision tower takes and their

@@ -279,12 +279,16 @@ class EngineCollector(Collector):
             ),
             ("prompt_seconds", "Seconds in prompt passes, their first tokens read.", stats.prompt_s),
             ("batch_seconds", "Seconds of the batches, their prompt passes included.", stats.batch_s),
+            ("decode_steps", "Decode steps, one token for each live row.", stats.decode_steps),
             ("generated_tokens", "Tokens generated.", stats.generated_tokens),
         )
         for name, documentation, value in counters:
             yield CounterMetricFamily(f"vistarl_engine_{name}", documentation, value=value)
         yield GaugeMetricFamily(
             "vistarl_engine_largest_batch", "The most rows a batch held.", stats.largest_batch
+        )
+        yield GaugeMetricFamily(
+            "vistarl_engine_queued_requests", "Requests waiting for a batch.", self.engine.queued
         )
         cache = self.engine.prefix_cache
         yield GaugeMetricFamily(

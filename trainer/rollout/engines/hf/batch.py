@@ -81,6 +81,7 @@ class EngineStats:
     computed_prompt_tokens: int = 0  # through the prompt passes
     prompt_s: float = 0.0
     batch_s: float = 0.0  # the batches' whole time, their prompt passes included
+    decode_steps: int = 0  # steps launched, each one token for every live row
     generated_tokens: int = 0
 
 
@@ -120,6 +121,7 @@ class BatchRun:
                 if not live:
                     return
                 step = (live, rows.launch(live))
+                self.stats.decode_steps += 1
                 if launched is not None:
                     live = self._settle(live, rows, *launched)
                 launched = step

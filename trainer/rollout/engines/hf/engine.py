@@ -164,6 +164,12 @@ class HFEngine:
     def weight_version(self) -> str:
         return self._weight_version
 
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a batch: prepared, not yet taken into one."""
+        with self._queue_lock:
+            return len(self._queue)
+
     # --- requests ---------------------------------------------------------------------------------
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:

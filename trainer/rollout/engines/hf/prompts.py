@@ -14,7 +14,7 @@ from transformers import PreTrainedModel
 from vistarl.clients.errors import ImageError
 from vistarl.trainer.rollout.engines.base import EngineRequestError, GenerateRequest
 from vistarl.trainer.rollout.engines.hf.prefix_cache import PromptKey
-from vistarl.trainer.rollout.processor import PixelInputs, VLProcessor
+from vistarl.trainer.rollout.processor import PixelInputs, VLProcessor, concat_pixels
 
 
 @dataclass(frozen=True)
@@ -29,12 +29,12 @@ class Rest:
 
 @dataclass(frozen=True)
 class Prompt:
-    """A request made ready for the model: expanded ids, pixel inputs, the ids that stop it, its mRoPE
-    positions `[3, 1, L]` (from 0) with the offset of the positions after it from its length, its key in the
-    prefix cache, and where each image's pads begin."""
+    """A request made ready for the model: expanded ids, each image's pixel inputs, the ids that stop it, its
+    mRoPE positions `[3, 1, L]` (from 0) with the offset of the positions after it from its length, its key
+    in the prefix cache, and where each image's pads begin."""
 
     input_ids: list[int]
-    pixels: PixelInputs | None
+    images: tuple[PixelInputs, ...]
     stop_ids: frozenset[int]
     positions: torch.Tensor
     rope_delta: int
@@ -42,15 +42,10 @@ class Prompt:
     image_starts: tuple[int, ...]
 
     def rest(self, start: int) -> Rest:
-        """The prompt from token `start` on, which splits no image (`prefix_cache` reuses whole images)."""
-        first = bisect.bisect_left(self.image_starts, start)
-        pixels = self.pixels
-        if pixels is not None and first > 0:
-            patches = int(pixels.image_grid_thw[:first].prod(-1).sum())
-            kept = first < len(self.image_starts)
-            pixels = (
-                PixelInputs(pixels.pixel_values[patches:], pixels.image_grid_thw[first:]) if kept else None
-            )
+        """The prompt from token `start` on, which splits no image (`prefix_cache` reuses whole images): only
+        its own images' pixel inputs are put together, not those of the turns before it."""
+        rest = self.images[bisect.bisect_left(self.image_starts, start) :]
+        pixels = concat_pixels(rest) if rest else None
         return Rest(self.input_ids[start:], self.positions[:, :, start:], pixels)
 
 
@@ -77,16 +72,18 @@ class PromptRules:
                 f"engine_ids hold {pads} <|image_pad|> tokens for {len(request.images)} images; "
                 "send exactly one pad per image (single-pad engine_ids)"
             )
-        pixels = None
+        images: list[PixelInputs] = []
         input_ids = list(ids)
         image_keys: list[int] = []
         if request.images:
             try:
-                pixels = self.processor.pixel_inputs(request.images)
+                images = self.processor.image_inputs(request.images)
                 image_keys = self.processor.content_keys(request.images)
             except (ImageError, OSError, ValueError) as exc:
                 raise EngineRequestError(f"bad image: {exc}") from exc
-            input_ids = self.processor.expand_image_pads(ids, pixels.image_grid_thw.tolist())
+        grid_thw = torch.cat([image.image_grid_thw for image in images]) if images else None
+        if grid_thw is not None:
+            input_ids = self.processor.expand_image_pads(ids, grid_thw.tolist())
         if len(input_ids) >= self.max_context_len:
             raise EngineRequestError(
                 f"prompt of {len(input_ids)} tokens does not fit the context of {self.max_context_len}"
@@ -97,17 +94,17 @@ class PromptRules:
         positions, delta = self.model.model.get_rope_index(
             row,
             mm_token_type_ids=(row == self.processor.ids.image_pad).int(),
-            image_grid_thw=pixels.image_grid_thw if pixels is not None else None,
+            image_grid_thw=grid_thw,
         )
-        key, starts = self._key(input_ids, pixels, image_keys)
-        return Prompt(input_ids, pixels, stop_ids, positions, int(delta), key, starts)
+        key, starts = self._key(input_ids, grid_thw, image_keys)
+        return Prompt(input_ids, tuple(images), stop_ids, positions, int(delta), key, starts)
 
     def _key(
-        self, input_ids: list[int], pixels: PixelInputs | None, image_keys: list[int]
+        self, input_ids: list[int], grid_thw: torch.Tensor | None, image_keys: list[int]
     ) -> tuple[PromptKey, tuple[int, ...]]:
         """The expanded prompt's key in the prefix cache, and where each image's pads begin."""
         merged = self.processor.merge_size**2
-        per_image = [] if pixels is None else [int(n) // merged for n in pixels.image_grid_thw.prod(-1)]
+        per_image = [] if grid_thw is None else [int(n) // merged for n in grid_thw.prod(-1)]
         key = PromptKey.of(input_ids, self.processor.ids.image_pad, image_keys, per_image)
         pads = np.flatnonzero(key.tokens < 0)
         return key, tuple(int(pads[i]) for i in np.cumsum([0, *per_image[:-1]])) if per_image else ()
