@@ -303,9 +303,11 @@ async def test_captured_steps_replay_as_eager_ones_across_batches_and_joins(
         np.testing.assert_allclose(captured.logprobs, eager.logprobs, atol=ATOL)
 
 
-async def test_requests_queued_together_run_the_same_batches_every_time(request: pytest.FixtureRequest) -> None:
-    """Queued while the engine is paused, the same requests run the same batches, joins and prompt passes
-    each time, whatever the time each prompt took to prepare: what the GPU test above relies on."""
+async def test_requests_queued_together_run_the_same_batches_every_time(
+    request: pytest.FixtureRequest,
+) -> None:
+    """Queued in order while the engine is paused, the same requests run the same batches, joins and prompt
+    passes each time, whatever the time each prompt took to prepare: what the GPU test above relies on."""
     model, processor = request.getfixturevalue("qwen25")
     requests = mixed_requests(processor)
     runs = []
@@ -321,16 +323,19 @@ async def test_requests_queued_together_run_the_same_batches_every_time(request:
 
 
 async def queued_together(engine: HFEngine, requests: list[GenerateRequest]) -> list[GenerateResult]:
-    """`requests`' results, every one queued while the engine was paused: its batches and joins then follow
-    from the rows alone, not from when each prompt was ready."""
+    """`requests`' results, queued in order (each prompt is prepared on a thread of its own, so together they
+    would queue in the order their preparations ended) while the engine was paused: its batches and joins
+    then follow from the rows alone, not from when each prompt was ready."""
     await engine.pause_generation("in_place")
-    calls = [asyncio.ensure_future(engine.generate(r)) for r in requests]
+    calls = []
 
-    async def all_queued() -> None:
-        while engine.queued < len(requests):
+    async def queued(count: int) -> None:
+        while engine.queued < count:
             await asyncio.sleep(0.01)
 
-    await asyncio.wait_for(all_queued(), timeout=60)
+    for count, r in enumerate(requests, start=1):
+        calls.append(asyncio.ensure_future(engine.generate(r)))
+        await asyncio.wait_for(queued(count), timeout=60)
     await engine.continue_generation()
     return list(await asyncio.gather(*calls))
 

@@ -56,6 +56,9 @@ def test_one_step_of_the_tiny_sokoban_config_leaves_a_complete_run_directory(
     for key in ("reward/mean", "train/logprob_abs_diff", "train/grad_norm", "train/entropy", "time/rollout"):
         assert key in record
     assert record["train/logprob_abs_diff"] < 1e-3, "the embedded engine and the trainer disagree"
+    assert record["engine/prompt_passes"] >= 1 and record["engine/decode_steps"] >= 1
+    assert 0 < record["engine/prompt_share"] < 1 and record["engine/decode_step_ms"] > 0
+    assert 1 <= record["engine/rows_per_step"] <= 8, "a decode step runs one to eight episodes' rows"
 
     with Image.open(run_dir / "reward_curve.png") as curve:
         assert curve.width > 100

@@ -7,10 +7,11 @@ from collections import Counter, defaultdict
 
 import torch
 
+from vistarl.trainer.rollout.engines.hf.batch import EngineStats
 from vistarl.trainer.rollout.trajectory import Status
 from vistarl.trainer.run.stack import Gathered, Stack
 
-__all__ = ["endings", "left_out", "outcomes", "rollout_metrics", "throughput"]
+__all__ = ["endings", "engine_metrics", "left_out", "outcomes", "rollout_metrics", "throughput"]
 
 ERRORS_SHOWN = 2
 ERROR_CHARS = 200
@@ -41,6 +42,8 @@ def rollout_metrics(gathered: Gathered, stack: Stack) -> dict[str, float]:
     }
     for index, requests in enumerate(stack.engine_requests()):  # how a pool spread the step's generation
         metrics[f"rollout/engine_requests/{index}"] = float(requests)
+    if (stats := stack.engine_stats()) is not None:
+        metrics.update(engine_metrics(stats))
     statuses = Counter(t.status for t in trajectories)
     for status in Status:
         metrics[f"rollout/status/{status.value}"] = float(statuses.get(status, 0))
@@ -52,6 +55,24 @@ def rollout_metrics(gathered: Gathered, stack: Stack) -> dict[str, float]:
     if usable:
         metrics.update(_usable_metrics(gathered))
     return {k: v for k, v in metrics.items() if math.isfinite(v)}
+
+
+def engine_metrics(stats: EngineStats) -> dict[str, float]:
+    """Where an in-process engine's time went over a step (`stats`: its counters over the step): the prompt
+    passes' share of its batches' time, the prefix cache's share of the prompt tokens, and the mean decode
+    step's milliseconds and live rows (the tokens the steps drew: all but each request's first)."""
+    metrics = {
+        "engine/prompt_passes": float(stats.prompt_passes),
+        "engine/decode_steps": float(stats.decode_steps),
+    }
+    if stats.batch_s > 0:
+        metrics["engine/prompt_share"] = stats.prompt_s / stats.batch_s
+    if stats.prompt_tokens:
+        metrics["engine/cached_share"] = stats.cached_prompt_tokens / stats.prompt_tokens
+    if stats.decode_steps:
+        metrics["engine/decode_step_ms"] = 1000 * (stats.batch_s - stats.prompt_s) / stats.decode_steps
+        metrics["engine/rows_per_step"] = (stats.generated_tokens - stats.rows) / stats.decode_steps
+    return metrics
 
 
 def _usable_metrics(gathered: Gathered) -> dict[str, float]:

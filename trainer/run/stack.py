@@ -35,6 +35,8 @@ from vistarl.trainer.queue.base import EpisodeQueue
 from vistarl.trainer.queue.consumer import ResultConsumer
 from vistarl.trainer.queue.worker import Worker
 from vistarl.trainer.rollout.engines.base import Engine
+from vistarl.trainer.rollout.engines.hf import HFEngine
+from vistarl.trainer.rollout.engines.hf.batch import EngineStats
 from vistarl.trainer.rollout.engines.loading import POOLED_RETRY_DEADLINE_S, make_engine
 from vistarl.trainer.rollout.engines.pool import EnginePool
 from vistarl.trainer.rollout.engines.sglang import SGLangEngine
@@ -98,6 +100,7 @@ class Stack:
     _keys: dict[str, str] = field(default_factory=dict, init=False)
     _batches: dict[str, Gathered] = field(default_factory=dict, init=False)
     _requests_seen: list[int] = field(default_factory=list, init=False)
+    _engine_seen: EngineStats = field(default_factory=EngineStats, init=False)
 
     def __post_init__(self) -> None:
         self._consumer = ResultConsumer(self.queue)
@@ -156,6 +159,17 @@ class Stack:
         self._requests_seen = list(engine.sent)
         taken = [now - before for now, before in zip(engine.sent, seen, strict=True)]
         return taken if any(taken) else []
+
+    def engine_stats(self) -> EngineStats | None:
+        """The counters of this process's HF engines (an embedded engine, or a pool's colocated ones) since
+        the last call, together; None with no such engine (a server's are at its `/metrics`)."""
+        engines = self.engine.members if isinstance(self.engine, EnginePool) else [self.engine]
+        local = [engine.stats for engine in engines if isinstance(engine, HFEngine)]
+        if not local:
+            return None
+        now = EngineStats.total(local)
+        seen, self._engine_seen = self._engine_seen, now
+        return now.since(seen)
 
     def lag(self, trajectory: Trajectory) -> int:
         """Policy versions between the trajectory's policy and the trainer's; a negative lag is an error."""

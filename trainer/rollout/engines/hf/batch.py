@@ -18,8 +18,8 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -83,6 +83,17 @@ class EngineStats:
     batch_s: float = 0.0  # the batches' whole time, their prompt passes included
     decode_steps: int = 0  # steps launched, each one token for every live row
     generated_tokens: int = 0
+
+    def since(self, earlier: EngineStats) -> EngineStats:
+        """What was counted after `earlier` (a copy taken then); `largest_batch` is the largest since ever."""
+        delta = {f.name: getattr(self, f.name) - getattr(earlier, f.name) for f in fields(self)}
+        return EngineStats(**{**delta, "largest_batch": self.largest_batch})
+
+    @classmethod
+    def total(cls, parts: Sequence[EngineStats]) -> EngineStats:
+        """Several engines' counters together; `largest_batch` is the largest of theirs."""
+        summed = {f.name: sum(getattr(part, f.name) for part in parts) for f in fields(cls)}
+        return cls(**{**summed, "largest_batch": max((p.largest_batch for p in parts), default=0)})
 
 
 @dataclass
