@@ -283,6 +283,13 @@ class RolloutConfig(_Section):
     prefix_cache_mb: int = Field(
         default=8192, ge=1, description="the prefix cache's bound in MiB on the engine's device (LRU)"
     )
+    gil_switch_ms: float = Field(
+        default=1.0,
+        ge=0,
+        description="with the embedded engine on a GPU, the process's GIL switch interval at most this: its "
+        "model thread takes the GIL back at every decode step, which Python's 5 ms interval delays while "
+        "the rollout's envs and prompts run Python (0: leave Python's)",
+    )
     queue: str | None = Field(default=None, pattern=r"^(redis|rediss|unix)://\S+$")
     local_workers: int = Field(default=1, ge=0, description="in-process rollout workers; 0: external ones")
     collect_timeout_s: float = Field(default=1800.0, gt=0, description="longest wait for one step's episodes")

@@ -30,6 +30,7 @@ import collections
 import contextlib
 import functools
 import logging
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -60,6 +61,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_BATCH_SIZE = 8
 DEFAULT_MAX_BATCH_WAIT_S = 0.1
 DEFAULT_PREFIX_CACHE_MB = 8192
+DEFAULT_GIL_SWITCH_MS = 1.0
 HEALTH_TIMEOUT_S = 30.0
 
 
@@ -80,16 +82,24 @@ class HFEngine:
         cuda_graphs: bool = True,
         static_cache_len: int | None = None,
         prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB,
+        gil_switch_ms: float = DEFAULT_GIL_SWITCH_MS,
     ) -> None:
         """On a GPU the engine decodes from a static KV cache of `static_cache_len` positions a row
         (default: the context, at most 4,096); `cuda_graphs` captures each step in a CUDA graph and
         replays it (off: eager steps). On the CPU a `static_cache_len` decodes from the same static cache,
         eagerly; none: HF's eager decode over a growing cache. Finished requests' keys and values stay in a
-        prefix cache of at most `prefix_cache_mb` MiB on the model's device (0: none)."""
+        prefix cache of at most `prefix_cache_mb` MiB on the model's device (0: none).
+
+        On a GPU the model thread takes the GIL back at every decode step, and while another thread of the
+        process runs Python (the event loop's envs, prompts, HTTP) the interpreter hands it over only every
+        switch interval, 5 ms by default: `gil_switch_ms` lowers the process's interval to at most that
+        (0: leave it as it is)."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0 (0: no prefix cache), got {prefix_cache_mb}")
+        if gil_switch_ms < 0:
+            raise ValueError(f"gil_switch_ms must be >= 0 (0: leave Python's), got {gil_switch_ms}")
         self.model = model.eval()
         self.processor = processor
         self.max_batch_size = max_batch_size
@@ -97,6 +107,8 @@ class HFEngine:
         self.max_batch_wait_s = max_batch_wait_s
         self.model_path = model_path or str(getattr(model, "name_or_path", "") or "in-memory")
         self.device = next(model.parameters()).device
+        if self.device.type == "cuda" and gil_switch_ms > 0:
+            sys.setswitchinterval(min(sys.getswitchinterval(), gil_switch_ms / 1000))
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.prompts = PromptRules(
             model,
@@ -143,6 +155,7 @@ class HFEngine:
         cuda_graphs: bool = True,
         static_cache_len: int | None = None,
         prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB,
+        gil_switch_ms: float = DEFAULT_GIL_SWITCH_MS,
     ) -> HFEngine:
         """Load model and processor from a checkpoint directory; fp32 on CPU, bf16 on GPU by default.
 
@@ -158,6 +171,7 @@ class HFEngine:
             cuda_graphs=cuda_graphs,
             static_cache_len=static_cache_len,
             prefix_cache_mb=prefix_cache_mb,
+            gil_switch_ms=gil_switch_ms,
         )
 
     @property
