@@ -33,7 +33,8 @@ from vistarl.trainer.rollout.engines.hf import DEFAULT_PREFIX_CACHE_MB, HFEngine
 from vistarl.trainer.rollout.engines.hf.batch import EngineStats
 from vistarl.trainer.rollout.engines.sglang_api import SamplingParams
 from vistarl.trainer.rollout.env_handle import Envs
-from vistarl.trainer.rollout.job import EpisodeJob
+from vistarl.trainer.config import RolloutConfig
+from vistarl.trainer.rollout.job import EpisodeJob, EpisodeSettings
 from vistarl.trainer.rollout.tokenization import TokenTrackError, TokenTracks, TurnEncoder
 
 ENV = "sokoban"
@@ -56,8 +57,11 @@ async def episode(
     """Play episode `index`: its generated ids, and whether a refused reply ended it early."""
     env = await envs.open(ENV)
     seed = index // args.group_size
-    job = EpisodeJob(episode_id=f"turns-{index}", group_id=f"turns-{seed}", env=ENV, seed=seed)
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=0.0)
+    settings = EpisodeSettings.of(RolloutConfig()).model_copy(update={"sampling": params})
+    job = EpisodeJob(
+        episode_id=f"turns-{index}", group_id=f"turns-{seed}", env=ENV, seed=seed, settings=settings
+    )
     tracks = TokenTracks(TurnEncoder(engine.processor))
     outputs: list[int] = []
     try:

