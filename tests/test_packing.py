@@ -149,6 +149,43 @@ def test_bad_samples_are_rejected(arch_setup: tuple[ActorModel, VLProcessor, Pat
         packed(actor, processor, [trimmed])
 
 
+def test_positions_are_the_models_once_a_layout(arch_setup: tuple[ActorModel, VLProcessor, Path]) -> None:
+    """Sequences of one layout up to the token after their last image (a group's replies of any length) take
+    the model's mRoPE rows from one `get_rope_index` call, and every row equals the model's own for it:
+    text after an image, a sequence that ends on its image, several images and none."""
+    actor, processor, _ = arch_setup
+    rng = np.random.default_rng(1)
+    shared = make_sample(processor, rng, 7, 3, [(56, 84)])
+    prompt = len(shared.train_ids) - 3
+    group = [
+        SequenceSample([*shared.train_ids[:prompt], *range(1, n + 1)], [0] * prompt + [1] * n, shared.images)
+        for n in (1, 3, 9)
+    ]
+    ends_on_image = SequenceSample(shared.train_ids[: prompt - 7 - 1], [0] * (prompt - 8), shared.images)
+    samples = [*group, ends_on_image, *mixed_samples(processor)]
+    calls: list[int] = []
+
+    def rope_index(ids: torch.Tensor, **kwargs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        calls.append(ids.shape[1])
+        return actor.model.get_rope_index(ids, **kwargs)
+
+    batch = pack_sequences(samples, processor, rope_index)
+    assert len(calls) == 1 + 1 + 3  # the group, the one ending on its image, the mixed three (no dummy)
+    bounds = batch.attention_bounds.tolist()
+    starts = [0, *np.cumsum([len(s.images) for s in samples]).tolist()]
+    for k, sample in enumerate(samples):
+        ids = torch.tensor(sample.train_ids)[None, :]
+        grids = batch.image_grid_thw[starts[k] : starts[k + 1]]
+        own, _ = actor.model.get_rope_index(
+            ids,
+            mm_token_type_ids=(ids == processor.ids.image_pad).int(),
+            image_grid_thw=grids if len(grids) else None,
+        )
+        assert torch.equal(batch.position_ids[1:, :, bounds[k] : bounds[k + 1]], own)
+        text = batch.position_ids[0, 0, bounds[k] : bounds[k + 1]]
+        assert text.tolist() == list(range(len(sample.train_ids)))
+
+
 def test_padded_round_trip(arch_setup: tuple[ActorModel, VLProcessor, Path]) -> None:
     actor, processor, _ = arch_setup
     batch = packed(actor, processor, mixed_samples(processor)[1:2])  # text only: a dummy segment follows

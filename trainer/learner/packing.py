@@ -2,8 +2,12 @@
 
 A packed row holds several sequences back to back with no padding. Its `position_ids` have four
 rows (docs/fsdp.md): row 0 is each sequence's text position, restarting at 0, which transformers
-reads to keep attention inside each sequence; rows 1-3 are the mRoPE t/h/w positions, computed per
-sequence by the model's own `get_rope_index`. Images of all sequences are concatenated in pad order.
+reads to keep attention inside each sequence; rows 1-3 are the mRoPE t/h/w positions, from the model's
+own `get_rope_index`. Those depend only on where a sequence's image pads lie and on the images' grids,
+and text after the last image goes on one position a token, so the model computes them once per layout
+of a batch up to the token after its last image (the samples of a GRPO group share one), and the rest is
+a count. Images of all sequences are concatenated in pad order, into pinned memory when the batch is
+bound for a GPU (one copy, not a concatenation and then a pinned copy of it).
 
 Everything the forward needs to know about the layout is computed here, on the host, so the GPU step
 never waits on a host-device sync to learn it: the attention bounds of every segment, the longest
@@ -27,15 +31,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image
 
 from vistarl.trainer.modeling.attention import SequenceBounds
 from vistarl.trainer.modeling.device import host_to_device
-from vistarl.trainer.rollout.processor import ImageLike, VLProcessor
+from vistarl.trainer.rollout.processor import ImageLike, PixelInputs, VLProcessor
 
 RopeIndex = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 """The model's `get_rope_index(input_ids, mm_token_type_ids=..., image_grid_thw=...)`."""
+Layout = tuple[int, tuple[int, ...], tuple[int, ...], tuple[tuple[int, ...], ...]]
+"""What a sequence's mRoPE rows up to the token after its last image depend on: that length, the starts
+and ends of its image-pad runs, and its images' grids."""
 
 
 @dataclass(frozen=True)
@@ -125,10 +133,12 @@ def pack_sequences(
     rope_index: RopeIndex,
     *,
     dummy_image: bool = True,
+    pin_memory: bool = False,
 ) -> PackedBatch:
     """Pack `samples` into one row (see the module docstring); an empty list packs to the dummy only.
 
-    `dummy_image=False` skips the dummy segment, for single-process passes that need no collectives.
+    `dummy_image=False` skips the dummy segment, for single-process passes that need no collectives;
+    `pin_memory=True` puts the pixels in pinned memory, for a batch bound for a GPU.
     """
     for i, sample in enumerate(samples):
         _check_lengths(i, sample)
@@ -139,24 +149,25 @@ def pack_sequences(
     if not segments:
         raise ValueError("nothing to pack: no sequences and no dummy image")
     images = [image for sample in segments for image in sample.images]
-    pixels = processor.pixel_inputs(images) if images else None
-    grids = pixels.image_grid_thw if pixels is not None else torch.zeros(0, 3, dtype=torch.long)
-    image_counts = [len(sample.images) for sample in segments]
-    seq_grids = grids.split(image_counts)
+    pixels = _pixel_inputs(processor, images, pin_memory) if images else None
+    grids = pixels.image_grid_thw.tolist() if pixels is not None else []
+    starts = [0, *itertools.accumulate(len(sample.images) for sample in segments)]
+    layouts: dict[Layout, np.ndarray] = {}
     positions = [
-        _sequence_positions(i, sample, grid, processor, rope_index)
-        for i, (sample, grid) in enumerate(zip(segments, seq_grids, strict=True))
+        _sequence_positions(i, sample, grids[starts[i] : starts[i + 1]], processor, rope_index, layouts)
+        for i, sample in enumerate(segments)
     ]
     lengths = [len(sample.train_ids) for sample in samples]
     segment_lengths = [len(sample.train_ids) for sample in segments]
     loss_mask = _per_token(segments, lambda s: s.loss_mask)
     cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.long)
-    input_ids = torch.tensor([t for s in segments for t in s.train_ids], dtype=torch.long)[None, :]
+    flat_ids = np.fromiter((t for s in segments for t in s.train_ids), dtype=np.int64)
+    input_ids = torch.from_numpy(flat_ids)[None, :]
     return PackedBatch(
         input_ids=input_ids,
-        position_ids=torch.cat(positions, dim=-1),
+        position_ids=torch.from_numpy(np.concatenate(positions, axis=1)).unsqueeze(1),
         pixel_values=pixels.pixel_values if pixels is not None else None,
-        image_grid_thw=grids if pixels is not None else None,
+        image_grid_thw=pixels.image_grid_thw if pixels is not None else None,
         loss_mask=loss_mask,
         rollout_logprobs=_per_token(segments, lambda s: s.rollout_logprobs),
         advantages=_per_token(segments, lambda s: s.advantages),
@@ -164,14 +175,15 @@ def pack_sequences(
         attention_bounds=torch.tensor([0, *itertools.accumulate(segment_lengths)], dtype=torch.int32),
         longest=max(segment_lengths),
         scored=scored_positions(loss_mask, cu_seqlens),
-        image_positions=(input_ids[0] == processor.ids.image_pad).nonzero().squeeze(-1),
+        image_positions=torch.from_numpy(np.flatnonzero(flat_ids == processor.ids.image_pad)),
     )
 
 
 def scored_positions(mask: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
     """Positions where `mask` is 1 (`[T]`, on the host); each needs a prefix in its own sequence, so the
-    first token of a sequence, or one of the dummy segment after `cu_seqlens[-1]`, is an error."""
-    index = mask.nonzero().squeeze(-1)
+    first token of a sequence, or one of the dummy segment after `cu_seqlens[-1]`, is an error. Found in
+    numpy: torch's host `nonzero` costs milliseconds on a long row."""
+    index = torch.from_numpy(np.flatnonzero(mask.numpy()))
     starts = cu_seqlens[:-1]
     if torch.isin(index, starts).any():
         first = index[torch.isin(index, starts)][0].item()
@@ -206,32 +218,51 @@ def _check_lengths(index: int, sample: SequenceSample) -> None:
             raise ValueError(f"sequence {index}: {name} has {len(values)} entries for {n} tokens")
 
 
+def _pixel_inputs(processor: VLProcessor, images: Sequence[ImageLike], pin_memory: bool) -> PixelInputs:
+    """The images' pixel inputs in order, concatenated once: into pinned memory with `pin_memory`."""
+    parts = processor.image_inputs(images)
+    patches = [part.pixel_values for part in parts]
+    out = None
+    if pin_memory:
+        rows = sum(int(p.shape[0]) for p in patches)
+        out = torch.empty((rows, *patches[0].shape[1:]), dtype=patches[0].dtype, pin_memory=True)
+    return PixelInputs(torch.cat(patches, out=out), torch.cat([part.image_grid_thw for part in parts]))
+
+
 def _sequence_positions(
     index: int,
     sample: SequenceSample,
-    grids: torch.Tensor,
+    grids: list[list[int]],
     processor: VLProcessor,
     rope_index: RopeIndex,
-) -> torch.Tensor:
-    """The `[4, 1, L]` position ids of one sequence: text positions, then the model's mRoPE rows."""
-    ids = torch.tensor(sample.train_ids, dtype=torch.long)[None, :]
+    layouts: dict[Layout, np.ndarray],
+) -> np.ndarray:
+    """The `[4, L]` position ids of one sequence: text positions, then the model's mRoPE rows, which
+    `layouts` keeps by `Layout` up to the token after the last image; past it they count on by one."""
+    ids = np.asarray(sample.train_ids, dtype=np.int64)
     is_pad = ids == processor.ids.image_pad
-    runs = [len(list(group)) for is_image, group in itertools.groupby(is_pad[0].tolist()) if is_image]
-    if len(runs) != len(grids):
-        raise ValueError(f"sequence {index}: {len(runs)} runs of image pads for {len(grids)} images")
-    for k, (run, grid) in enumerate(zip(runs, grids.tolist(), strict=True)):
+    edges = np.flatnonzero(np.diff(is_pad, prepend=False, append=False)).tolist()
+    starts, ends = edges[0::2], edges[1::2]
+    if len(starts) != len(grids):
+        raise ValueError(f"sequence {index}: {len(starts)} runs of image pads for {len(grids)} images")
+    for k, (start, end, grid) in enumerate(zip(starts, ends, grids, strict=True)):
         expected = processor.num_image_tokens(grid)
-        if run != expected:
+        if (run := end - start) != expected:
             raise ValueError(
                 f"sequence {index}: image {k} has {run} pad tokens, but its grid {grid} needs {expected}"
             )
-    mrope, _ = rope_index(
-        ids,
-        mm_token_type_ids=is_pad.int(),
-        image_grid_thw=grids if len(grids) else None,
-    )
-    text = torch.arange(ids.shape[1], dtype=torch.long).view(1, 1, -1)
-    return torch.cat([text, mrope.to(torch.long)], dim=0)
+    head = min(len(ids), ends[-1] + 1) if ends else 1
+    layout = (head, tuple(starts), tuple(ends), tuple(tuple(grid) for grid in grids))
+    mrope = layouts.get(layout)
+    if mrope is None:
+        rows, _ = rope_index(
+            torch.from_numpy(ids[None, :head]),
+            mm_token_type_ids=torch.from_numpy(is_pad[None, :head].astype(np.int32)),
+            image_grid_thw=torch.tensor(grids, dtype=torch.long) if grids else None,
+        )
+        mrope = layouts[layout] = rows[:, 0].to(torch.long).numpy()
+    tail = mrope[:, -1:] + np.arange(1, len(ids) - head + 1)
+    return np.vstack([np.arange(len(ids)), np.hstack([mrope, tail])])
 
 
 def _per_token(
@@ -239,13 +270,11 @@ def _per_token(
     values: Callable[[SequenceSample], Sequence[float] | Sequence[int] | None],
 ) -> torch.Tensor:
     """One float32 `[T]` tensor from a per-token field of every segment; missing fields are zeros."""
-    parts = [
-        torch.tensor(v, dtype=torch.float32)
-        if (v := values(s)) is not None
-        else torch.zeros(len(s.train_ids))
-        for s in segments
-    ]
-    return torch.cat(parts)
+    flat: list[float] = []
+    for segment in segments:
+        field_values = values(segment)
+        flat.extend(field_values if field_values is not None else [0.0] * len(segment.train_ids))
+    return torch.tensor(flat, dtype=torch.float32)
 
 
 def plan_micro_batches(

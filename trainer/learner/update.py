@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
@@ -293,6 +294,7 @@ class PolicyTrainer:
                 self.processor,
                 self.actor.model.get_rope_index,
                 dummy_image=self.world > 1,
+                pin_memory=self.device.type == "cuda",
             )
             micros.append(Micro(members, batch.to(self.device), self._denominator(rows, members)))
         return micros
@@ -572,11 +574,11 @@ def _sequence(trajectory: Trajectory) -> SequenceSample:
 
 
 def _padded(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
-    """Right-padded float32 `[B, width]`."""
-    out = torch.zeros(len(rows), width)
+    """Right-padded float32 `[B, width]`, filled on the host in numpy (no torch call a row)."""
+    out = np.zeros((len(rows), width), dtype=np.float32)
     for b, values in enumerate(rows):
-        out[b, : len(values)] = torch.tensor(values, dtype=torch.float32)
-    return out
+        out[b, : len(values)] = values
+    return torch.from_numpy(out)
 
 
 def _split(values: torch.Tensor, batch: PackedBatch) -> list[torch.Tensor]:
@@ -585,10 +587,12 @@ def _split(values: torch.Tensor, batch: PackedBatch) -> list[torch.Tensor]:
 
 
 def _row_tensor(padded: torch.Tensor, micro: Micro, lengths: list[int]) -> torch.Tensor:
-    """A micro-batch's `[T]` row assembled from `[B, width]` per-trajectory values (0 on the dummy tail)."""
-    pieces = [padded[b, : lengths[b]] for b in micro.rows]
+    """A micro-batch's `[T]` row assembled from `[B, width]` per-trajectory values on the host (0 on the
+    dummy tail), in numpy (no torch call a row)."""
+    values = padded.numpy()
+    pieces = [values[b, : lengths[b]] for b in micro.rows]
     tail = micro.batch.num_tokens - sum(lengths[b] for b in micro.rows)
-    return torch.cat([*pieces, padded.new_zeros(tail)])
+    return torch.from_numpy(np.concatenate([*pieces, np.zeros(tail, dtype=values.dtype)]))
 
 
 def _without_vision_gradients(*models: ActorModel | CriticModel | None) -> None:
