@@ -28,12 +28,12 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks.engine_generate import checkpoint_for, shape_parser
+from vistarl.trainer.config import RolloutConfig
 from vistarl.trainer.rollout.engines.base import GenerateRequest
 from vistarl.trainer.rollout.engines.hf import DEFAULT_PREFIX_CACHE_MB, HFEngine
 from vistarl.trainer.rollout.engines.hf.batch import EngineStats
 from vistarl.trainer.rollout.engines.sglang_api import SamplingParams
 from vistarl.trainer.rollout.env_handle import Envs
-from vistarl.trainer.config import RolloutConfig
 from vistarl.trainer.rollout.job import EpisodeJob, EpisodeSettings
 from vistarl.trainer.rollout.tokenization import TokenTrackError, TokenTracks, TurnEncoder
 
