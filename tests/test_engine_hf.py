@@ -556,3 +556,28 @@ async def test_close_aborts_pending_requests(engine: HFEngine) -> None:
     assert result.aborted and result.finish_reason.message == "engine is closed"
     late = await engine.generate(GenerateRequest(engine_ids=ids, sampling=greedy(1)))
     assert late.aborted
+
+
+def test_a_groups_first_prompt_is_laid_out_once(qwen25: Loaded, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The samples of a GRPO group send one first prompt: its mRoPE positions and prefix-cache key are found
+    once and are those a fresh engine finds; each request keeps its own images and stop ids."""
+    model, processor = qwen25
+    found: list[int] = []
+    rope_index = model.model.get_rope_index
+    monkeypatch.setattr(model.model, "get_rope_index", lambda *a, **k: found.append(1) or rope_index(*a, **k))
+    rules = HFEngine(*qwen25, batch_wait_s=0.0).prompts
+    ids, urls = user_turn(processor, "Where now?", 1), images(7, (56, 84))
+    sample = GenerateRequest(engine_ids=ids, images=urls, sampling=SamplingParams(max_new_tokens=4))
+    stopping = SamplingParams(max_new_tokens=4, stop_token_ids=[5])
+    group = [rules.prepare(sample.model_copy(update={"sampling": stopping})) for _ in range(3)]
+    first = rules.prepare(copy.deepcopy(sample))
+    assert len(found) == 1
+    fresh = HFEngine(*qwen25, batch_wait_s=0.0).prompts.prepare(sample)
+    for prompt in (*group, first):
+        assert prompt.input_ids == fresh.input_ids and prompt.image_starts == fresh.image_starts
+        assert torch.equal(prompt.positions, fresh.positions) and prompt.rope_delta == fresh.rope_delta
+        assert np.array_equal(prompt.key.tokens, fresh.key.tokens) and prompt.key.blocks == fresh.key.blocks
+        assert torch.equal(prompt.images[0].pixel_values, fresh.images[0].pixel_values)
+    assert 5 in group[0].stop_ids and first.stop_ids == fresh.stop_ids and 5 not in first.stop_ids
+    rules.prepare(GenerateRequest(engine_ids=user_turn(processor, "And now?", 1), images=urls))
+    assert len(found) == 3

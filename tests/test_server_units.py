@@ -22,7 +22,8 @@ from vistarl.clients.images import decode_image, encode_image
 from vistarl.clients.protocol import FormatRequest
 from vistarl.devtools.servers import vistarl_cmd, wait_http
 from vistarl.httpserver.launch import free_port, stop_process
-from vistarl.services.env_api import EnvObservation
+from vistarl.services.env_api import EnvObservation, user_message
+from vistarl.services.server import encoding
 from vistarl.services.server.app import create_app
 from vistarl.services.server.encoding import json_safe, message_to_wire, observation_to_wire
 from vistarl.services.server.json_route import JSONRoute, LeanRoutes
@@ -66,6 +67,20 @@ def test_observations_and_messages_carry_images_as_data_urls() -> None:
     assert parts[0]["image_url"]["url"].startswith("data:image/png;base64,")
     assert parts[1]["image_url"]["url"] == url
     assert parts[2] == {"type": "text", "text": "hi"}
+
+
+def test_an_answer_encodes_each_image_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The observation and the message that shows its images share their data URLs, each PNG made once."""
+    images = [Image.new("RGB", (4, 3), (9, 8, 7)), Image.new("RGB", (4, 3), (1, 2, 3))]
+    made: list[Image.Image] = []
+    monkeypatch.setattr(encoding, "encode_image", lambda image: made.append(image) or encode_image(image))
+    obs = EnvObservation(text="t", images=images)
+    observation, message = encoding.answer_to_wire(obs, user_message(obs))
+    assert made == images
+    assert message is not None and observation.images == [encode_image(image) for image in images]
+    parts = message.model_dump()["content"]
+    assert [part["image_url"]["url"] for part in parts[:2]] == observation.images
+    assert encoding.answer_to_wire(obs, None)[1] is None
 
 
 def test_two_apps_in_one_process_keep_their_own_sessions_and_metrics() -> None:

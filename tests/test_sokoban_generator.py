@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from vistarl.services.sokoban import SokobanOptions, build_env
+from vistarl.services.sokoban import SokobanOptions, build_env, levels
 from vistarl.services.sokoban.game import TARGET, Game
 from vistarl.services.sokoban.generator import MAX_BOXES, GenerationError, generate_level, limits
 from vistarl.services.sokoban.levels import generated_level
@@ -49,7 +50,15 @@ def test_every_valid_config_gives_a_level_for_any_seed(config: dict[str, Any], s
     assert all(level.grid[r][c] != TARGET for r, c in level.boxes)
     assert Game(level).play(generated.solution)
     assert options.min_solution_len <= len(generated.solution) <= options.max_moves
-    assert generated_level(options, seed) == generated
+    fresh = generate_level(
+        seed,
+        options.shape,
+        options.num_boxes,
+        options.wall_fraction,
+        options.min_solution_len,
+        options.max_moves,
+    )
+    assert generated_level(options, seed) == generated == fresh
     env = build_env(seed=seed, **config)
     assert env.level == level and env.optimal_moves == len(generated.solution)
 
@@ -140,3 +149,14 @@ def test_limits_are_met_at_the_edge_and_refused_beyond(
 def test_the_generator_gives_up_within_its_budget() -> None:
     with pytest.raises(GenerationError, match="within the search budget"):
         generate_level(0, (5, 5), 1, 0.0, min_moves=40, max_moves=60, max_states=20_000)
+
+
+def test_a_seed_reset_by_a_whole_group_at_once_is_generated_once() -> None:
+    """The samples of a GRPO group reset one seed at once, in the env pool's threads: one search for all."""
+    options = SokobanOptions.model_validate({"grid_size": [6, 6], "max_solution_len": 3})
+    seed = 2**40 + 51  # no other test's seed: the level is not cached yet
+    before = levels._cached_level.cache_info().misses
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        found = list(pool.map(lambda _: generated_level(options, seed), range(8)))
+    assert levels._cached_level.cache_info().misses == before + 1
+    assert all(level is found[0] for level in found)

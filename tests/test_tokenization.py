@@ -281,3 +281,28 @@ def test_bad_observations_are_refused_and_lose_nothing(
     assert (tracks.context_length, list(tracks.images), len(tracks.messages)) == before
     tracks.add_observation(user("fine", images[1:2]))
     assert list(tracks.images) == images[:2]
+
+
+def test_a_groups_prompts_are_rendered_once(
+    encoders: dict[str, TurnEncoder], images: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The samples of a GRPO group open with equal messages: one render, the same tracks for each; other
+    messages, and messages with a leaf that cannot be hashed, are rendered as they come."""
+    encoder = TurnEncoder(encoders["qwen2_5_vl"].processor)
+    rendered: list[int] = []
+    render = encoder.render
+    monkeypatch.setattr(encoder, "render", lambda *a, **k: rendered.append(1) or render(*a, **k))
+    group = [TokenTracks(encoder) for _ in range(3)]
+    for tracks in group:
+        tracks.add_prompt([dict(SYSTEM), user("Where now?", [str(images[0])])])
+    assert len(rendered) == 1
+    alone = TokenTracks(encoders["qwen2_5_vl"])
+    alone.add_prompt([SYSTEM, user("Where now?", images[:1])])
+    for tracks in group:
+        assert tracks.engine_ids == alone.engine_ids and tracks.train_ids == alone.train_ids
+        assert tracks.images == alone.images and tracks.image_grid_thw == alone.image_grid_thw
+    TokenTracks(encoder).add_prompt([SYSTEM, user("And now?", images[:1])])
+    unhashable = {**user("Where now?", images[:1]), "seen": {"ids": {1, 2}}}
+    odd = TokenTracks(encoder)
+    odd.add_prompt([SYSTEM, unhashable])
+    assert len(rendered) == 3 and odd.engine_ids == alone.engine_ids

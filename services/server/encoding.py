@@ -6,6 +6,7 @@ the wire carries PNG data URLs only. Env `info` may hold numpy values; it leaves
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from PIL import Image
@@ -31,17 +32,42 @@ def _fallback(value: Any) -> Any:
     return tolist() if callable(tolist) else str(value)
 
 
+ImageUrl = Callable[[Image.Image | str], str]
+
+
 def _image_url(image: Image.Image | str) -> str:
     """A data URL for an image given either as PIL or already as a data URL."""
     return encode_image(image) if isinstance(image, Image.Image) else image
 
 
-def observation_to_wire(obs: EnvObservation) -> Observation:
+class _ImageUrls:
+    """`_image_url`, each PIL image encoded once: for one answer's observation and its message."""
+
+    def __init__(self) -> None:
+        self._urls: dict[int, tuple[Image.Image, str]] = {}  # by id, the image kept so its id stays its own
+
+    def __call__(self, image: Image.Image | str) -> str:
+        if not isinstance(image, Image.Image):
+            return image
+        known = self._urls.get(id(image))
+        if known is None:
+            known = self._urls[id(image)] = (image, encode_image(image))
+        return known[1]
+
+
+def answer_to_wire(obs: EnvObservation, message: dict[str, Any] | None) -> tuple[Observation, Message | None]:
+    """An env answer's observation and (if asked for) its formatted message, each of their PIL images
+    encoded once: the default message (`user_message`) holds the observation's own images."""
+    urls = _ImageUrls()
+    return observation_to_wire(obs, urls), None if message is None else message_to_wire(message, urls)
+
+
+def observation_to_wire(obs: EnvObservation, image_url: ImageUrl = _image_url) -> Observation:
     """Encode an env observation; keys other than text and images travel as metadata."""
     metadata = {key: value for key, value in obs.items() if key not in ("text", "images")}
     return Observation(
         text=obs["text"],
-        images=[_image_url(image) for image in obs["images"]],
+        images=[image_url(image) for image in obs["images"]],
         metadata=json_safe(metadata),
     )
 
@@ -52,7 +78,7 @@ def observation_from_wire(obs: Observation, *, max_bytes: int, max_pixels: int) 
     return EnvObservation(text=obs.text, images=images)
 
 
-def message_to_wire(raw: dict[str, Any]) -> Message:
+def message_to_wire(raw: dict[str, Any], image_url: ImageUrl = _image_url) -> Message:
     """Validate an env-formatted chat message, encoding PIL images in its image parts.
 
     Accepts OpenAI parts (`{"type": "image_url", "image_url": {"url": PIL or str}}`) and the
@@ -61,13 +87,13 @@ def message_to_wire(raw: dict[str, Any]) -> Message:
     content = raw.get("content", "")
     if isinstance(content, str):
         return Message(role=raw.get("role", "user"), content=content)
-    return Message(role=raw.get("role", "user"), content=[_part_to_wire(part) for part in content])
+    return Message(role=raw.get("role", "user"), content=[_part_to_wire(part, image_url) for part in content])
 
 
-def _part_to_wire(part: dict[str, Any]) -> ContentPart:
+def _part_to_wire(part: dict[str, Any], image_url: ImageUrl) -> ContentPart:
     """One content part of a message, with its image (if any) as a data URL."""
     if part.get("type") == "image":
-        return ImagePart(image_url=ImageURL(url=_image_url(part["image"])))
+        return ImagePart(image_url=ImageURL(url=image_url(part["image"])))
     if part.get("type") == "image_url":
-        return ImagePart(image_url=ImageURL(url=_image_url(part["image_url"]["url"])))
+        return ImagePart(image_url=ImageURL(url=image_url(part["image_url"]["url"])))
     return _CONTENT_PART.validate_python(part)

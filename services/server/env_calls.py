@@ -26,10 +26,10 @@ from vistarl.clients.protocol import ErrorCode, FormatResponse, Observation, Res
 from vistarl.httpserver.errors import ServiceError
 from vistarl.services.env_api import Env, EnvFactory, checked_step
 from vistarl.services.server.encoding import (
+    answer_to_wire,
     json_safe,
     message_to_wire,
     observation_from_wire,
-    observation_to_wire,
 )
 
 logger = logging.getLogger(__name__)
@@ -111,11 +111,9 @@ class EnvHost:
             raise ServiceError(code, f"{what} rejected by {self.factory.name}: {exc}") from exc
         try:
             obs, info = env.reset()
+            observation, message = answer_to_wire(obs, env.format_observation(obs) if with_message else None)
             response = ResetResponse(
-                session_id=session_id,
-                observation=observation_to_wire(obs),
-                info=json_safe(info),
-                message=message_to_wire(env.format_observation(obs)) if with_message else None,
+                session_id=session_id, observation=observation, info=json_safe(info), message=message
             )
             reply = Reply(to_json(response), response)
             state = self._state(env)
@@ -132,13 +130,15 @@ class EnvHost:
         so the end of an episode costs no call of its own."""
         env = self.envs[session_id]
         result = checked_step(env, action)
+        formatted = env.format_observation(result.observation) if with_message else None
+        observation, message = answer_to_wire(result.observation, formatted)
         response = StepResponse(
-            observation=observation_to_wire(result.observation),
+            observation=observation,
             reward=result.reward,
             done=result.done,
             truncated=result.truncated,
             info=json_safe(result.info),
-            message=message_to_wire(env.format_observation(result.observation)) if with_message else None,
+            message=message,
         )
         stepped = Stepped(response.done, Reply(to_json(response), response), self._state(env))
         if stepped.done:

@@ -10,6 +10,9 @@ read by `vistarl.trainer.run.prompts.PromptSource`; the reading stage's boards i
 
 from __future__ import annotations
 
+import functools
+import threading
+
 from pydantic import BaseModel
 
 from vistarl.services.sokoban.game import Level
@@ -17,6 +20,9 @@ from vistarl.services.sokoban.generator import GeneratedLevel, generate_level
 from vistarl.services.sokoban.options import SokobanOptions
 
 __all__ = ["generated_level", "level_key", "seed_key"]
+
+LEVEL_CACHE_SIZE = 4096  # generated levels kept: a step's levels, each reset by every sample of its group
+_generating = threading.Lock()
 
 
 def level_key(level: Level) -> str:
@@ -26,15 +32,23 @@ def level_key(level: Level) -> str:
 
 
 def generated_level(options: SokobanOptions, seed: int) -> GeneratedLevel:
-    """The level `seed` generates under the generator settings of `options` (what `SokobanEnv` plays)."""
-    return generate_level(
-        seed,
-        options.shape,
-        options.num_boxes,
-        options.wall_fraction,
-        options.min_solution_len,
-        options.max_moves,
-    )
+    """The level `seed` generates under the generator settings of `options` (what `SokobanEnv` plays),
+    generated once for the last `LEVEL_CACHE_SIZE` asked: the samples of a GRPO group reset the same seed
+    at once, in the env pool's threads, and the trainer asks for each training seed's `seed_key` first.
+    One thread generates at a time (the search is Python, which holds the GIL anyway), so the samples of a
+    group wait for the first one's level rather than each search it again."""
+    with _generating:
+        return _cached_level(
+            seed,
+            options.shape,
+            options.num_boxes,
+            options.wall_fraction,
+            options.min_solution_len,
+            options.max_moves,
+        )
+
+
+_cached_level = functools.lru_cache(maxsize=LEVEL_CACHE_SIZE)(generate_level)
 
 
 def seed_key(options: BaseModel, seed: int) -> str | None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vistarl.clients.protocol import Message
@@ -25,6 +25,7 @@ MessageLike = Mapping[str, Any] | Message
 # Stands in for an assistant reply when rendering deltas; it must not occur in any chat template.
 _REPLY_PROBE = "vistarl-reply-probe-7f3a"
 ENCODE_CACHE_SIZE = 256  # rendered texts whose ids an encoder keeps
+PROMPT_CACHE_SIZE = 256  # opening messages whose segments an encoder keeps
 _Step = Literal["prompt", "generation", "observation"]
 
 
@@ -54,6 +55,7 @@ class TurnEncoder:
         self.processor = processor
         self.ids = processor.ids
         self._encoded = functools.lru_cache(maxsize=ENCODE_CACHE_SIZE)(self._encode)
+        self._prompts = functools.lru_cache(maxsize=PROMPT_CACHE_SIZE)(self._cached_prompt)
         self._reply_prefix = self.render([{"role": "assistant", "content": _REPLY_PROBE}])
         eos = processor.tokenizer.convert_ids_to_tokens(self.ids.im_end)
         at = self._reply_prefix.rfind(_REPLY_PROBE)
@@ -82,8 +84,19 @@ class TurnEncoder:
         return tuple(self.processor.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids)
 
     def prompt(self, messages: Sequence[Mapping[str, Any]]) -> Segment:
-        """The opening context: `messages` (system prompt, first observation) and the generation prompt."""
+        """The opening context: `messages` (system prompt, first observation) and the generation prompt;
+        made once for each of the last `PROMPT_CACHE_SIZE` prompts (the samples of a GRPO group open with
+        the same one), and shared: a segment is read, never changed."""
+        key = _hashable(messages)
+        if key is None:
+            return self._prompt(messages)
+        return self._prompts(_Messages(key, messages))
+
+    def _prompt(self, messages: Sequence[Mapping[str, Any]]) -> Segment:
         return self._segment(self.render(messages, add_generation_prompt=True), messages)
+
+    def _cached_prompt(self, messages: _Messages) -> Segment:
+        return self._prompt(messages.messages)
 
     def observation(self, message: Mapping[str, Any]) -> Segment:
         """The delta after a reply that ended on `<|im_end|>`: `\\n<|im_start|>user\\n...assistant\\n`."""
@@ -114,6 +127,34 @@ class TurnEncoder:
                 "not spell out vision tokens"
             )
         return Segment(ids, urls, [self.processor.image_grid(url) for url in urls])
+
+
+@dataclass(frozen=True)
+class _Messages:
+    """Messages, compared and hashed by their `_hashable` form: the key of an encoder's prompt cache."""
+
+    key: Hashable
+    messages: Sequence[Mapping[str, Any]] = field(compare=False)
+
+
+def _hashable(value: Any) -> Hashable | None:
+    """A hashable form of JSON-like data, equal only for data that renders alike (each leaf with its type,
+    mappings told from lists); None when a leaf cannot be hashed."""
+    try:
+        key = _frozen(value)
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _frozen(value: Any) -> Hashable:
+    """`value` as nested tuples: a mapping's items in order, a sequence's items, a leaf with its type."""
+    if isinstance(value, Mapping):
+        return (Mapping, tuple((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (list, tuple(_frozen(v) for v in value))
+    return (type(value), value)
 
 
 def as_message(message: MessageLike) -> dict[str, Any]:

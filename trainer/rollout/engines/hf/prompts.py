@@ -5,8 +5,11 @@ cache (`prefix_cache.py`) built."""
 from __future__ import annotations
 
 import bisect
+import threading
+from collections.abc import Hashable
 from dataclasses import dataclass
 
+import cachetools
 import numpy as np
 import torch
 from transformers import PreTrainedModel
@@ -15,6 +18,8 @@ from vistarl.clients.errors import ImageError
 from vistarl.trainer.rollout.engines.base import EngineRequestError, GenerateRequest
 from vistarl.trainer.rollout.engines.hf.prefix_cache import PromptKey
 from vistarl.trainer.rollout.processor import PixelInputs, VLProcessor, concat_pixels
+
+LAYOUT_CACHE_SIZE = 256  # prompt layouts a `PromptRules` keeps: every first prompt of a step's groups
 
 
 @dataclass(frozen=True)
@@ -50,14 +55,40 @@ class Prompt:
 
 
 @dataclass(frozen=True)
-class PromptRules:
-    """What a prompt is checked and laid out against: the model's vocabulary and context, and its EOS ids."""
+class Layout:
+    """What a prompt's ids and images make of it, whatever its sampling: the expanded ids, their mRoPE
+    positions `[3, 1, L]` and offset, the prefix-cache key and where each image's pads begin (`Prompt`)."""
 
-    model: PreTrainedModel
-    processor: VLProcessor
-    vocab_size: int
-    max_context_len: int
-    eos_ids: frozenset[int]
+    input_ids: list[int]
+    positions: torch.Tensor
+    rope_delta: int
+    key: PromptKey
+    image_starts: tuple[int, ...]
+
+
+class PromptRules:
+    """What a prompt is checked and laid out against: the model's vocabulary and context, and its EOS ids.
+
+    A prompt's layout is made once for each of the last `LAYOUT_CACHE_SIZE` (ids, images) asked for: the
+    samples of a GRPO group send the same first prompt, and `prepare` runs in threads that hold the GIL
+    the trainer's update needs."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        processor: VLProcessor,
+        *,
+        vocab_size: int,
+        max_context_len: int,
+        eos_ids: frozenset[int],
+    ) -> None:
+        self.model = model
+        self.processor = processor
+        self.vocab_size = vocab_size
+        self.max_context_len = max_context_len
+        self.eos_ids = eos_ids
+        layouts: cachetools.LRUCache[Hashable, Layout] = cachetools.LRUCache(LAYOUT_CACHE_SIZE)
+        self._cached_layout = cachetools.cached(layouts, key=_layout_key, lock=threading.Lock())(self._layout)
 
     def prepare(self, request: GenerateRequest) -> Prompt:
         """Check the ids, decode the images, expand each single pad to the image's token count, find the
@@ -73,23 +104,38 @@ class PromptRules:
                 "send exactly one pad per image (single-pad engine_ids)"
             )
         images: list[PixelInputs] = []
-        input_ids = list(ids)
-        image_keys: list[int] = []
         if request.images:
             try:
                 images = self.processor.image_inputs(request.images)
-                image_keys = self.processor.content_keys(request.images)
             except (ImageError, OSError, ValueError) as exc:
                 raise EngineRequestError(f"bad image: {exc}") from exc
+        layout = self._cached_layout(ids, request.images, images)
+        params = request.sampling
+        stop_ids = frozenset() if params.ignore_eos else self.eos_ids | frozenset(params.stop_token_ids or ())
+        return Prompt(
+            layout.input_ids,
+            tuple(images),
+            stop_ids,
+            layout.positions,
+            layout.rope_delta,
+            layout.key,
+            layout.image_starts,
+        )
+
+    def _layout(self, ids: list[int], urls: list[str], images: list[PixelInputs]) -> Layout:
+        """The layout of checked single-pad `ids` whose pads stand for `images` (of `urls`)."""
+        try:
+            image_keys = self.processor.content_keys(urls)
+        except (ImageError, OSError, ValueError) as exc:
+            raise EngineRequestError(f"bad image: {exc}") from exc
         grid_thw = torch.cat([image.image_grid_thw for image in images]) if images else None
+        input_ids = list(ids)
         if grid_thw is not None:
             input_ids = self.processor.expand_image_pads(ids, grid_thw.tolist())
         if len(input_ids) >= self.max_context_len:
             raise EngineRequestError(
                 f"prompt of {len(input_ids)} tokens does not fit the context of {self.max_context_len}"
             )
-        params = request.sampling
-        stop_ids = frozenset() if params.ignore_eos else self.eos_ids | frozenset(params.stop_token_ids or ())
         row = torch.tensor(input_ids)[None]
         positions, delta = self.model.model.get_rope_index(
             row,
@@ -97,7 +143,7 @@ class PromptRules:
             image_grid_thw=grid_thw,
         )
         key, starts = self._key(input_ids, grid_thw, image_keys)
-        return Prompt(input_ids, tuple(images), stop_ids, positions, int(delta), key, starts)
+        return Layout(input_ids, positions, int(delta), key, starts)
 
     def _key(
         self, input_ids: list[int], grid_thw: torch.Tensor | None, image_keys: list[int]
@@ -108,3 +154,8 @@ class PromptRules:
         key = PromptKey.of(input_ids, self.processor.ids.image_pad, image_keys, per_image)
         pads = np.flatnonzero(key.tokens < 0)
         return key, tuple(int(pads[i]) for i in np.cumsum([0, *per_image[:-1]])) if per_image else ()
+
+
+def _layout_key(ids: list[int], urls: list[str], images: list[PixelInputs]) -> Hashable:
+    """A layout's key in the cache: the ids and the images' data URLs (the pixel inputs follow from them)."""
+    return (tuple(ids), tuple(urls))
