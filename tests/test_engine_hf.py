@@ -114,12 +114,17 @@ async def test_requests_arriving_mid_batch_join_it_and_decode_as_alone(qwen25: L
 
 def test_queued_requests_join_a_running_batch_once_their_arrivals_settle() -> None:
     """Requests still arriving wait for a step without a new arrival, or until the oldest has waited the
-    longest batch wait; then all that are queued join in one prompt pass."""
+    longest batch wait; then all that are queued join in one prompt pass. With a hold, a lone arrival also
+    waits until it has waited that long (the engine's mean prompt pass), for others to share its pass."""
     assert not arrivals_settled(0, 0, None, 0.1)  # nothing queued
     assert not arrivals_settled(3, 1, 0.02, 0.1)  # two arrived during the last step: more may come
     assert arrivals_settled(3, 3, 0.02, 0.1)  # none arrived since the last look
     assert arrivals_settled(2, 3, 0.02, 0.1)  # fewer (some were aborted): nothing is arriving
     assert arrivals_settled(9, 8, 0.1, 0.1)  # still arriving, but the oldest has waited long enough
+    assert not arrivals_settled(1, 1, 0.01, 0.1, hold_s=0.03)  # alone, and not held a pass's time yet
+    assert arrivals_settled(1, 1, 0.03, 0.1, hold_s=0.03)  # held a pass's time
+    assert not arrivals_settled(2, 1, 0.05, 0.1, hold_s=0.03)  # held, but another just came: one more look
+    assert arrivals_settled(2, 1, 0.1, 0.1, hold_s=0.5)  # the longest batch wait bounds any hold
 
 
 async def test_requests_sent_together_join_a_running_batch_in_one_prompt_pass(qwen25: Loaded) -> None:

@@ -283,6 +283,12 @@ class RolloutConfig(_Section):
     prefix_cache_mb: int = Field(
         default=8192, ge=1, description="the prefix cache's bound in MiB on the engine's device (LRU)"
     )
+    hold_joins: bool = Field(
+        default=True,
+        description="the embedded engine lets a request that arrives alone wait, up to its mean prompt pass, "
+        "before joining the running batch, so that turns arriving one by one share a pass instead of "
+        "each stalling every live row (docs/engines.md, 'Joining a running batch')",
+    )
     gil_switch_ms: float = Field(
         default=1.0,
         ge=0,

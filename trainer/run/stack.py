@@ -261,6 +261,7 @@ def build_engine(
         static_cache_len=cfg.rollout.rollout_max_context_len if target.type == "cuda" else None,
         prefix_cache_mb=cfg.rollout.prefix_cache_mb if cfg.rollout.prefix_cache else 0,
         gil_switch_ms=cfg.rollout.gil_switch_ms,
+        hold_joins=cfg.rollout.hold_joins,
     )
 
 

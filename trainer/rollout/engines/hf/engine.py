@@ -83,6 +83,7 @@ class HFEngine:
         static_cache_len: int | None = None,
         prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB,
         gil_switch_ms: float = DEFAULT_GIL_SWITCH_MS,
+        hold_joins: bool = True,
     ) -> None:
         """On a GPU the engine decodes from a static KV cache of `static_cache_len` positions a row
         (default: the context, at most 4,096); `cuda_graphs` captures each step in a CUDA graph and
@@ -93,7 +94,10 @@ class HFEngine:
         On a GPU the model thread takes the GIL back at every decode step, and while another thread of the
         process runs Python (the event loop's envs, prompts, HTTP) the interpreter hands it over only every
         switch interval, 5 ms by default: `gil_switch_ms` lowers the process's interval to at most that
-        (0: leave it as it is)."""
+        (0: leave it as it is).
+
+        With `hold_joins`, a request that arrives alone while a batch runs waits to join it until it has
+        waited as long as the engine's mean prompt pass (`arrivals_settled`)."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if prefix_cache_mb < 0:
@@ -105,6 +109,7 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
         self.max_batch_wait_s = max_batch_wait_s
+        self.hold_joins = hold_joins
         self.model_path = model_path or str(getattr(model, "name_or_path", "") or "in-memory")
         self.device = next(model.parameters()).device
         if self.device.type == "cuda" and gil_switch_ms > 0:
@@ -156,6 +161,7 @@ class HFEngine:
         static_cache_len: int | None = None,
         prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB,
         gil_switch_ms: float = DEFAULT_GIL_SWITCH_MS,
+        hold_joins: bool = True,
     ) -> HFEngine:
         """Load model and processor from a checkpoint directory; fp32 on CPU, bf16 on GPU by default.
 
@@ -172,6 +178,7 @@ class HFEngine:
             static_cache_len=static_cache_len,
             prefix_cache_mb=prefix_cache_mb,
             gil_switch_ms=gil_switch_ms,
+            hold_joins=hold_joins,
         )
 
     @property
@@ -428,9 +435,10 @@ class HFEngine:
         """Queued jobs that join the running batch, up to `max_batch_size` rows, unless a weight update or a
         cache flush is waiting for the batch to end or generation is paused. A static batch takes them in
         order up to the first that does not fit its cache."""
-        if self._holds_waiting or not self._resumed.is_set() or not self._arrivals_settled():
+        room = self.max_batch_size - running
+        if self._holds_waiting or not self._resumed.is_set() or not self._arrivals_settled(room):
             return []
-        joining = self._take(self.max_batch_size - running, self._fits_static if static else None)
+        joining = self._take(room, self._fits_static if static else None)
         with self._queue_lock:
             self._queued_seen = len(self._queue)
         self.stats.rows += len(joining)
@@ -438,13 +446,16 @@ class HFEngine:
         self.stats.largest_batch = max(self.stats.largest_batch, running + len(joining))
         return joining
 
-    def _arrivals_settled(self) -> bool:
-        """Whether queued jobs join the running batch now (`arrivals_settled`), from the queue as it is."""
+    def _arrivals_settled(self, room: int) -> bool:
+        """Whether queued jobs join the running batch now (`arrivals_settled`), from the queue as it is; a
+        queue that fills the batch's `room` joins at once, as waiting could add no one."""
         with self._queue_lock:
             queued = len(self._queue)
             waited = time.monotonic() - self._queue[0].queued_at if queued else None
         seen, self._queued_seen = self._queued_seen, queued
-        return arrivals_settled(queued, seen, waited, self.max_batch_wait_s)
+        stats = self.stats
+        hold = stats.prompt_s / stats.prompt_passes if self.hold_joins and stats.prompt_passes else 0.0
+        return arrivals_settled(queued, seen, waited, self.max_batch_wait_s, 0.0 if queued >= room else hold)
 
     def _fits_static(self, job: Job) -> bool:
         """Whether `job`'s prompt and token budget fit a row of the static KV cache."""
@@ -487,14 +498,22 @@ class HFEngine:
         return text
 
 
-def arrivals_settled(queued: int, seen: int, oldest_waited_s: float | None, max_wait_s: float) -> bool:
+def arrivals_settled(
+    queued: int, seen: int, oldest_waited_s: float | None, max_wait_s: float, hold_s: float = 0.0
+) -> bool:
     """Whether `queued` jobs join a running batch now: none arrived since the last look (`seen` were
-    queued then), or the oldest has waited `max_wait_s`. Joining each request of a burst as it comes would
-    run a prompt pass per request, and each pass, Python-heavy, slows a server's event loop so the next
-    request arrives later still."""
+    queued then) and the oldest has waited `hold_s`, or the oldest has waited `max_wait_s`.
+
+    Joining each request of a burst as it comes would run a prompt pass per request, and each pass,
+    Python-heavy, slows a server's event loop so the next request arrives later still. And a pass stalls
+    every live row for as long as it runs: in a multi-turn rollout the turns arrive one at a time, and a
+    pass for each took most of the engine's time (docs/engines.md, "Joining a running batch"), so a lone
+    arrival waits `hold_s` (the engine's mean pass) for others to share its pass."""
     if queued == 0 or oldest_waited_s is None:
         return False
-    return queued <= seen or oldest_waited_s >= max_wait_s
+    if oldest_waited_s >= max_wait_s:
+        return True
+    return queued <= seen and oldest_waited_s >= hold_s
 
 
 def _deliver(future: asyncio.Future[GenerateResult], result: GenerateResult) -> None:
