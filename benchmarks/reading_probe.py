@@ -60,6 +60,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--boards", type=int, default=3200, help="Training boards, each read once.")
     parser.add_argument("--held-out", type=int, default=64, help="Held-out boards (seeds from 3,000,000).")
     parser.add_argument("--eval-every", type=int, default=25, help="Optimizer steps between evaluations.")
+    parser.add_argument(
+        "--other-prompt",
+        action="store_true",
+        help="Also evaluate the held-out boards with the system prompt the other way round from training.",
+    )
     parser.add_argument("--blank", action="store_true", help="Every image blank: the image-blind stage.")
     parser.add_argument("--config", type=Path, default=Path("configs/sokoban_demo.yaml"))
     parser.add_argument("--set", nargs="*", default=[], help="Config overrides, e.g. sft.lr=3e-4.")
@@ -74,19 +79,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def boards(args: argparse.Namespace, cfg: TrainConfig, encoder: TurnEncoder) -> tuple[list[Trajectory], ...]:
-    """The training and held-out boards as trajectories, written under `--out` first."""
+def boards(args: argparse.Namespace, cfg: TrainConfig, encoder: TurnEncoder) -> dict[str, list[Trajectory]]:
+    """The training boards, the held-out ones, and with `--other-prompt` the held-out ones with the system
+    prompt the other way round (`other`), as trajectories, each set written under `--out` first."""
     args.out.mkdir(parents=True, exist_ok=True)
     system = cfg.sft.transcribe_system_prompt
     held = list(transcriptions(args.options, args.held_out, system_prompt=system, first_seed=HELD_OUT_SEED))
     keys = {key for record in held for key in record["levels"]}
-    train = transcriptions(args.options, args.boards, keys, system)
-    sets = []
-    for name, records in (("train", train), ("held-out", iter(held))):
+    records = {"train": transcriptions(args.options, args.boards, keys, system), "held-out": iter(held)}
+    if args.other_prompt:
+        records["other"] = transcriptions(args.options, args.held_out, frozenset(), not system, HELD_OUT_SEED)
+    sets = {}
+    for name, chosen in records.items():
         path = args.out / f"{name}.jsonl"
-        write_conversations(blanked(records) if args.blank else records, path)
-        sets.append(load_sft_data(path, encoder))
-    return tuple(sets)
+        write_conversations(blanked(chosen) if args.blank else chosen, path)
+        sets[name] = load_sft_data(path, encoder)
+    return sets
 
 
 def blanked(records: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -208,7 +216,8 @@ def main(argv: list[str] | None = None) -> None:
         cfg = cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"lr": cfg.sft.lr})})
     torch.manual_seed(cfg.train.seed)
     processor = VLProcessor.from_pretrained(args.model)
-    train, held = boards(args, cfg, TurnEncoder(processor))
+    sets = boards(args, cfg, TurnEncoder(processor))
+    train, held = sets.pop("train"), sets["held-out"]
     truths = [grid(t, processor) for t in held]
     trainer = PolicyTrainer(cfg, Models(load_actor(args.model), None, None), processor, rank_device())
     group_towers(trainer)
@@ -216,19 +225,19 @@ def main(argv: list[str] | None = None) -> None:
     trainer.lr_schedulers["actor"] = stage_scheduler(cfg, trainer.actor_optimizer, stage)
     tokens, steps = len(train[0].train_ids), stage.steps(cfg)
     print(f"{len(train)} boards of {tokens} tokens, {steps} steps; held out {len(held)}")
-    print(blind_baseline([grid(t, processor) for t in train], truths), flush=True)
+    print(blind_baseline([grid(t, processor) for t in train], truths))
     training, losses = 0.0, []
     for step, (_, indices) in enumerate(stage.batches(cfg), 1):
         started = time.perf_counter()
         losses.append(imitate(trainer, [train[i] for i in indices])["train/nll"])
         training += time.perf_counter() - started
         if step % args.eval_every == 0 or step == stage.steps(cfg):
-            print(
-                f"step {step}  train nll {sum(losses) / len(losses):.3f}  held-out nll "
-                f"{held_out_nll(trainer, held):.3f}  {accuracy(transcribe(trainer, held), truths)}  "
-                f"training {training:.0f}s",
-                flush=True,
-            )
+            nll = sum(losses) / len(losses)
+            for name, shown in sets.items():
+                figures = (
+                    f"{held_out_nll(trainer, shown):.3f}  {accuracy(transcribe(trainer, shown), truths)}"
+                )
+                print(f"step {step}  train nll {nll:.3f}  {name} nll {figures}  {training:.0f}s", flush=True)
             losses = []
 
 

@@ -114,15 +114,18 @@ def test_vision_lr_scale_sets_the_vision_towers_rate_in_every_stage(tiny_qwen25:
 def test_the_reading_probe_prints_the_blind_baseline_and_held_out_accuracy(
     tiny_qwen25: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`benchmarks.reading_probe` cut to two steps: the blind baseline, then per-step held-out figures,
-    every share between 0 and 1."""
+    """`benchmarks.reading_probe` cut to two steps: the blind baseline, then each step's figures on the
+    held-out boards and on the same boards behind the system prompt, every share between 0 and 1."""
     argv = ["--model", str(tiny_qwen25), "--boards", "8", "--held-out", "3", "--eval-every", "1"]
-    argv += ["--config", str(DEMO_CONFIG), "--out", str(tmp_path), "--blank", "--set", "sft.batch_size=4"]
-    reading_probe.main(argv)
+    argv += ["--config", str(DEMO_CONFIG), "--out", str(tmp_path), "--blank", "--other-prompt"]
+    reading_probe.main([*argv, "--set", "sft.batch_size=4", "sft.transcribe_system_prompt=false"])
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("8 boards of ") and lines[1].startswith("blind: cells "), lines
-    assert [line.split()[:2] for line in lines[2:]] == [["step", "1"], ["step", "2"]], lines
+    steps = [(line.split()[1], line.split()[5]) for line in lines[2:]]
+    assert steps == [("1", "held-out"), ("1", "other"), ("2", "held-out"), ("2", "other")], lines
     for line in lines[1:]:
         words = line.split()
         shares = [float(words[words.index(name) + 1]) for name in ("cells", "inside", "objects", "exact")]
         assert all(0.0 <= share <= 1.0 for share in shares), line
+    other = [json.loads(line) for line in (tmp_path / "other.jsonl").read_text().splitlines()]
+    assert all(board["messages"][0]["role"] == "system" for board in other)

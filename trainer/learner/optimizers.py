@@ -13,7 +13,7 @@ seeded by `train.seed` and the step count, so a resumed run rounds as the uninte
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import torch
@@ -30,10 +30,11 @@ _MOMENTS = ("exp_avg", "exp_avg_sq")
 
 ParamGroup = dict[str, Any]
 """A torch parameter group: `params`, a list of parameters, and any per-group settings (`lr`, `name`)."""
+Params = Iterable[torch.nn.Parameter] | Iterable[ParamGroup]
 
 
 def build_optimizer(
-    params: Iterable[torch.nn.Parameter] | Sequence[ParamGroup],
+    params: Params,
     lr: float,
     optim: OptimConfig,
     state_dtype: StateDtype,
@@ -42,13 +43,13 @@ def build_optimizer(
     """AdamW over `params` (parameters, or parameter groups: `{"params": [...], ...}`) at learning rate
     `lr`: torch's for float32 moments (fused where every parameter is on a GPU, which avoids the foreach
     path's float32 temporaries the size of the whole model), else `BFloat16AdamW`."""
-    params = list(params)
+    entries: list[Any] = list(params)
     betas, decay = optim.betas, optim.weight_decay
     if state_dtype == "bfloat16":
-        return BFloat16AdamW(params, lr=lr, betas=betas, weight_decay=decay, seed=seed)
-    flat = [p for entry in params for p in (entry["params"] if isinstance(entry, dict) else [entry])]
+        return BFloat16AdamW(entries, lr=lr, betas=betas, weight_decay=decay, seed=seed)
+    flat = [p for entry in entries for p in (entry["params"] if isinstance(entry, dict) else [entry])]
     on_gpu = bool(flat) and all(_local(p).device.type == "cuda" for p in flat)
-    return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=decay, fused=on_gpu or None)
+    return torch.optim.AdamW(entries, lr=lr, betas=betas, weight_decay=decay, fused=on_gpu or None)
 
 
 class BFloat16AdamW(torch.optim.Optimizer):
@@ -56,7 +57,7 @@ class BFloat16AdamW(torch.optim.Optimizer):
 
     def __init__(
         self,
-        params: Iterable[torch.nn.Parameter],
+        params: Params,
         *,
         lr: float,
         betas: tuple[float, float],
