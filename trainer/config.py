@@ -555,6 +555,23 @@ class SFTConfig(_Section):
         description="each SFT stage's learning rate after its warmup: constant, or decaying linearly or "
         "along a half cosine towards zero at the stage's last step",
     )
+    transcribe_system_prompt: bool = Field(
+        default=True,
+        description="`vistarl demo learn`: the boards to read carry the env's system prompt; false: the "
+        "image and the instruction alone",
+    )
+    vision_lr_scale: float = Field(
+        default=1.0,
+        gt=0,
+        description="the vision tower's (and its merger's) learning rate in every SFT stage, as a multiple "
+        "of the text model's",
+    )
+    freeze_text_steps: int = Field(
+        default=0,
+        ge=0,
+        description="the reading stage's first steps that train the vision tower and its merger alone (the "
+        "text model's learning rate held at 0); 0: none",
+    )
 
 
 class WandbConfig(_Section):

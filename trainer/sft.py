@@ -11,7 +11,9 @@
 4. for `sft.epochs` epochs, shuffles them (reproducibly per epoch) and takes `sft.batch_size` per
    optimizer step: `imitate` (`trainer/learner/imitation.py`), the NLL of the assistant tokens over the
    same packing, micro-batches, FSDP sharding, clipping and optimizer as the RL update; each stage has
-   its own learning-rate schedule (`sft.warmup_steps`, then `sft.schedule`: constant or decaying);
+   its own learning-rate schedule (`sft.warmup_steps`, then `sft.schedule`: constant or decaying), the
+   vision tower's rate `sft.vision_lr_scale` times the text model's, and the reading stage may hold the
+   text model still over its first `sft.freeze_text_steps` (`stage_scheduler`);
 5. logs every step (metrics.jsonl, the loss curve, TensorBoard; `sft/stage` is 0 while reading, 1 on
    `sft.data`) and saves a checkpoint at the end, whose `actor/` directory is an HF checkpoint that
    `model.path` takes as the RL policy.
@@ -47,7 +49,17 @@ from vistarl.trainer.run.outputs import RunLogger
 from vistarl.trainer.run.ranks import current_rank
 from vistarl.trainer.seeds import permutation
 
-__all__ = ["SFTResult", "Stage", "load_sft_data", "run_sft", "stage_schedule"]
+__all__ = [
+    "SFTResult",
+    "Stage",
+    "group_towers",
+    "load_sft_data",
+    "run_sft",
+    "stage_schedule",
+    "stage_scheduler",
+]
+
+TEXT_GROUP, VISION_GROUP = "text", "vision"
 
 
 @dataclass
@@ -144,6 +156,35 @@ def stage_schedule(cfg: TrainConfig, steps: int) -> Callable[[int], float]:
     return factor
 
 
+def group_towers(trainer: PolicyTrainer) -> None:
+    """Give the actor's optimizer two parameter groups, the text model (with `lm_head`) first and the
+    vision tower (with its merger) second, so that `stage_scheduler` can set each one's rate."""
+    vision = {id(p) for p in trainer.actor.model.visual.parameters()}
+    parameters = list(trainer.actor.parameters())
+    trainer.regroup_actor(
+        {
+            TEXT_GROUP: [p for p in parameters if id(p) not in vision],
+            VISION_GROUP: [p for p in parameters if id(p) in vision],
+        }
+    )
+
+
+def stage_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, stage: Stage) -> LambdaLR:
+    """The rates of one stage: `stage_schedule` for each group, times `sft.vision_lr_scale` for the
+    vision tower's, and 0 for the text model's over the reading stage's first `sft.freeze_text_steps`."""
+    schedule = stage_schedule(cfg, stage.steps(cfg))
+    frozen = cfg.sft.freeze_text_steps if stage.number == 0 else 0
+
+    def text(done: int) -> float:
+        return 0.0 if done < frozen else schedule(done)
+
+    def vision(done: int) -> float:
+        return cfg.sft.vision_lr_scale * schedule(done)
+
+    rates = {TEXT_GROUP: text, VISION_GROUP: vision}
+    return LambdaLR(optimizer, [rates[group.get("name", TEXT_GROUP)] for group in optimizer.param_groups])
+
+
 def run_sft(cfg: TrainConfig, *, name: str = "sft", console: Console | None = None) -> SFTResult:
     """Fine-tune `model.path` on `sft.data` as the module docstring says; returns on every rank."""
     data_path = cfg.sft.data
@@ -168,6 +209,7 @@ def run_sft(cfg: TrainConfig, *, name: str = "sft", console: Console | None = No
     if cfg.sft.transcribe_data is not None:
         stages.insert(0, Stage(0, "reading", load_sft_data(cfg.sft.transcribe_data, encoder), 1))
     trainer = PolicyTrainer(cfg, Models(load_actor(cfg.model.path), None, None), processor, device)
+    group_towers(trainer)
     total = sum(stage.steps(cfg) for stage in stages)
     logger = None
     if rank == 0:
@@ -185,8 +227,7 @@ def run_sft(cfg: TrainConfig, *, name: str = "sft", console: Console | None = No
     try:
         step = 0
         for stage in stages:
-            schedule = stage_schedule(cfg, stage.steps(cfg))
-            trainer.lr_schedulers["actor"] = LambdaLR(trainer.actor_optimizer, schedule)
+            trainer.lr_schedulers["actor"] = stage_scheduler(cfg, trainer.actor_optimizer, stage)
             for epoch, indices in stage.batches(cfg):
                 metrics = imitate(trainer, [stage.data[i] for i in indices])
                 step += 1

@@ -80,11 +80,11 @@ def demonstration(options: SokobanOptions, seed: int, time_limit_s: float = 10.0
     }
 
 
-def transcription(options: SokobanOptions, seed: int) -> dict[str, Any]:
-    """Level `seed` after 0-2 random moves as a conversation to imitate: the env's system prompt, the
-    board's image alone (whatever `render_mode` says) with `TRANSCRIBE_INSTRUCTION`, and as the reply
-    the board's text grid; `{episode_id, env, seed, levels, messages}`, messages holding a PIL image and
-    `levels` the keys of the level and of the board shown."""
+def transcription(options: SokobanOptions, seed: int, system_prompt: bool = True) -> dict[str, Any]:
+    """Level `seed` after 0-2 random moves as a conversation to imitate: the env's system prompt (unless
+    `system_prompt` is false), the board's image alone (whatever `render_mode` says) with
+    `TRANSCRIBE_INSTRUCTION`, and as the reply the board's text grid; `{episode_id, env, seed, levels,
+    messages}`, messages holding a PIL image and `levels` the keys of the level and of the board shown."""
     env = SokobanEnv(options, seed)
     game = Game(env.level)
     moves = random.Random(seed)
@@ -93,13 +93,14 @@ def transcription(options: SokobanOptions, seed: int) -> dict[str, Any]:
     board = Level(env.level.grid, frozenset(game.boxes), game.player)
     image = render_image(board.grid, board.boxes, board.player, options.cell_size)
     text = f"[Observation]\n{IMAGE_HINT}\n{TRANSCRIBE_INSTRUCTION}"
+    system = [{"role": "system", "content": env.system_prompt}] if system_prompt else []
     return {
         "episode_id": f"sokoban-board-{seed}",
         "env": "sokoban",
         "seed": seed,
         "levels": sorted({level_key(env.level), level_key(board)}),
         "messages": [
-            {"role": "system", "content": env.system_prompt},
+            *system,
             user_message({"images": [image], "text": text}),
             {"role": "assistant", "content": board.to_xsb()},
         ],
@@ -107,15 +108,19 @@ def transcription(options: SokobanOptions, seed: int) -> dict[str, Any]:
 
 
 def transcriptions(
-    options: SokobanOptions, count: int, held_out: Set[str] = frozenset()
+    options: SokobanOptions,
+    count: int,
+    held_out: Set[str] = frozenset(),
+    system_prompt: bool = True,
+    first_seed: int = TRANSCRIBE_FIRST_SEED,
 ) -> Iterator[dict[str, Any]]:
-    """`count` boards to read (`transcription`) from `TRANSCRIBE_FIRST_SEED` up, leaving out each board of
-    a held-out level or that shows one (`held_out`: their keys); a `ValueError` once `MAX_SKIPPED_BOARDS`
-    boards in a row are left out."""
-    seeds = itertools.count(TRANSCRIBE_FIRST_SEED)
+    """`count` boards to read (`transcription`, with or without the system prompt) from `first_seed` up,
+    leaving out each board of a held-out level or that shows one (`held_out`: their keys); a `ValueError`
+    once `MAX_SKIPPED_BOARDS` boards in a row are left out."""
+    seeds = itertools.count(first_seed)
     for _ in range(count):
         for _ in range(MAX_SKIPPED_BOARDS):
-            record = transcription(options, next(seeds))
+            record = transcription(options, next(seeds), system_prompt)
             if held_out.isdisjoint(record["levels"]):
                 yield record
                 break

@@ -28,19 +28,28 @@ CHUNK_ELEMENTS = 1 << 24
 
 _MOMENTS = ("exp_avg", "exp_avg_sq")
 
+ParamGroup = dict[str, Any]
+"""A torch parameter group: `params`, a list of parameters, and any per-group settings (`lr`, `name`)."""
+Params = Iterable[torch.nn.Parameter] | Iterable[ParamGroup]
+
 
 def build_optimizer(
-    params: Iterable[torch.nn.Parameter], lr: float, optim: OptimConfig, state_dtype: StateDtype, seed: int
+    params: Params,
+    lr: float,
+    optim: OptimConfig,
+    state_dtype: StateDtype,
+    seed: int,
 ) -> torch.optim.Optimizer:
-    """AdamW over `params` at learning rate `lr`: torch's for float32 moments (fused where every parameter
-    is on a GPU, which avoids the foreach path's float32 temporaries the size of the whole model), else
-    `BFloat16AdamW`."""
-    params = list(params)
+    """AdamW over `params` (parameters, or parameter groups: `{"params": [...], ...}`) at learning rate
+    `lr`: torch's for float32 moments (fused where every parameter is on a GPU, which avoids the foreach
+    path's float32 temporaries the size of the whole model), else `BFloat16AdamW`."""
+    entries: list[Any] = list(params)
     betas, decay = optim.betas, optim.weight_decay
     if state_dtype == "bfloat16":
-        return BFloat16AdamW(params, lr=lr, betas=betas, weight_decay=decay, seed=seed)
-    on_gpu = bool(params) and all(_local(p).device.type == "cuda" for p in params)
-    return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=decay, fused=on_gpu or None)
+        return BFloat16AdamW(entries, lr=lr, betas=betas, weight_decay=decay, seed=seed)
+    flat = [p for entry in entries for p in (entry["params"] if isinstance(entry, dict) else [entry])]
+    on_gpu = bool(flat) and all(_local(p).device.type == "cuda" for p in flat)
+    return torch.optim.AdamW(entries, lr=lr, betas=betas, weight_decay=decay, fused=on_gpu or None)
 
 
 class BFloat16AdamW(torch.optim.Optimizer):
@@ -48,7 +57,7 @@ class BFloat16AdamW(torch.optim.Optimizer):
 
     def __init__(
         self,
-        params: Iterable[torch.nn.Parameter],
+        params: Params,
         *,
         lr: float,
         betas: tuple[float, float],

@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,6 +194,20 @@ class PolicyTrainer:
         train = self.cfg.train
         trainable = (p for p in parameters if p.requires_grad)
         return build_optimizer(trainable, lr, self.cfg.optim, train.optimizer_state_dtype, train.seed)
+
+    def regroup_actor(self, groups: Mapping[str, Sequence[torch.nn.Parameter]]) -> None:
+        """Rebuild the actor's AdamW, before its first step, with one parameter group per entry of `groups`
+        (its key as the group's `name`), so that a `LambdaLR` can give each group its own rate."""
+        chosen = [
+            {"params": [p for p in params if p.requires_grad], "name": name}
+            for name, params in groups.items()
+        ]
+        train = self.cfg.train
+        optimizer = build_optimizer(
+            chosen, self.cfg.optim.lr, self.cfg.optim, train.optimizer_state_dtype, train.seed
+        )
+        self.actor_optimizer = self.optimizers["actor"] = optimizer
+        self.lr_schedulers["actor"] = LambdaLR(optimizer, warmup(self.cfg.optim.warmup_steps))
 
     @property
     def schedulers(self) -> dict[str, Schedule]:

@@ -129,7 +129,11 @@ def write_sft_data(
     if cfg.sft.transcribe_boards:
         sft["transcribe_data"] = root / "boards.jsonl"
         write_transcriptions(
-            options, cfg.sft.transcribe_boards, sft["transcribe_data"], training.held_out_tasks
+            options,
+            cfg.sft.transcribe_boards,
+            sft["transcribe_data"],
+            training.held_out_tasks,
+            cfg.sft.transcribe_system_prompt,
         )
         console.print(f"wrote {cfg.sft.transcribe_boards} boards to read to {sft['transcribe_data']}")
     shown = set().union(*(recorded_levels(path) for path in (data, sft.get("transcribe_data")) if path))

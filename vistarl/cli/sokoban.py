@@ -158,13 +158,18 @@ def write_demonstrations(options: SokobanOptions, seeds: Iterable[int], out: Pat
 
 
 def write_transcriptions(
-    options: SokobanOptions, count: int, out: Path, held_out: Set[str] = frozenset()
+    options: SokobanOptions,
+    count: int,
+    out: Path,
+    held_out: Set[str] = frozenset(),
+    system_prompt: bool = True,
 ) -> list[int]:
-    """Write `count` boards to read (`transcriptions`, none of a level whose key is in `held_out`) to `out`
-    as JSONL conversations, for SFT's reading stage (`sft.transcribe_data`); returns their turns (1 each)."""
+    """Write `count` boards to read (`transcriptions`, none of a level whose key is in `held_out`, with or
+    without the env's system prompt) to `out` as JSONL conversations, for SFT's reading stage
+    (`sft.transcribe_data`); returns their turns (1 each)."""
     from vistarl.services.sokoban.demos import transcriptions
 
-    return write_conversations(transcriptions(options, count, held_out), out)
+    return write_conversations(transcriptions(options, count, held_out, system_prompt), out)
 
 
 def recorded_levels(path: Path) -> set[str]:
