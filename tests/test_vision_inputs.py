@@ -10,7 +10,7 @@ import torch
 from tests.vl_samples import mixed_samples
 from vistarl.devtools.tiny_checkpoint import ARCHS
 from vistarl.trainer.learner.models import load_lm
-from vistarl.trainer.modeling.vision_inputs import vision_inputs
+from vistarl.trainer.modeling.vision_inputs import _vision_inputs, vision_inputs
 from vistarl.trainer.rollout.processor import VLProcessor
 
 
@@ -36,3 +36,26 @@ def test_precomputed_inputs_reproduce_the_tower_without_the_grid(
     for a, b, c in zip(own, given, blind, strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
         torch.testing.assert_close(c, a, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_inputs_are_made_once_per_grid_and_equal_fresh_ones(
+    tiny_checkpoints: dict[str, Path], arch: str
+) -> None:
+    """Equal grids take the inputs already made (the same tensors, read only), which equal fresh ones; a
+    different grid gets its own."""
+    visual = load_lm(tiny_checkpoints[arch]).model.visual
+    grid = torch.tensor([[1, 8, 12], [1, 8, 12]])
+    first = vision_inputs(visual, grid, torch.device("cpu"))
+    again = vision_inputs(visual, grid.clone(), torch.device("cpu"))
+    assert first is not again and all(again[name] is value for name, value in first.items())
+    _vision_inputs.cache_clear()
+    fresh = vision_inputs(visual, grid, torch.device("cpu"))
+    assert fresh.keys() == first.keys()
+    for name, value in first.items():
+        if isinstance(value, torch.Tensor):
+            assert fresh[name] is not value and torch.equal(fresh[name], value)
+        else:
+            assert fresh[name] == value
+    other = vision_inputs(visual, torch.tensor([[1, 12, 8], [1, 8, 12]]), torch.device("cpu"))
+    assert not torch.equal(other["image_position_ids"], first["image_position_ids"])
