@@ -59,3 +59,24 @@ def test_inputs_are_made_once_per_grid_and_equal_fresh_ones(
             assert fresh[name] == value
     other = vision_inputs(visual, torch.tensor([[1, 12, 8], [1, 8, 12]]), torch.device("cpu"))
     assert not torch.equal(other["image_position_ids"], first["image_position_ids"])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_inputs_made_in_inference_mode_serve_a_forward_with_gradients(
+    tiny_checkpoints: dict[str, Path], arch: str
+) -> None:
+    """The engine's prompt pass asks under inference mode, and the learner may take the same inputs next
+    and save them for backward: they are made as ordinary tensors."""
+    path = tiny_checkpoints[arch]
+    lm, processor = load_lm(path), VLProcessor.from_pretrained(path)
+    pixels = processor.pixel_inputs([image for sample in mixed_samples(processor) for image in sample.images])
+    grid = pixels.image_grid_thw
+    _vision_inputs.cache_clear()
+    with torch.inference_mode():
+        made = vision_inputs(lm.model.visual, grid, torch.device("cpu"))
+    inputs = vision_inputs(lm.model.visual, grid, torch.device("cpu"))
+    assert all(inputs[name] is value for name, value in made.items())
+    pixel_values = pixels.pixel_values.clone().requires_grad_()
+    features = lm.model.get_image_features(pixel_values, grid, **inputs).pooler_output
+    torch.cat(list(features)).sum().backward()
+    assert pixel_values.grad is not None and pixel_values.grad.abs().sum() > 0

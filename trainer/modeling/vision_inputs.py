@@ -65,8 +65,14 @@ class _TowerSettings:
 def _vision_inputs(
     tower: _TowerSettings, grids: tuple[tuple[int, ...], ...], device: torch.device
 ) -> dict[str, Any]:
-    """`vision_inputs` made anew."""
-    grid_thw = torch.tensor(grids, dtype=torch.long).reshape(-1, 3)
+    """`vision_inputs` made anew, outside inference mode: the engine's prompt pass asks under it, and the
+    learner's forward, which saves them for backward, may take the same tensors next."""
+    with torch.inference_mode(False):
+        return _made(tower, torch.tensor(grids, dtype=torch.long).reshape(-1, 3), device)
+
+
+def _made(tower: _TowerSettings, grid_thw: torch.Tensor, device: torch.device) -> dict[str, Any]:
+    """The inputs of `tower` for images of `grid_thw` (host), on `device`."""
     cu_seqlens = get_vision_cu_seqlens(grid_thw)
     inputs: dict[str, Any] = {
         "position_ids": get_vision_position_ids(grid_thw, tower.merge),
