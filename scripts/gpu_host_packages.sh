@@ -5,12 +5,8 @@
 # manylinux, the versions this venv holds), pytest-asyncio for `make gpu-test`, Geo3k's grader, moderngl for
 # VSI's frames, Debian's Redis 7 with its libraries for `vistarl up`, and glvnd's libEGL and libGL, through
 # which moderngl reaches the NVIDIA driver's EGL (a GPU host with the driver's graphics libraries has its
-# vendor file in /usr/share/glvnd/egl_vendor.d). On the GPU host:
-#   python3 -m pip install --no-index --no-deps --target /tmp/site DIR/*.whl && export PYTHONPATH=/tmp/site:$PWD
-#   for deb in DIR/*.deb; do dpkg -x "$deb" /tmp/redis; done
-#   export PATH=/tmp/redis/usr/bin:$PATH LD_LIBRARY_PATH=/tmp/redis/usr/lib/x86_64-linux-gnu
-#   ln -sf libEGL.so.1 /tmp/redis/usr/lib/x86_64-linux-gnu/libEGL.so   # the names moderngl opens
-#   ln -sf libGL.so.1 /tmp/redis/usr/lib/x86_64-linux-gnu/libGL.so
+# vendor file in /usr/share/glvnd/egl_vendor.d). On the GPU host, in the checkout:
+#   source scripts/gpu_host_setup.sh DIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:?usage: scripts/gpu_host_packages.sh DIR}
