@@ -240,14 +240,16 @@ def test_two_role_hosts_on_another_loopback_address_train_stop_with_a_checkpoint
             "--env-url", urls["env"], "--engine-url", urls["engine"], model, *sets,
         )  # fmt: skip
         training = up(trainer, *flags)
-        metrics = trainer / "run" / "metrics.jsonl"
-        assert wait_until(lambda: metrics.is_file() and metrics.stat().st_size > 0, timeout=240), "no step"
-        pids = (trainer / "pids" / "trainer.pid").read_text()
+        pid_file = trainer / "pids" / "trainer.pid"
+        assert wait_until(lambda: pid_file.is_file() and pid_file.stat().st_size > 0, timeout=240)
+        pids = pid_file.read_text()
         for live in (trainer, services):  # a second run into a live directory: refused, the first goes on
             assert re.fullmatch(
                 r"vistarl up: \S+ is in use by a live vistarl up \(pid \d+\): .*", refused(live, *flags)
             )
-        assert (trainer / "pids" / "trainer.pid").read_text() == pids and training.poll() is None
+        assert pid_file.read_text() == pids and training.poll() is None
+        metrics = trainer / "run" / "metrics.jsonl"
+        assert wait_until(lambda: metrics.is_file() and metrics.stat().st_size > 0, timeout=240), "no step"
 
         down = subprocess.run(vistarl_cmd("down", str(trainer)), capture_output=True, text=True, timeout=120)
         assert down.returncode == 0 and "stopped" in down.stdout, down.stdout + down.stderr
