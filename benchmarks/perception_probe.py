@@ -68,9 +68,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--config", type=Path, default=Path("configs/sokoban_demo.yaml"))
     parser.add_argument("--out", type=Path, default=Path("runs/perception-probe"))
+    return probe_args(parser, argv, ONE_MOVE)
+
+
+def probe_args(
+    parser: argparse.ArgumentParser, argv: list[str] | None, defaults: dict[str, Any]
+) -> argparse.Namespace:
+    """A probe's arguments, `--options` (JSON) laid over `defaults` as `SokobanOptions`; bad JSON, options
+    the env refuses, or a `--model` that is no directory end the command with the parser's error."""
     args = parser.parse_args(argv)
     try:
-        args.options = SokobanOptions.model_validate(ONE_MOVE | json.loads(args.options))
+        args.options = SokobanOptions.model_validate(defaults | json.loads(args.options))
     except ValueError as exc:  # bad JSON, or options the env refuses
         parser.error(f"--options: {exc}")
     if not Path(args.model).is_dir():

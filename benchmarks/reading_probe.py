@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -32,9 +31,9 @@ import torch
 from PIL import Image
 
 from benchmarks.harness import benchmark_parser
+from benchmarks.perception_probe import probe_args
 from vistarl.cli.sokoban import write_conversations
 from vistarl.services.sokoban.demos import transcriptions
-from vistarl.services.sokoban.options import SokobanOptions
 from vistarl.trainer.config import TrainConfig, load_config
 from vistarl.trainer.learner.fsdp import rank_device
 from vistarl.trainer.learner.imitation import imitate
@@ -69,14 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--config", type=Path, default=Path("configs/sokoban_demo.yaml"))
     parser.add_argument("--set", nargs="*", default=[], help="Config overrides, e.g. sft.lr=3e-4.")
     parser.add_argument("--out", type=Path, default=Path("runs/reading-probe"))
-    args = parser.parse_args(argv)
-    try:
-        args.options = SokobanOptions.model_validate(BOARDS | json.loads(args.options))
-    except ValueError as exc:  # bad JSON, or options the env refuses
-        parser.error(f"--options: {exc}")
-    if not Path(args.model).is_dir():
-        parser.error(f"--model {args.model}: no such checkpoint directory")
-    return args
+    return probe_args(parser, argv, BOARDS)
 
 
 def boards(args: argparse.Namespace, cfg: TrainConfig, encoder: TurnEncoder) -> dict[str, list[Trajectory]]:
