@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +54,7 @@ from vistarl.trainer.learner.fsdp import free_gathered, is_distributed, set_last
 from vistarl.trainer.learner.logprobs import TokenScores, token_logprobs, token_values
 from vistarl.trainer.learner.losses import actor_loss, masked_sum, value_loss
 from vistarl.trainer.learner.models import ActorModel, CriticModel, Models
-from vistarl.trainer.learner.optimizers import build_optimizer
+from vistarl.trainer.learner.optimizers import Params, build_optimizer
 from vistarl.trainer.learner.packing import (
     PackedBatch,
     SequenceSample,
@@ -177,11 +177,11 @@ class PolicyTrainer:
             if models.critic is not None
             else None
         )
-        self.actor_optimizer = self._optimizer(self.actor.parameters(), cfg.optim.lr)
+        self.actor_optimizer = self._optimizer(_trainable(self.actor.parameters()), cfg.optim.lr)
         self.critic_optimizer: torch.optim.Optimizer | None = None
         self.optimizers: dict[str, torch.optim.Optimizer] = {"actor": self.actor_optimizer}
         if self.critic is not None:
-            self.critic_optimizer = self._optimizer(self.critic.parameters(), cfg.optim.critic_lr)
+            self.critic_optimizer = self._optimizer(_trainable(self.critic.parameters()), cfg.optim.critic_lr)
             self.optimizers["critic"] = self.critic_optimizer
         schedule = warmup(cfg.optim.warmup_steps)
         self.lr_schedulers = {name: LambdaLR(opt, schedule) for name, opt in self.optimizers.items()}
@@ -189,23 +189,17 @@ class PolicyTrainer:
         self.metric_names = metric_names(cfg, self.reference is not None, self.critic is not None)
         self.old_from_update = cfg.old_logprobs_from_update
 
-    def _optimizer(self, parameters: Iterator[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
-        """AdamW over the trainable `parameters`, its state in `train.optimizer_state_dtype`."""
+    def _optimizer(self, params: Params, lr: float) -> torch.optim.Optimizer:
+        """AdamW over `params` (parameters, or named groups of them), its state in
+        `train.optimizer_state_dtype`."""
         train = self.cfg.train
-        trainable = (p for p in parameters if p.requires_grad)
-        return build_optimizer(trainable, lr, self.cfg.optim, train.optimizer_state_dtype, train.seed)
+        return build_optimizer(params, lr, self.cfg.optim, train.optimizer_state_dtype, train.seed)
 
     def regroup_actor(self, groups: Mapping[str, Sequence[torch.nn.Parameter]]) -> None:
         """Rebuild the actor's AdamW, before its first step, with one parameter group per entry of `groups`
         (its key as the group's `name`), so that a `LambdaLR` can give each group its own rate."""
-        chosen = [
-            {"params": [p for p in params if p.requires_grad], "name": name}
-            for name, params in groups.items()
-        ]
-        train = self.cfg.train
-        optimizer = build_optimizer(
-            chosen, self.cfg.optim.lr, self.cfg.optim, train.optimizer_state_dtype, train.seed
-        )
+        chosen = [{"params": _trainable(params), "name": name} for name, params in groups.items()]
+        optimizer = self._optimizer(chosen, self.cfg.optim.lr)
         self.actor_optimizer = self.optimizers["actor"] = optimizer
         self.lr_schedulers["actor"] = LambdaLR(optimizer, warmup(self.cfg.optim.warmup_steps))
 
@@ -585,6 +579,11 @@ def _sequence(trajectory: Trajectory) -> SequenceSample:
         images=trajectory.images,
         rollout_logprobs=trajectory.rollout_logprobs,
     )
+
+
+def _trainable(parameters: Iterable[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
+    """The parameters that take gradients (a frozen vision tower's do not)."""
+    return [p for p in parameters if p.requires_grad]
 
 
 def _padded(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
