@@ -33,18 +33,24 @@ class Rest:
 
 
 @dataclass(frozen=True)
-class Prompt:
-    """A request made ready for the model: expanded ids, each image's pixel inputs, the ids that stop it, its
-    mRoPE positions `[3, 1, L]` (from 0) with the offset of the positions after it from its length, its key
-    in the prefix cache, and where each image's pads begin."""
+class Layout:
+    """What a prompt's ids and images make of it, whatever its sampling: the expanded ids, their mRoPE
+    positions `[3, 1, L]` (from 0) with the offset of the positions after it from its length, the
+    prefix-cache key and where each image's pads begin."""
 
     input_ids: list[int]
-    images: tuple[PixelInputs, ...]
-    stop_ids: frozenset[int]
     positions: torch.Tensor
     rope_delta: int
     key: PromptKey
     image_starts: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Prompt(Layout):
+    """A request made ready for the model: its `Layout`, each image's pixel inputs, the ids that stop it."""
+
+    images: tuple[PixelInputs, ...]
+    stop_ids: frozenset[int]
 
     def rest(self, start: int) -> Rest:
         """The prompt from token `start` on, which splits no image (`prefix_cache` reuses whole images): only
@@ -52,18 +58,6 @@ class Prompt:
         rest = self.images[bisect.bisect_left(self.image_starts, start) :]
         pixels = concat_pixels(rest) if rest else None
         return Rest(self.input_ids[start:], self.positions[:, :, start:], pixels)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """What a prompt's ids and images make of it, whatever its sampling: the expanded ids, their mRoPE
-    positions `[3, 1, L]` and offset, the prefix-cache key and where each image's pads begin (`Prompt`)."""
-
-    input_ids: list[int]
-    positions: torch.Tensor
-    rope_delta: int
-    key: PromptKey
-    image_starts: tuple[int, ...]
 
 
 class PromptRules:
@@ -112,15 +106,7 @@ class PromptRules:
         layout = self._cached_layout(ids, request.images, images)
         params = request.sampling
         stop_ids = frozenset() if params.ignore_eos else self.eos_ids | frozenset(params.stop_token_ids or ())
-        return Prompt(
-            layout.input_ids,
-            tuple(images),
-            stop_ids,
-            layout.positions,
-            layout.rope_delta,
-            layout.key,
-            layout.image_starts,
-        )
+        return Prompt(**vars(layout), images=tuple(images), stop_ids=stop_ids)
 
     def _layout(self, ids: list[int], urls: list[str], images: list[PixelInputs]) -> Layout:
         """The layout of checked single-pad `ids` whose pads stand for `images` (of `urls`)."""
