@@ -50,6 +50,7 @@ from vistarl.trainer.rollout.engines.loading import load_engine, make_engine
 from vistarl.trainer.rollout.engines.sglang_api import SamplingParams
 from vistarl.trainer.rollout.engines.spec import EngineSpec
 from vistarl.trainer.rollout.env_handle import Envs
+from vistarl.trainer.rollout.episode_env import opening_messages
 from vistarl.trainer.rollout.job import EpisodeJob, EpisodeSettings
 from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.rollout.tokenization import TokenTracks, TurnEncoder
@@ -114,9 +115,8 @@ async def image_prompts(processor: VLProcessor, count: int) -> list[tuple[list[i
                 episode_id=f"bench-{seed}", group_id=f"bench-{seed}", env=name, seed=seed, settings=settings
             )
             message, _ = await env.reset(job)
-            system = [{"role": "system", "content": env.system_prompt}] if env.system_prompt else []
             tracks = TokenTracks(encoder)
-            tracks.add_prompt([*system, message])
+            tracks.add_prompt(opening_messages(env, message))
             prompts.append((list(tracks.engine_ids), list(tracks.images)))
             await env.close()
     finally:

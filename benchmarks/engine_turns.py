@@ -34,6 +34,7 @@ from vistarl.trainer.rollout.engines.hf import DEFAULT_PREFIX_CACHE_MB, HFEngine
 from vistarl.trainer.rollout.engines.hf.batch import EngineStats
 from vistarl.trainer.rollout.engines.sglang_api import SamplingParams
 from vistarl.trainer.rollout.env_handle import Envs
+from vistarl.trainer.rollout.episode_env import opening_messages
 from vistarl.trainer.rollout.job import EpisodeJob, EpisodeSettings
 from vistarl.trainer.rollout.tokenization import TokenTrackError, TokenTracks, TurnEncoder
 
@@ -66,8 +67,7 @@ async def episode(
     outputs: list[int] = []
     try:
         message, _ = await env.reset(job)
-        system = [{"role": "system", "content": env.system_prompt}] if env.system_prompt else []
-        tracks.add_prompt([*system, message])
+        tracks.add_prompt(opening_messages(env, message))
         for turn in range(args.turns):
             request = GenerateRequest(
                 engine_ids=list(tracks.engine_ids), images=list(tracks.images), sampling=params

@@ -40,10 +40,10 @@ from vistarl.devtools.model_shapes import SHAPES
 from vistarl.devtools.tiny_checkpoint import write_tiny_checkpoint
 from vistarl.trainer.config import TrainConfig, load_config
 from vistarl.trainer.rollout.engines.base import GenerateRequest
-from vistarl.trainer.rollout.engines.hf.loading import eos_ids, load_model
+from vistarl.trainer.rollout.engines.hf.loading import load_model
 from vistarl.trainer.rollout.engines.hf.prompts import PromptRules
 from vistarl.trainer.rollout.env_handle import Envs
-from vistarl.trainer.rollout.episode_env import EpisodeEnv
+from vistarl.trainer.rollout.episode_env import EpisodeEnv, opening_messages
 from vistarl.trainer.rollout.job import EpisodeJob
 from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.rollout.tokenization import TokenTracks, TurnEncoder
@@ -78,8 +78,7 @@ class Round:
     def _tracks(self, env: EpisodeEnv, message: dict[str, Any]) -> TokenTracks:
         """An episode's tracks after its first prompt, as `run_episode` builds them."""
         tracks = TokenTracks(self.encoder)
-        system = [{"role": "system", "content": env.system_prompt}] if env.system_prompt else []
-        tracks.add_prompt([*system, message])
+        tracks.add_prompt(opening_messages(env, message))
         return tracks
 
 
@@ -123,13 +122,7 @@ async def measure(cfg: TrainConfig, rounds: int, profile: int) -> dict[str, Any]
     """A warm-up round, then `rounds` measured ones, each a new step's jobs (`--profile`: the last one)."""
     processor = VLProcessor.from_pretrained(cfg.model.path)
     model = load_model(cfg.model.path, "cpu", torch.float32)
-    rules = PromptRules(
-        model,
-        processor,
-        vocab_size=int(model.get_input_embeddings().num_embeddings),
-        max_context_len=int(model.config.get_text_config().max_position_embeddings),
-        eos_ids=eos_ids(model, processor),
-    )
+    rules = PromptRules.of(model, processor)
     encoder = TurnEncoder(processor)
     env = cfg.env.name
     source = await PromptSource.create(cfg, env)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from vistarl.trainer.rollout.engines.base import Engine, GenerateRequest, GenerateResult, policy_version_of
-from vistarl.trainer.rollout.episode_env import EnvError, EpisodeEnv
+from vistarl.trainer.rollout.episode_env import EnvError, EpisodeEnv, opening_messages
 from vistarl.trainer.rollout.job import EpisodeJob, EpisodeSettings
 from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.rollout.rewards import RewardFn, env_reward
@@ -69,9 +69,8 @@ class _Episode:
     async def play(self, job: EpisodeJob) -> Status:
         """Reset, then take turns until an ending; an early ending raises `_Ended`."""
         message, self.info = await self._timed_env(self.env.reset(job))
-        system = [{"role": "system", "content": self.env.system_prompt}] if self.env.system_prompt else []
         with self._timer("tokenize"):
-            self.tracks.add_prompt([*system, message])
+            self.tracks.add_prompt(opening_messages(self.env, message))
         while True:
             text = await self._generate()
             message, answer = await self._timed_env(self.env.step(text))

@@ -39,6 +39,13 @@ class EpisodeEnv(Protocol):
         ...
 
 
+def opening_messages(env: EpisodeEnv, message: dict[str, Any]) -> list[dict[str, Any]]:
+    """An episode's opening context: the env's system prompt, if it has one, then its first observation
+    (`message`, from `reset`)."""
+    system = [{"role": "system", "content": env.system_prompt}] if env.system_prompt else []
+    return [*system, message]
+
+
 @contextlib.contextmanager
 def env_errors(what: str) -> Iterator[None]:
     """Re-raise any failure of an env call (but not cancellation) as `EnvError` naming the call."""

@@ -46,7 +46,7 @@ from vistarl.trainer.modeling.device import use_device
 from vistarl.trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
 from vistarl.trainer.rollout.engines.hf.batch import BatchRun, EngineStats, Job
 from vistarl.trainer.rollout.engines.hf.dynamic_rows import DynamicRows
-from vistarl.trainer.rollout.engines.hf.loading import eos_ids, load_model, static_decoder
+from vistarl.trainer.rollout.engines.hf.loading import load_model, static_decoder
 from vistarl.trainer.rollout.engines.hf.prefix_cache import PrefixCache
 from vistarl.trainer.rollout.engines.hf.prompts import PromptRules
 from vistarl.trainer.rollout.engines.hf.rows import DecodeRows
@@ -114,14 +114,8 @@ class HFEngine:
         self.device = next(model.parameters()).device
         if self.device.type == "cuda" and gil_switch_ms > 0:
             sys.setswitchinterval(min(sys.getswitchinterval(), gil_switch_ms / 1000))
-        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
-        self.prompts = PromptRules(
-            model,
-            processor,
-            vocab_size=self.vocab_size,
-            max_context_len=int(model.config.get_text_config().max_position_embeddings),
-            eos_ids=eos_ids(model, processor),
-        )
+        self.prompts = PromptRules.of(model, processor)
+        self.vocab_size = self.prompts.vocab_size
         self.stats = EngineStats()
         self.prefix_cache = PrefixCache(prefix_cache_mb << 20) if prefix_cache_mb else None
         self.static = static_decoder(model, max_batch_size, cuda_graphs, static_cache_len)

@@ -16,6 +16,7 @@ from transformers import PreTrainedModel
 
 from vistarl.clients.errors import ImageError
 from vistarl.trainer.rollout.engines.base import EngineRequestError, GenerateRequest
+from vistarl.trainer.rollout.engines.hf.loading import eos_ids
 from vistarl.trainer.rollout.engines.hf.prefix_cache import PromptKey
 from vistarl.trainer.rollout.processor import PixelInputs, VLProcessor, concat_pixels
 
@@ -83,6 +84,17 @@ class PromptRules:
         self.eos_ids = eos_ids
         layouts: cachetools.LRUCache[Hashable, Layout] = cachetools.LRUCache(LAYOUT_CACHE_SIZE)
         self._cached_layout = cachetools.cached(layouts, key=_layout_key, lock=threading.Lock())(self._layout)
+
+    @classmethod
+    def of(cls, model: PreTrainedModel, processor: VLProcessor) -> PromptRules:
+        """The rules of `model`'s vocabulary, its context and its EOS ids."""
+        return cls(
+            model,
+            processor,
+            vocab_size=int(model.get_input_embeddings().num_embeddings),
+            max_context_len=int(model.config.get_text_config().max_position_embeddings),
+            eos_ids=eos_ids(model, processor),
+        )
 
     def prepare(self, request: GenerateRequest) -> Prompt:
         """Check the ids, decode the images, expand each single pad to the image's token count, find the
