@@ -37,7 +37,7 @@ from PIL import Image
 
 from vistarl.trainer.modeling.attention import SequenceBounds
 from vistarl.trainer.modeling.device import host_to_device
-from vistarl.trainer.rollout.processor import ImageLike, PixelInputs, VLProcessor
+from vistarl.trainer.rollout.processor import ImageLike, VLProcessor, concat_pixels
 
 RopeIndex = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 """The model's `get_rope_index(input_ids, mm_token_type_ids=..., image_grid_thw=...)`."""
@@ -149,7 +149,7 @@ def pack_sequences(
     if not segments:
         raise ValueError("nothing to pack: no sequences and no dummy image")
     images = [image for sample in segments for image in sample.images]
-    pixels = _pixel_inputs(processor, images, pin_memory) if images else None
+    pixels = concat_pixels(processor.image_inputs(images), pin_memory) if images else None
     grids = pixels.image_grid_thw.tolist() if pixels is not None else []
     starts = [0, *itertools.accumulate(len(sample.images) for sample in segments)]
     layouts: dict[Layout, np.ndarray] = {}
@@ -216,17 +216,6 @@ def _check_lengths(index: int, sample: SequenceSample) -> None:
     for name, values in per_token.items():
         if values is not None and len(values) != n:
             raise ValueError(f"sequence {index}: {name} has {len(values)} entries for {n} tokens")
-
-
-def _pixel_inputs(processor: VLProcessor, images: Sequence[ImageLike], pin_memory: bool) -> PixelInputs:
-    """The images' pixel inputs in order, concatenated once: into pinned memory with `pin_memory`."""
-    parts = processor.image_inputs(images)
-    patches = [part.pixel_values for part in parts]
-    out = None
-    if pin_memory:
-        rows = sum(int(p.shape[0]) for p in patches)
-        out = torch.empty((rows, *patches[0].shape[1:]), dtype=patches[0].dtype, pin_memory=True)
-    return PixelInputs(torch.cat(patches, out=out), torch.cat([part.image_grid_thw for part in parts]))
 
 
 def _sequence_positions(
