@@ -243,6 +243,9 @@ def served(checkpoint: str, args: argparse.Namespace) -> Iterator[str]:
         stop_process(proc)
 
 
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
 def shape_parser(doc: str | None, rows: int) -> argparse.ArgumentParser:
     """The command line of a benchmark of one shape's engine (`engine_profile`, `engine_parity`): the shape,
     where its checkpoints are kept, the device, and `--rows` requests of `--new-tokens` each."""
@@ -252,8 +255,17 @@ def shape_parser(doc: str | None, rows: int) -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rows", type=int, default=rows)
     parser.add_argument("--new-tokens", type=int, default=64)
+    dtypes = (
+        "the engine's dtype (default: fp32 on CPU, bf16 on GPU); fp32 shows whether bf16 ties part the ids"
+    )
+    parser.add_argument("--dtype", choices=sorted(DTYPES), help=dtypes)
     parser.set_defaults(engine=None, model=None)
     return parser
+
+
+def dtype_of(args: argparse.Namespace) -> torch.dtype | None:
+    """The `--dtype` asked for, or None for the engine's default."""
+    return DTYPES[args.dtype] if args.dtype else None
 
 
 def checkpoint_for(args: argparse.Namespace) -> str:

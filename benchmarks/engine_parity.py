@@ -9,7 +9,9 @@ agree in full, the first position where the others part, the largest logprob dif
 both paths share before they part, and the largest difference between the fast path's logprobs and the
 trainer's recompute of the same sequences (`vistarl.trainer.learner.logprobs.sequence_logprobs`: the judge of
 the engine's logprobs), over the first `--judged` rows of each kind. Random weights make near ties
-common, so in bf16 two paths may part at a tie; the trainer's check has no such limit.
+common, so in bf16 two paths may part at a tie; the trainer's check has no such limit. `--dtype fp32` runs
+both paths (and the trainer's recompute) in fp32, where they should part only where bf16 rounding made
+them part.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import asyncio
 
 import torch
 
-from benchmarks.engine_generate import PROMPTS, checkpoint_for, shape_parser
+from benchmarks.engine_generate import PROMPTS, checkpoint_for, dtype_of, shape_parser
 from vistarl.trainer.learner.logprobs import sequence_logprobs
 from vistarl.trainer.rollout.engines.base import GenerateRequest, GenerateResult
 from vistarl.trainer.rollout.engines.hf import HFEngine
@@ -46,9 +48,10 @@ def judged(engine: HFEngine, request: GenerateRequest, result: GenerateResult) -
 
 
 async def compare(checkpoint: str, args: argparse.Namespace) -> None:
-    fast = HFEngine.from_pretrained(checkpoint, device=args.device, max_batch_size=args.rows)
+    dtype = dtype_of(args)
+    fast = HFEngine.from_pretrained(checkpoint, device=args.device, dtype=dtype, max_batch_size=args.rows)
     reference = HFEngine.from_pretrained(
-        checkpoint, device=args.device, max_batch_size=args.rows, cuda_graphs=False
+        checkpoint, device=args.device, dtype=dtype, max_batch_size=args.rows, cuda_graphs=False
     )
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)
     try:

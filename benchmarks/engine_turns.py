@@ -25,9 +25,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-import torch
-
-from benchmarks.engine_generate import checkpoint_for, shape_parser
+from benchmarks.engine_generate import checkpoint_for, dtype_of, shape_parser
 from vistarl.trainer.config import RolloutConfig
 from vistarl.trainer.rollout.engines.base import GenerateRequest
 from vistarl.trainer.rollout.engines.hf import DEFAULT_PREFIX_CACHE_MB, HFEngine
@@ -115,9 +113,12 @@ def report(label: str, played: Played) -> None:
 
 async def measure(checkpoint: str, args: argparse.Namespace, prefix_cache_mb: int) -> Played:
     """Two rounds on a fresh engine, the second measured after its prefix cache was emptied."""
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype] if args.dtype else None
     engine = HFEngine.from_pretrained(
-        checkpoint, device=args.device, dtype=dtype, max_batch_size=args.rows, prefix_cache_mb=prefix_cache_mb
+        checkpoint,
+        device=args.device,
+        dtype=dtype_of(args),
+        max_batch_size=args.rows,
+        prefix_cache_mb=prefix_cache_mb,
     )
     try:
         await play(engine, args)
@@ -133,10 +134,6 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=4, help="episodes on each level")
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--prefix-cache-mb", type=int, default=DEFAULT_PREFIX_CACHE_MB, help="its bound")
-    dtypes = (
-        "the engine's dtype (default: fp32 on CPU, bf16 on GPU); fp32 shows whether bf16 ties part the ids"
-    )
-    parser.add_argument("--dtype", choices=["bf16", "fp32"], help=dtypes)
     args = parser.parse_args()
     checkpoint = checkpoint_for(args)
     without = asyncio.run(measure(checkpoint, args, 0))
