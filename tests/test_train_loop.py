@@ -5,14 +5,17 @@ update."""
 from __future__ import annotations
 
 import io
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
 
 from vistarl.trainer.config import RolloutConfig, TrainConfig
 from vistarl.trainer.eval import eval_starts
+from vistarl.trainer.learner.update import PolicyTrainer
 from vistarl.trainer.rollout.engines.base import GenerateRequest, GenerateResult
 from vistarl.trainer.rollout.engines.scripted import ScriptedEngine
 from vistarl.trainer.rollout.processor import VLProcessor
@@ -135,21 +138,22 @@ class ArrivalsEngine(ScriptedEngine):
 
 
 def test_the_schedule_puts_the_next_steps_jobs_where_the_rollout_config_says() -> None:
-    """(before the update, after the push, generation held, the version they are played by while 4
-    serves) for each schedule, and the schedule each setting of the flags names."""
+    """(before the update, after the push, generation held, waiting for the packing, the version they are
+    played by while 4 serves) for each schedule, and the schedule each setting of the flags names."""
     assert {
         schedule: (
             schedule.enqueues_before_update,
             schedule.enqueues_after_push,
             schedule.holds_generation,
+            schedule.waits_for_packing,
             schedule.next_version(4),
         )
         for schedule in StepSchedule
     } == {
-        StepSchedule.SYNCHRONOUS: (False, True, False, 5),
-        StepSchedule.OVERLAPPED_RESETS: (True, False, True, 5),
-        StepSchedule.ASYNCHRONOUS: (True, False, False, 4),
-        StepSchedule.LAST: (False, False, False, 5),  # enqueues nothing
+        StepSchedule.SYNCHRONOUS: (False, True, False, False, 5),
+        StepSchedule.OVERLAPPED_RESETS: (True, False, True, True, 5),
+        StepSchedule.ASYNCHRONOUS: (True, False, False, False, 4),
+        StepSchedule.LAST: (False, False, False, False, 5),  # enqueues nothing
     }
     named = [
         StepSchedule.of(RolloutConfig(async_mode=asynchronous, overlap_resets=overlap, max_staleness=1))
@@ -176,6 +180,31 @@ async def test_the_next_steps_episodes_start_during_the_update_and_generate_from
     assert engine.arrivals == (["0"] * 16 if overlap else ["0"] * 8 + ["1"] * 8)
     assert [r["rollout/policy_lag"] for r in result.history] == [0.0, 0.0]
     assert all(r["rollout/stale"] == 0 and r["rollout/episodes"] == 8 for r in result.history)
+
+
+async def test_overlapped_resets_start_once_the_update_has_packed_its_trajectories(
+    tiny_qwen25: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next step's resets would compete with packing for the GIL: they go in once step 1 is packed.
+    Step 1's first packing is slowed so that resets started before it would have arrived by its end."""
+    processor = VLProcessor.from_pretrained(tiny_qwen25)
+    cfg = with_changes(
+        scripted_config(tiny_qwen25, tmp_path / "run", steps=2), "rollout", overlap_resets=True
+    )
+    engine = ArrivalsEngine(processor, odd_seeds_count)
+    arrived_at_packing: list[int] = []
+    pack = PolicyTrainer.pack
+
+    def slow_pack(self: PolicyTrainer, *args: Any, **kwargs: Any) -> Any:
+        if not arrived_at_packing:
+            time.sleep(1.0)
+        arrived_at_packing.append(len(engine.arrivals))
+        return pack(self, *args, **kwargs)
+
+    monkeypatch.setattr(PolicyTrainer, "pack", slow_pack)
+    result = await run_training(cfg, engine=engine)
+    assert arrived_at_packing[0] == 8 and arrived_at_packing[-1] == 16  # step 1's episodes, then both steps'
+    assert engine.arrivals == ["0"] * 16 and [r["rollout/episodes"] for r in result.history] == [8, 8]
 
 
 async def test_a_run_that_need_not_save_its_last_step_leaves_no_checkpoint(

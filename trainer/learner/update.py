@@ -217,8 +217,11 @@ class PolicyTrainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
-    def update(self, step: int, trajectories: Sequence[Trajectory]) -> dict[str, float]:
-        """The update of the module docstring; every rank calls it with the same trajectories.
+    def update(
+        self, step: int, trajectories: Sequence[Trajectory], packed: Callable[[], object] | None = None
+    ) -> dict[str, float]:
+        """The update of the module docstring; every rank calls it with the same trajectories, and
+        `packed` once they are packed (what may then compete for the host without delaying the update).
 
         They are taken in episode-id order, not arrival order, so that a step is reproducible.
         """
@@ -228,6 +231,8 @@ class PolicyTrainer:
         temperature = _played_with(rows, on_policy=self.old_from_update).temperature
         minis = self._mini_batches(step, len(rows))
         micros = [self.pack(rows, mini) for mini in minis]
+        if packed is not None:
+            packed()
         every = [m for mini in micros for m in mini]
         sums = Sums(self.metric_names)
         started, recompute_s = time.perf_counter(), 0.0

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import signal
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import torch
@@ -104,9 +105,12 @@ class RankLearner:
         finally:
             await asyncio.to_thread(self.sync.close)
 
-    async def command(self, command: RankCommand) -> dict[str, float]:
-        """Rank 0: send `command` to every rank and carry it out here too; a `Train`'s metrics come back."""
-        _, metrics = await self._in_compute(command)
+    async def command(
+        self, command: RankCommand, packed: Callable[[], object] | None = None
+    ) -> dict[str, float]:
+        """Rank 0: send `command` to every rank and carry it out here too; a `Train`'s metrics come back.
+        `packed` is called on the compute thread once a `Train`'s trajectories are packed here."""
+        _, metrics = await self._in_compute(command, packed)
         return metrics
 
     async def follow(self) -> None:
@@ -121,22 +125,27 @@ class RankLearner:
         """Stop the compute thread once its work is done."""
         self.compute.shutdown(wait=True)
 
-    async def _in_compute(self, command: RankCommand | None) -> tuple[RankCommand, dict[str, float]]:
+    async def _in_compute(
+        self, command: RankCommand | None, packed: Callable[[], object] | None = None
+    ) -> tuple[RankCommand, dict[str, float]]:
         """Receive rank 0's command (rank 0 gives it) and carry it out, on the compute thread."""
-        return await asyncio.get_running_loop().run_in_executor(self.compute, self._receive, command)
+        work = functools.partial(self._receive, command, packed)
+        return await asyncio.get_running_loop().run_in_executor(self.compute, work)
 
-    def _receive(self, command: RankCommand | None) -> tuple[RankCommand, dict[str, float]]:
+    def _receive(
+        self, command: RankCommand | None, packed: Callable[[], object] | None
+    ) -> tuple[RankCommand, dict[str, float]]:
         """Every rank: take rank 0's command and carry it out."""
         shared = share_command(command, self.device)
-        return shared, self._carry_out(shared)
+        return shared, self._carry_out(shared, packed)
 
-    def _carry_out(self, command: RankCommand) -> dict[str, float]:
+    def _carry_out(self, command: RankCommand, packed: Callable[[], object] | None) -> dict[str, float]:
         """One command on this rank: a `Train`'s update (then its checkpoint), a `Push`, a `Save`, or
         nothing."""
         match command:
             case Train(step=step, trajectories=trajectories, checkpoint=state):
                 metrics = {
-                    **self.trainer.update(step, trajectories),
+                    **self.trainer.update(step, trajectories, packed),
                     **_peak_memory(self.device, self.budget),
                 }
                 if state is not None:

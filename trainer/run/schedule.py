@@ -1,8 +1,9 @@
 """When a training step enqueues the next step's episodes: the run's `StepSchedule`, one of three.
 
 - synchronous (the default): after the step's weight push, so every episode comes from the current policy;
-- overlapped resets (`rollout.overlap_resets`): before the step's update, with the engine holding
-  generation until the push, so that only the env resets and prompts overlap the update;
+- overlapped resets (`rollout.overlap_resets`): once the step's trajectories are packed, with the engine
+  holding generation until the push, so that only the env resets and prompts overlap the update (and
+  not the packing, whose many short torch calls would wait for the GIL behind them);
 - asynchronous (`rollout.async_mode`): before the update, played by the policy the engine serves, so whole
   rollouts overlap training (trajectories over `rollout.max_staleness` versions old are dropped).
 
@@ -37,6 +38,12 @@ class StepSchedule(enum.Enum):
     def enqueues_before_update(self) -> bool:
         """Whether the next step's jobs go in before this step's update."""
         return self in (StepSchedule.OVERLAPPED_RESETS, StepSchedule.ASYNCHRONOUS)
+
+    @property
+    def waits_for_packing(self) -> bool:
+        """Whether the next step's jobs, going in before the update, wait until its trajectories are packed:
+        resets gain nothing by starting sooner, while generation (asynchronous) does."""
+        return self is StepSchedule.OVERLAPPED_RESETS
 
     @property
     def enqueues_after_push(self) -> bool:
