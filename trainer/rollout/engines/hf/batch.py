@@ -34,7 +34,7 @@ from vistarl.trainer.rollout.engines.hf.prompts import Prompt
 from vistarl.trainer.rollout.engines.hf.rows import DecodeRows, Prefill, PromptPassCache, Ready, Step
 from vistarl.trainer.rollout.engines.hf.sampling import RowSampling, SamplingRows, sample
 from vistarl.trainer.rollout.engines.sglang_api import FinishReason, SamplingParams
-from vistarl.trainer.rollout.processor import VLProcessor
+from vistarl.trainer.rollout.processor import VLProcessor, concat_pixels
 
 log = logging.getLogger(__name__)
 
@@ -247,11 +247,11 @@ class BatchRun:
         next_positions = to_device(lengths + torch.tensor([job.prompt.rope_delta for job in jobs]))
         embeds = self.model.get_input_embeddings()(to_device(input_ids))[None]
         extra: dict[str, Any] = {}
-        pixels = [rest.pixels for rest in rests if rest.pixels is not None]
-        if pixels:
-            pixel_values = torch.cat([p.pixel_values for p in pixels]).to(device, self.model.dtype)
-            grid_thw = torch.cat([p.image_grid_thw for p in pixels])
-            features = encode_images(self.model.model, pixel_values, grid_thw)
+        images = [image for rest in rests for image in rest.images]
+        if images:  # one concatenation, into pinned memory on a GPU, and one copy that never waits
+            pixels = concat_pixels(images, pin_memory=device.type == "cuda")
+            pixel_values = pixels.pixel_values.to(device, non_blocking=True).to(self.model.dtype)
+            features = encode_images(self.model.model, pixel_values, pixels.image_grid_thw)
             embeds, extra = with_image_features(embeds, features, to_device(image_rows))
         cache = PromptPassCache([hit.kv if hit is not None else None for hit in hits], computed.tolist())
         text_model = self.model.model.language_model

@@ -18,7 +18,7 @@ from vistarl.clients.errors import ImageError
 from vistarl.trainer.rollout.engines.base import EngineRequestError, GenerateRequest
 from vistarl.trainer.rollout.engines.hf.loading import eos_ids
 from vistarl.trainer.rollout.engines.hf.prefix_cache import PromptKey
-from vistarl.trainer.rollout.processor import PixelInputs, VLProcessor, concat_pixels
+from vistarl.trainer.rollout.processor import PixelInputs, VLProcessor
 
 LAYOUT_CACHE_SIZE = 256  # prompt layouts a `PromptRules` keeps: every first prompt of a step's groups
 
@@ -30,7 +30,7 @@ class Rest:
 
     input_ids: list[int]
     positions: torch.Tensor
-    pixels: PixelInputs | None
+    images: tuple[PixelInputs, ...]
 
 
 @dataclass(frozen=True)
@@ -55,10 +55,9 @@ class Prompt(Layout):
 
     def rest(self, start: int) -> Rest:
         """The prompt from token `start` on, which splits no image (`prefix_cache` reuses whole images): only
-        its own images' pixel inputs are put together, not those of the turns before it."""
-        rest = self.images[bisect.bisect_left(self.image_starts, start) :]
-        pixels = concat_pixels(rest) if rest else None
-        return Rest(self.input_ids[start:], self.positions[:, :, start:], pixels)
+        its own images go to the vision tower, not those of the turns before it."""
+        images = self.images[bisect.bisect_left(self.image_starts, start) :]
+        return Rest(self.input_ids[start:], self.positions[:, :, start:], images)
 
 
 class PromptRules:
