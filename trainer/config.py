@@ -290,11 +290,11 @@ class RolloutConfig(_Section):
         "each stalling every live row (docs/engines.md, 'Joining a running batch')",
     )
     gil_switch_ms: float = Field(
-        default=1.0,
+        default=0.05,
         ge=0,
-        description="with the embedded engine on a GPU, the process's GIL switch interval at most this: its "
-        "model thread takes the GIL back at every decode step, which Python's 5 ms interval delays while "
-        "the rollout's envs and prompts run Python (0: leave Python's)",
+        description="on a GPU, the process's GIL switch interval at most this: the engine's model thread and "
+        "the learner's take the GIL back after every torch call, which Python's 5 ms interval delays while "
+        "the rollout's envs and prompts run Python (`python -m benchmarks.gil_switch`; 0: leave Python's)",
     )
     queue: str | None = Field(default=None, pattern=r"^(redis|rediss|unix)://\S+$")
     local_workers: int = Field(default=1, ge=0, description="in-process rollout workers; 0: external ones")

@@ -34,7 +34,7 @@ from vistarl.trainer.learner.fsdp import init_distributed, rank_device
 from vistarl.trainer.learner.memory_budget import GIB, Budget, preflight
 from vistarl.trainer.learner.models import Models, load_actor, load_critic, load_reference
 from vistarl.trainer.learner.update import PolicyTrainer
-from vistarl.trainer.modeling.device import use_device
+from vistarl.trainer.modeling.device import shorten_switch_interval, use_device
 from vistarl.trainer.rollout.engines.base import Engine
 from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.run.rank_commands import Push, RankCommand, Save, Stop, Train, share_command
@@ -58,6 +58,7 @@ class RankLearner:
         self.distributed = init_distributed()
         self.rank = current_rank()
         self.device = rank_device()
+        shorten_switch_interval(cfg.rollout.gil_switch_ms, self.device)  # packing's and launches' GIL waits
         cfg.model.check_arch()  # before anything loads: a checkpoint of another architecture is refused
         self.checkpoint = latest_checkpoint(run_dir) if resume else None
         if not resume and latest_checkpoint(run_dir) is not None:

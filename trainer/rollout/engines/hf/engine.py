@@ -30,7 +30,6 @@ import collections
 import contextlib
 import functools
 import logging
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -42,7 +41,7 @@ import torch
 from transformers import PreTrainedModel
 
 from vistarl.trainer.modeling.attention import SEQUENCE_SDPA_ATTENTION, VARLEN_ATTENTION, use_attention
-from vistarl.trainer.modeling.device import use_device
+from vistarl.trainer.modeling.device import shorten_switch_interval, use_device
 from vistarl.trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
 from vistarl.trainer.rollout.engines.hf.batch import BatchRun, EngineStats, Job
 from vistarl.trainer.rollout.engines.hf.dynamic_rows import DynamicRows
@@ -61,7 +60,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_BATCH_SIZE = 8
 DEFAULT_MAX_BATCH_WAIT_S = 0.1
 DEFAULT_PREFIX_CACHE_MB = 8192
-DEFAULT_GIL_SWITCH_MS = 1.0
+DEFAULT_GIL_SWITCH_MS = 0.05
 HEALTH_TIMEOUT_S = 30.0
 
 
@@ -91,10 +90,10 @@ class HFEngine:
         eagerly; none: HF's eager decode over a growing cache. Finished requests' keys and values stay in a
         prefix cache of at most `prefix_cache_mb` MiB on the model's device (0: none).
 
-        On a GPU the model thread takes the GIL back at every decode step, and while another thread of the
-        process runs Python (the event loop's envs, prompts, HTTP) the interpreter hands it over only every
-        switch interval, 5 ms by default: `gil_switch_ms` lowers the process's interval to at most that
-        (0: leave it as it is).
+        On a GPU the model thread takes the GIL back after every torch call of a prompt pass and at every
+        decode step, and while another thread of the process runs Python (the event loop's envs, prompts,
+        HTTP) the interpreter hands it over only every switch interval, 5 ms by default: `gil_switch_ms`
+        lowers the process's interval to at most that (0: leave it as it is).
 
         With `hold_joins`, a request that arrives alone while a batch runs waits to join it until it has
         waited as long as the engine's mean prompt pass (`arrivals_settled`)."""
@@ -102,8 +101,6 @@ class HFEngine:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0 (0: no prefix cache), got {prefix_cache_mb}")
-        if gil_switch_ms < 0:
-            raise ValueError(f"gil_switch_ms must be >= 0 (0: leave Python's), got {gil_switch_ms}")
         self.model = model.eval()
         self.processor = processor
         self.max_batch_size = max_batch_size
@@ -112,8 +109,7 @@ class HFEngine:
         self.hold_joins = hold_joins
         self.model_path = model_path or str(getattr(model, "name_or_path", "") or "in-memory")
         self.device = next(model.parameters()).device
-        if self.device.type == "cuda" and gil_switch_ms > 0:
-            sys.setswitchinterval(min(sys.getswitchinterval(), gil_switch_ms / 1000))
+        shorten_switch_interval(gil_switch_ms, self.device)
         self.prompts = PromptRules.of(model, processor)
         self.vocab_size = self.prompts.vocab_size
         self.stats = EngineStats()
