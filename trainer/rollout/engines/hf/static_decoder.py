@@ -24,7 +24,12 @@ from transformers import PreTrainedModel
 
 from vistarl.trainer.modeling.attention import GROUPED_DECODE_ATTENTION, attention_for
 from vistarl.trainer.modeling.device import host_to_device
-from vistarl.trainer.rollout.engines.hf.fused import fused_norms, rms_norms
+from vistarl.trainer.rollout.engines.hf.fused import (
+    fuse_projections,
+    fused_norms,
+    fused_projections,
+    rms_norms,
+)
 from vistarl.trainer.rollout.engines.hf.rows import KV, Prefill, Step, stacked_positions, unpack_rows
 from vistarl.trainer.rollout.engines.hf.sampling import Mode, RowSampling, SamplingRows, sample
 
@@ -149,6 +154,7 @@ class StaticDecoder:
         self.sampling = SamplingRows.empty(slots, self.device)
         self.logprobs = zeros(slots, dtype=torch.float32)  # the last step's; its tokens are `input_ids`
         self._norms = rms_norms(model.model.language_model)
+        self._projections = fuse_projections(model.model.language_model)
         self._picks = [_Picks.allocate(slots, self.device) for _ in range(2)]  # read one, fill the other
         self._turn = 0
         self._host_lengths = [0] * slots
@@ -230,7 +236,11 @@ class StaticDecoder:
         lengths = self.lengths[:rows]
         mask = torch.arange(view.length, device=self.device)[None, :] <= lengths[:, None]
         text_model = self.model.model.language_model
-        with attention_for(text_model, GROUPED_DECODE_ATTENTION), fused_norms(self._norms):
+        with (
+            attention_for(text_model, GROUPED_DECODE_ATTENTION),
+            fused_norms(self._norms),
+            fused_projections(self._projections),
+        ):
             out = text_model(
                 input_ids=self.input_ids[:rows],
                 attention_mask=mask[:, None, None, :],

@@ -1,0 +1,54 @@
+"""The decode step's fused projections (`trainer/rollout/engines/hf/fused.py`): one product for q/k/v and
+one for the MLP's gate/up give what the separate layers give, and in-place weight updates reach them."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tests.hf_models import Loaded
+from vistarl.trainer.rollout.engines.hf.fused import fuse_projections, fused_projections
+
+
+def hidden_of(loaded: Loaded) -> torch.Tensor:
+    """The text model's last hidden states for a few tokens, as HF runs it (no fused projections)."""
+    model, _ = loaded
+    ids = torch.arange(10, 22)[None]
+    with torch.inference_mode():
+        return model.model.language_model(input_ids=ids).last_hidden_state
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+def test_fused_projections_give_the_separate_layers_outputs_and_follow_in_place_updates(
+    request: pytest.FixtureRequest, arch: str
+) -> None:
+    model, processor = copy.deepcopy(request.getfixturevalue("qwen25" if arch == "qwen2_5_vl" else "qwen3"))
+    separate = hidden_of((model, processor))
+    layers = fuse_projections(model.model.language_model)
+    first = layers[0]
+    assert first.qkv.modules[1].weight.data_ptr() != first.qkv.weight.data_ptr()  # k's rows, after q's
+    with fused_projections(layers):
+        assert "forward" in vars(first.qkv.modules[0]) and "forward" in vars(first.mlp)
+        fused = hidden_of((model, processor))
+    assert "forward" not in vars(first.qkv.modules[0]) and "forward" not in vars(first.mlp)
+    torch.testing.assert_close(fused, separate, atol=1e-5, rtol=1e-5)
+
+    with torch.no_grad():  # as `update_weights` does: in place, into the named parameters
+        first.qkv.modules[1].weight.mul_(3.0)
+        first.gate_up.modules[1].weight.add_(0.5)
+    updated = hidden_of((model, processor))
+    with fused_projections(layers):
+        fused = hidden_of((model, processor))
+    assert not torch.allclose(updated, separate, atol=1e-3)
+    torch.testing.assert_close(fused, updated, atol=1e-5, rtol=1e-5)
+
+
+def test_weights_rebound_instead_of_updated_in_place_are_refused(qwen25: Loaded) -> None:
+    model, _ = copy.deepcopy(qwen25)
+    layers = fuse_projections(model.model.language_model)
+    q_proj = layers[0].qkv.modules[0]
+    q_proj.weight = torch.nn.Parameter(q_proj.weight.detach().clone(), requires_grad=False)
+    with pytest.raises(RuntimeError, match="rebound, not updated in place"), fused_projections(layers):
+        pass
