@@ -207,6 +207,25 @@ async def test_overlapped_resets_start_once_the_update_has_packed_its_trajectori
     assert engine.arrivals == ["0"] * 16 and [r["rollout/episodes"] for r in result.history] == [8, 8]
 
 
+async def test_overlapped_resets_never_follow_a_failed_update_and_follow_one_that_packed_nothing() -> None:
+    enqueued: list[str] = []
+
+    async def enqueue() -> None:
+        enqueued.append("next step")
+
+    async def failing(packed: Any = None) -> dict[str, float]:
+        raise RuntimeError("CUDA out of memory")
+
+    async def skipping(packed: Any = None) -> dict[str, float]:  # no trainable rows: nothing to pack
+        return {"train/skipped": 1.0}
+
+    with pytest.raises(RuntimeError, match="out of memory"):
+        await StepSchedule.OVERLAPPED_RESETS.around_update(failing, enqueue)
+    assert enqueued == []
+    assert await StepSchedule.OVERLAPPED_RESETS.around_update(skipping, enqueue) == {"train/skipped": 1.0}
+    assert enqueued == ["next step"]
+
+
 async def test_a_run_that_need_not_save_its_last_step_leaves_no_checkpoint(
     tiny_qwen25: Path, tmp_path: Path
 ) -> None:

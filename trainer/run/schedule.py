@@ -12,7 +12,10 @@ A run's last step enqueues nothing (`LAST`).
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import functools
+from collections.abc import Awaitable, Callable
 
 from vistarl.trainer.config import RolloutConfig
 
@@ -54,6 +57,30 @@ class StepSchedule(enum.Enum):
     def holds_generation(self) -> bool:
         """Whether the engine generates nothing from before the update until the push."""
         return self is StepSchedule.OVERLAPPED_RESETS
+
+    async def around_update(
+        self,
+        update: Callable[..., Awaitable[dict[str, float]]],
+        enqueue: Callable[[], Awaitable[None]],
+    ) -> dict[str, float]:
+        """Run `update` (called with `packed=`), enqueueing the next step's jobs before it, once it has
+        packed, or not at all, as this schedule says; never once the update has failed."""
+        if not self.enqueues_before_update:
+            return await update()
+        if not self.waits_for_packing:
+            await enqueue()
+            return await update()
+        loop, packed = asyncio.get_running_loop(), asyncio.Event()
+        updating = asyncio.ensure_future(
+            update(packed=functools.partial(loop.call_soon_threadsafe, packed.set))
+        )
+        waiting = asyncio.ensure_future(packed.wait())
+        await asyncio.wait({updating, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        if updating.done() and updating.exception() is not None:
+            return updating.result()  # raises the update's error; nothing was enqueued
+        await enqueue()
+        return await updating
 
     def next_version(self, serving: int) -> int:
         """The policy version the next step's jobs are played by: `serving` (the version the engine serves

@@ -30,7 +30,6 @@ what a step plays comes from `run.prompts` (all under `vistarl.trainer`).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import math
 import random
@@ -165,7 +164,11 @@ class _Lead:
         saved = state if (last and cfg.train.save_last) or cfg.train.periodic_save(step) else None
         async with keeper.updating(), stack.holding(schedule.holds_generation):
             with timed(timings, "time/train"):
-                metrics = await self._train(Train(step, gathered.trajectories, saved), schedule, submit)
+                train = Train(step, gathered.trajectories, saved)
+                metrics = await schedule.around_update(
+                    functools.partial(self.learner.command, train),
+                    functools.partial(submit, step + 1, 0, schedule.next_version(self.state.policy_version)),
+                )
             with timed(timings, "time/sync"):
                 await keeper.push(state.policy_version)
         self.state = state
@@ -182,29 +185,6 @@ class _Lead:
         timings["time/step"] = time.perf_counter() - started
         self._log(step, gathered, {**metrics, **rollout, **timings})
         return last
-
-    async def _train(self, train: Train, schedule: StepSchedule, submit: Submit) -> dict[str, float]:
-        """The learner's update, the next step's jobs going in before it where the schedule says, or once
-        the learner has packed the trajectories when it waits for packing (never if the update fails)."""
-        if not schedule.enqueues_before_update:
-            return await self.learner.command(train)
-        next_jobs = functools.partial(
-            submit, train.step + 1, 0, schedule.next_version(self.state.policy_version)
-        )
-        if not schedule.waits_for_packing:
-            await next_jobs()
-            return await self.learner.command(train)
-        loop, packed = asyncio.get_running_loop(), asyncio.Event()
-        training = asyncio.ensure_future(
-            self.learner.command(train, packed=functools.partial(loop.call_soon_threadsafe, packed.set))
-        )
-        waiting = asyncio.ensure_future(packed.wait())
-        await asyncio.wait({training, waiting}, return_when=asyncio.FIRST_COMPLETED)
-        waiting.cancel()
-        if training.done() and training.exception() is not None:
-            return training.result()  # raises the update's error; nothing was submitted
-        await next_jobs()
-        return await training
 
     def _log(self, step: int, gathered: Gathered, metrics: dict[str, float]) -> None:
         """Log step `step`'s metrics, policy version, throughput, left-out episodes and samples."""
