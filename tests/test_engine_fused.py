@@ -9,7 +9,10 @@ import pytest
 import torch
 
 from tests.hf_models import Loaded
-from vistarl.trainer.rollout.engines.hf.fused import fuse_projections, fused_projections
+from vistarl.trainer.rollout.engines.base import GenerateRequest
+from vistarl.trainer.rollout.engines.hf import HFEngine
+from vistarl.trainer.rollout.engines.hf.fused import Fused, Fusions, fuse_projections, fused_projections
+from vistarl.trainer.rollout.engines.sglang_api import SamplingParams
 
 
 def hidden_of(loaded: Loaded) -> torch.Tensor:
@@ -52,3 +55,26 @@ def test_weights_rebound_instead_of_updated_in_place_are_refused(qwen25: Loaded)
     q_proj.weight = torch.nn.Parameter(q_proj.weight.detach().clone(), requires_grad=False)
     with pytest.raises(RuntimeError, match="rebound, not updated in place"), fused_projections(layers):
         pass
+
+
+async def test_prompt_passes_run_fused_and_engines_on_one_model_share_its_fusions(
+    qwen25: Loaded, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, processor = copy.deepcopy(qwen25)
+    products: list[int] = []
+    outputs = Fused.outputs
+
+    def counted(self: Fused, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        products.append(hidden.shape[-2])
+        return outputs(self, hidden)
+
+    monkeypatch.setattr(Fused, "outputs", counted)
+    first, second = HFEngine(model, processor, batch_wait_s=0.0), HFEngine(model, processor, batch_wait_s=0.0)
+    assert first.fusions is second.fusions is Fusions.of(model)
+    ids = processor.tokenizer.encode("<|im_start|>user\nfused<|im_end|>\n<|im_start|>assistant\n")
+    sampling = SamplingParams(max_new_tokens=1, temperature=0.0)
+    await first.generate(GenerateRequest(engine_ids=ids, sampling=sampling))
+    layers = model.config.get_text_config().num_hidden_layers
+    assert products == [len(ids)] * 2 * layers  # the prompt pass: q/k/v and gate/up, once a layer each
+    await first.close()
+    await second.close()

@@ -29,6 +29,7 @@ from vistarl.trainer.modeling.attention import SequenceBounds, attention_for, pa
 from vistarl.trainer.modeling.device import host_to_device
 from vistarl.trainer.modeling.image_features import encode_images, with_image_features
 from vistarl.trainer.rollout.engines.base import GenerateRequest, GenerateResult
+from vistarl.trainer.rollout.engines.hf.fused import Fusions
 from vistarl.trainer.rollout.engines.hf.prefix_cache import PrefixCache
 from vistarl.trainer.rollout.engines.hf.prompts import Prompt
 from vistarl.trainer.rollout.engines.hf.rows import DecodeRows, Prefill, PromptPassCache, Ready, Step
@@ -100,7 +101,7 @@ class EngineStats:
 class BatchRun:
     """The batch loop's collaborators: the model, the prompt pass's attention, how joining jobs are taken
     (`admit`, given the rows running), whether the engine closed, how finished jobs are handed over, the
-    engine's counters, and its prefix cache (None: off)."""
+    engine's counters, its prefix cache (None: off), and the model's fused norms and projections."""
 
     model: PreTrainedModel
     processor: VLProcessor
@@ -110,6 +111,7 @@ class BatchRun:
     finish: Finish
     stats: EngineStats
     prefixes: PrefixCache | None
+    fusions: Fusions
 
     def run(self, jobs: list[Job], rows: DecodeRows) -> None:
         """Decode `jobs` and every job that joins them while some are running, until none is left or the
@@ -205,9 +207,10 @@ class BatchRun:
         return None
 
     def _timed_prefill(self, jobs: list[Job], rows: DecodeRows) -> list[Job]:
-        """`_prefill`, counted in `stats`."""
+        """`_prefill` with the model's norms and projections fused, counted in `stats`."""
         started = time.perf_counter()
-        going = self._prefill(jobs, rows)
+        with self.fusions.applied():
+            going = self._prefill(jobs, rows)
         prompts = sum(len(job.prompt.input_ids) for job in jobs)
         cached = sum(job.cached for job in jobs)
         self.stats.prompt_passes += 1

@@ -45,6 +45,7 @@ from vistarl.trainer.modeling.device import shorten_switch_interval, use_device
 from vistarl.trainer.rollout.engines.base import EngineRequestError, GenerateRequest, GenerateResult
 from vistarl.trainer.rollout.engines.hf.batch import BatchRun, EngineStats, Job
 from vistarl.trainer.rollout.engines.hf.dynamic_rows import DynamicRows
+from vistarl.trainer.rollout.engines.hf.fused import Fusions
 from vistarl.trainer.rollout.engines.hf.loading import load_model, static_decoder
 from vistarl.trainer.rollout.engines.hf.prefix_cache import PrefixCache
 from vistarl.trainer.rollout.engines.hf.prompts import PromptRules
@@ -114,7 +115,8 @@ class HFEngine:
         self.vocab_size = self.prompts.vocab_size
         self.stats = EngineStats()
         self.prefix_cache = PrefixCache(prefix_cache_mb << 20) if prefix_cache_mb else None
-        self.static = static_decoder(model, max_batch_size, cuda_graphs, static_cache_len)
+        self.fusions = Fusions.of(model)  # norms and projections fused, for prompt passes and decode steps
+        self.static = static_decoder(model, self.fusions, max_batch_size, cuda_graphs, static_cache_len)
         self.prompt_attention = SEQUENCE_SDPA_ATTENTION  # the packed prompt pass's attention
         if self.device.type == "cuda" and model.dtype in (torch.bfloat16, torch.float16):
             use_attention(model.model.visual, VARLEN_ATTENTION)  # one kernel a block, not one per image
@@ -418,6 +420,7 @@ class HFEngine:
             finish=functools.partial(self._hand_over, loop, self._weight_version),
             stats=self.stats,
             prefixes=self.prefix_cache,
+            fusions=self.fusions,
         )
         await loop.run_in_executor(self._executor, run.run, jobs, rows)
 

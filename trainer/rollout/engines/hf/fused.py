@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, cast
@@ -64,9 +65,9 @@ class Fused:
         start = 0
         for module in modules:
             rows = slice(start, start + module.out_features)
-            module.weight = nn.Parameter(weight[rows], requires_grad=False)
+            module.weight = nn.Parameter(weight[rows], requires_grad=module.weight.requires_grad)
             if bias is not None:
-                module.bias = nn.Parameter(bias[rows], requires_grad=False)
+                module.bias = nn.Parameter(bias[rows], requires_grad=module.weight.requires_grad)
             start = rows.stop
         return cls(modules, weight, bias)
 
@@ -155,3 +156,32 @@ class _Stash:
 def _gated_mlp(mlp: Any, gate_up: Fused, hidden: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.outputs(hidden)
     return mlp.down_proj(mlp.act_fn(gate) * up)
+
+
+@dataclass(frozen=True)
+class Fusions:
+    """A model's RMSNorms and its text layers' fused projections, found and made once, by its engine."""
+
+    norms: list[nn.Module]
+    projections: list[FusedLayer]
+
+    @classmethod
+    def of(cls, model: Any) -> Fusions:
+        """`model`'s, made once: engines built on one model share them (fusing again would rebind the
+        weights an earlier engine's fusions hold)."""
+        made = _FUSIONS.get(model)
+        if made is None or not made.intact():
+            made = _FUSIONS[model] = cls(rms_norms(model), fuse_projections(model.model.language_model))
+        return made
+
+    def intact(self) -> bool:
+        return all(layer.qkv.intact() and layer.gate_up.intact() for layer in self.projections)
+
+    @contextlib.contextmanager
+    def applied(self) -> Iterator[None]:
+        """The fused norms and projections, for the body of the `with` (a prompt pass, a decode step)."""
+        with fused_norms(self.norms), fused_projections(self.projections):
+            yield
+
+
+_FUSIONS: weakref.WeakKeyDictionary[Any, Fusions] = weakref.WeakKeyDictionary()

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForImageTextToText, PreTrainedModel
 
+from vistarl.trainer.rollout.engines.hf.fused import Fusions
 from vistarl.trainer.rollout.engines.hf.static_decoder import StaticDecoder
 from vistarl.trainer.rollout.processor import VLProcessor
 
@@ -32,7 +33,7 @@ def eos_ids(model: PreTrainedModel, processor: VLProcessor) -> frozenset[int]:
 
 
 def static_decoder(
-    model: PreTrainedModel, slots: int, cuda_graphs: bool, cache_len: int | None
+    model: PreTrainedModel, fusions: Fusions, slots: int, cuda_graphs: bool, cache_len: int | None
 ) -> StaticDecoder | None:
     """The engine's static-cache decoder: always on a GPU (`cache_len` positions a row, by default the
     context, at most `DEFAULT_STATIC_CACHE_LEN`), its steps in CUDA graphs when `cuda_graphs`; on the CPU
@@ -40,7 +41,7 @@ def static_decoder(
     if next(model.parameters()).device.type == "cuda":
         context = int(model.config.get_text_config().max_position_embeddings)
         length = cache_len or min(context, DEFAULT_STATIC_CACHE_LEN)
-        return StaticDecoder(model, slots=slots, cache_len=length, cuda_graphs=cuda_graphs)
+        return StaticDecoder(model, fusions, slots=slots, cache_len=length, cuda_graphs=cuda_graphs)
     if cache_len is not None:
-        return StaticDecoder(model, slots=slots, cache_len=cache_len, cuda_graphs=False)
+        return StaticDecoder(model, fusions, slots=slots, cache_len=cache_len, cuda_graphs=False)
     return None

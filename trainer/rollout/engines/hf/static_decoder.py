@@ -24,12 +24,7 @@ from transformers import PreTrainedModel
 
 from vistarl.trainer.modeling.attention import GROUPED_DECODE_ATTENTION, attention_for
 from vistarl.trainer.modeling.device import host_to_device
-from vistarl.trainer.rollout.engines.hf.fused import (
-    fuse_projections,
-    fused_norms,
-    fused_projections,
-    rms_norms,
-)
+from vistarl.trainer.rollout.engines.hf.fused import Fusions
 from vistarl.trainer.rollout.engines.hf.rows import KV, Prefill, Step, stacked_positions, unpack_rows
 from vistarl.trainer.rollout.engines.hf.sampling import Mode, RowSampling, SamplingRows, sample
 
@@ -135,7 +130,9 @@ class StaticDecoder:
     slot's length and sampling mode, which choose a step's bucket without asking the device.
     """
 
-    def __init__(self, model: PreTrainedModel, *, slots: int, cache_len: int, cuda_graphs: bool) -> None:
+    def __init__(
+        self, model: PreTrainedModel, fusions: Fusions, *, slots: int, cache_len: int, cuda_graphs: bool
+    ) -> None:
         self.model = model
         self.slots = slots
         self.cache_len = cache_len
@@ -153,8 +150,7 @@ class StaticDecoder:
         self.input_ids = zeros(slots, 1)
         self.sampling = SamplingRows.empty(slots, self.device)
         self.logprobs = zeros(slots, dtype=torch.float32)  # the last step's; its tokens are `input_ids`
-        self._norms = rms_norms(model.model.language_model)
-        self._projections = fuse_projections(model.model.language_model)
+        self.fusions = fusions
         self._picks = [_Picks.allocate(slots, self.device) for _ in range(2)]  # read one, fill the other
         self._turn = 0
         self._host_lengths = [0] * slots
@@ -238,8 +234,7 @@ class StaticDecoder:
         text_model = self.model.model.language_model
         with (
             attention_for(text_model, GROUPED_DECODE_ATTENTION),
-            fused_norms(self._norms),
-            fused_projections(self._projections),
+            self.fusions.applied(),
         ):
             out = text_model(
                 input_ids=self.input_ids[:rows],
