@@ -46,7 +46,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from benchmarks.engine_generate import TEXT_PROMPT, checkpoint_for, dtype_of, image_prompts, shape_parser
 from benchmarks.gpu_profile import idle_report
 from vistarl.trainer.rollout.engines.base import GenerateRequest
-from vistarl.trainer.rollout.engines.hf import EngineStats, HFEngine
+from vistarl.trainer.rollout.engines.hf import HFEngine
 from vistarl.trainer.rollout.engines.sglang_api import SamplingParams
 
 DECODE = "decode: text model"
@@ -232,9 +232,9 @@ async def prompt_profile(checkpoint: str, args: argparse.Namespace) -> None:
     prompts = await image_prompts(engine.processor, 3 * args.rows)
     rounds = [prompts[i * args.rows : (i + 1) * args.rows] for i in range(3)]
     await first_tokens(engine, rounds[0])  # warm-up
-    before = await settled_stats(engine)
+    before = dataclasses.replace(engine.stats)
     wall_s = await first_tokens(engine, rounds[1])
-    passes = (await settled_stats(engine)).since(before)
+    passes = engine.stats.since(before)
     remove = hook_ranges(engine.model)
     prof = await profiled(engine, first_tokens(engine, rounds[2]))
     remove()
@@ -256,13 +256,6 @@ async def prompt_profile(checkpoint: str, args: argparse.Namespace) -> None:
         report = idle_report(json.loads(trace.read_text())["traceEvents"])
         (args.out / "prompt_pass_idle.txt").write_text(report)
         print(f"    what the device sat idle behind: {args.out / 'prompt_pass_idle.txt'}")
-
-
-async def settled_stats(engine: HFEngine) -> EngineStats:
-    """A copy of the engine's counters, taken on its model thread once the work before it has ended (a
-    prompt pass hands its last result over before it counts its own time)."""
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(engine._executor, dataclasses.replace, engine.stats)
 
 
 async def first_tokens(engine: HFEngine, prompts: list[tuple[list[int], list[str]]]) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -586,3 +587,16 @@ def test_a_groups_first_prompt_is_laid_out_once(qwen25: Loaded, monkeypatch: pyt
     assert 5 in group[0].stop_ids and first.stop_ids == fresh.stop_ids and 5 not in first.stop_ids
     rules.prepare(GenerateRequest(engine_ids=user_turn(processor, "And now?", 1), images=urls))
     assert len(found) == 3
+
+
+async def test_the_counters_hold_a_requests_work_once_its_result_is_in(engine: HFEngine) -> None:
+    """A step's engine figures are read as soon as its episodes are back: by then the counters must hold
+    the prompt pass and the batch time that made their results (the batch ends after its last handover)."""
+    for _ in range(12):
+        before = dataclasses.replace(engine.stats)
+        await engine.generate(
+            GenerateRequest(engine_ids=user_turn(engine.processor, "count"), sampling=greedy(1))
+        )
+        counted = engine.stats.since(before)
+        assert counted.prompt_passes == 1 and counted.prompt_s > 0
+        assert counted.batch_s >= counted.prompt_s

@@ -101,7 +101,10 @@ class EngineStats:
 class BatchRun:
     """The batch loop's collaborators: the model, the prompt pass's attention, how joining jobs are taken
     (`admit`, given the rows running), whether the engine closed, how finished jobs are handed over, the
-    engine's counters, its prefix cache (None: off), and the model's fused norms and projections."""
+    engine's counters, its prefix cache (None: off), and the model's fused norms and projections.
+
+    Finished jobs are handed over once per turn of the loop, after the counters have taken everything
+    that went into them: whoever reads the counters once its results are in sees all of their work."""
 
     model: PreTrainedModel
     processor: VLProcessor
@@ -112,6 +115,8 @@ class BatchRun:
     stats: EngineStats
     prefixes: PrefixCache | None
     fusions: Fusions
+    _finished: list[tuple[Job, FinishReason]] = field(default_factory=list, init=False)
+    _counted: float = field(default=0.0, init=False)  # when the batch's time was last added to `stats`
 
     def run(self, jobs: list[Job], rows: DecodeRows) -> None:
         """Decode `jobs` and every job that joins them while some are running, until none is left or the
@@ -121,9 +126,10 @@ class BatchRun:
         live: list[Job] = []
         launched: tuple[list[Job], Step] | None = None
         joining = jobs
-        started = time.perf_counter()
+        self._counted = time.perf_counter()
         try:
             while not self.closed():
+                self._deliver()
                 if joining:
                     batch += joining
                     if launched is not None:
@@ -148,7 +154,7 @@ class BatchRun:
                     self._hand_over(job, FinishReason(type="abort", message=f"generation failed: {exc!r}"))
         finally:
             rows.close()
-            self.stats.batch_s += time.perf_counter() - started
+            self._deliver()
 
     def _settle(self, live: list[Job], rows: DecodeRows, jobs: list[Job], step: Step) -> list[Job]:
         """Read `step` (launched for `jobs`), and the jobs of `live` that go on."""
@@ -190,7 +196,16 @@ class BatchRun:
 
     def _hand_over(self, job: Job, reason: FinishReason) -> None:
         job.done = True
-        self.finish(job, reason)
+        self._finished.append((job, reason))
+
+    def _deliver(self) -> None:
+        """Add the batch's time since the last call to `stats`, then hand over the jobs finished since."""
+        now = time.perf_counter()
+        self.stats.batch_s += now - self._counted
+        self._counted = now
+        finished, self._finished = self._finished, []
+        for job, reason in finished:
+            self.finish(job, reason)
 
     def _finish_reason(self, job: Job) -> FinishReason | None:
         """SGLang's order of checks: the length budget, then stop ids, then stop strings."""
