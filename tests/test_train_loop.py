@@ -168,43 +168,30 @@ def test_the_schedule_puts_the_next_steps_jobs_where_the_rollout_config_says() -
 
 @pytest.mark.parametrize("overlap", [True, False])
 async def test_the_next_steps_episodes_start_during_the_update_and_generate_from_its_weights(
-    tiny_qwen25: Path, tmp_path: Path, overlap: bool
+    tiny_qwen25: Path, tmp_path: Path, overlap: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     processor = VLProcessor.from_pretrained(tiny_qwen25)
     cfg = scripted_config(tiny_qwen25, tmp_path / "run", steps=2)
-    engine = ArrivalsEngine(processor, odd_seeds_count)
-    result = await run_training(with_changes(cfg, "rollout", overlap_resets=overlap), engine=engine)
-    # With the overlap, step 2's requests arrive while version 0 still serves (their resets and prompts ran
-    # during step 1's update), and are held until version 1 answers them; without it they arrive after the
-    # push. Either way no episode lags and none is stale.
-    assert engine.arrivals == (["0"] * 16 if overlap else ["0"] * 8 + ["1"] * 8)
-    assert [r["rollout/policy_lag"] for r in result.history] == [0.0, 0.0]
-    assert all(r["rollout/stale"] == 0 and r["rollout/episodes"] == 8 for r in result.history)
-
-
-async def test_overlapped_resets_start_once_the_update_has_packed_its_trajectories(
-    tiny_qwen25: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The next step's resets would compete with packing for the GIL: they go in once step 1 is packed.
-    Step 1's first packing is slowed so that resets started before it would have arrived by its end."""
-    processor = VLProcessor.from_pretrained(tiny_qwen25)
-    cfg = with_changes(
-        scripted_config(tiny_qwen25, tmp_path / "run", steps=2), "rollout", overlap_resets=True
-    )
     engine = ArrivalsEngine(processor, odd_seeds_count)
     arrived_at_packing: list[int] = []
     pack = PolicyTrainer.pack
 
     def slow_pack(self: PolicyTrainer, *args: Any, **kwargs: Any) -> Any:
-        if not arrived_at_packing:
+        if not arrived_at_packing:  # resets started before step 1's packing would arrive during it
             time.sleep(1.0)
         arrived_at_packing.append(len(engine.arrivals))
         return pack(self, *args, **kwargs)
 
     monkeypatch.setattr(PolicyTrainer, "pack", slow_pack)
-    result = await run_training(cfg, engine=engine)
-    assert arrived_at_packing[0] == 8 and arrived_at_packing[-1] == 16  # step 1's episodes, then both steps'
-    assert engine.arrivals == ["0"] * 16 and [r["rollout/episodes"] for r in result.history] == [8, 8]
+    result = await run_training(with_changes(cfg, "rollout", overlap_resets=overlap), engine=engine)
+    # With the overlap, step 2's requests arrive while version 0 still serves (their resets and prompts ran
+    # during step 1's update, once it had packed: its packing's torch calls would wait for the GIL behind
+    # them), and are held until version 1 answers them; without it they arrive after the push. Either way
+    # no episode lags and none is stale.
+    assert arrived_at_packing[0] == 8 and arrived_at_packing[-1] == 16
+    assert engine.arrivals == (["0"] * 16 if overlap else ["0"] * 8 + ["1"] * 8)
+    assert [r["rollout/policy_lag"] for r in result.history] == [0.0, 0.0]
+    assert all(r["rollout/stale"] == 0 and r["rollout/episodes"] == 8 for r in result.history)
 
 
 async def test_overlapped_resets_never_follow_a_failed_update_and_follow_one_that_packed_nothing() -> None:
