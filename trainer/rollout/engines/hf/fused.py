@@ -1,7 +1,7 @@
-"""One kernel where HF's modules launch several, for the decode step: fused RMSNorms, and one matrix product
-for the q/k/v projections and one for the MLP's gate/up. A step at batch 128 runs thousands of tiny
-kernels, so their count, not their bytes, sets much of its time (docs/benchmarks.md, "The HF engine's
-decode step")."""
+"""One kernel where HF's modules launch several, for decode steps and prompt passes: fused RMSNorms, and one
+matrix product for the q/k/v projections and one for the MLP's gate/up. A step at batch 128 runs
+thousands of tiny kernels, so their count, not their bytes, sets much of its time (docs/benchmarks.md,
+"The HF engine's decode step")."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ class Fused:
             rows = slice(start, start + module.out_features)
             module.weight = nn.Parameter(weight[rows], requires_grad=module.weight.requires_grad)
             if bias is not None:
-                module.bias = nn.Parameter(bias[rows], requires_grad=module.weight.requires_grad)
+                module.bias = nn.Parameter(bias[rows], requires_grad=module.bias.requires_grad)
             start = rows.stop
         return cls(modules, weight, bias)
 
@@ -78,23 +78,20 @@ class Fused:
 
     def intact(self) -> bool:
         """Whether the modules' weights are still this tensor's rows (nothing rebound them since)."""
-        return all(
-            m.weight.untyped_storage().data_ptr() == self.weight.untyped_storage().data_ptr()
-            for m in self.modules
-        )
+        storage = self.weight.untyped_storage().data_ptr()
+        return all(m.weight.untyped_storage().data_ptr() == storage for m in self.modules)
 
 
 def fuse_projections(text_model: Any) -> list[FusedLayer]:
     """Each decoder layer of `text_model` with its q/k/v and its MLP's gate/up projections fused
-    (`Fused.of`), made once when a decoder is built."""
+    (`Fused.of`)."""
     return [FusedLayer.of(layer) for layer in text_model.layers]
 
 
 @dataclass(frozen=True)
 class FusedLayer:
-    """A decoder layer's attention projections and MLP, with their fused weights."""
+    """A decoder layer's MLP, with its attention's q/k/v and its gate/up weights fused."""
 
-    attention: Any
     mlp: Any
     qkv: Fused
     gate_up: Fused
@@ -103,7 +100,10 @@ class FusedLayer:
     def of(cls, layer: Any) -> FusedLayer:
         attention, mlp = layer.self_attn, layer.mlp
         qkv = Fused.of((attention.q_proj, attention.k_proj, attention.v_proj))
-        return cls(attention, mlp, qkv, Fused.of((mlp.gate_proj, mlp.up_proj)))
+        return cls(mlp, qkv, Fused.of((mlp.gate_proj, mlp.up_proj)))
+
+    def intact(self) -> bool:
+        return self.qkv.intact() and self.gate_up.intact()
 
 
 @contextlib.contextmanager
@@ -112,7 +112,7 @@ def fused_projections(layers: list[FusedLayer]) -> Iterator[None]:
     the `with`: a decode step at batch 128 spends much of its time in the fixed cost of small matrix
     products. HF's attention calls q, k and v in turn on the same input; the q call computes all three
     and the k and v calls take theirs (computing their own for any other input)."""
-    if not all(layer.qkv.intact() and layer.gate_up.intact() for layer in layers):
+    if not all(layer.intact() for layer in layers):
         raise RuntimeError("a fused projection's weights were rebound, not updated in place")
     patched: list[Any] = []
     for layer in layers:
@@ -175,7 +175,7 @@ class Fusions:
         return made
 
     def intact(self) -> bool:
-        return all(layer.qkv.intact() and layer.gate_up.intact() for layer in self.projections)
+        return all(layer.intact() for layer in self.projections)
 
     @contextlib.contextmanager
     def applied(self) -> Iterator[None]:
