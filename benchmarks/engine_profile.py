@@ -18,7 +18,7 @@ engine can be measured by the same script):
 (c) with `--prompt-pass`, instead: `--rows` first turns of Sokoban and Geo3k episodes (new levels each
     round) sent at once for one token each: the wall time of their prompt passes, the device time of the
     vision tower's attention, MLPs and merger and of the text model's prefill by part, and (`--out DIR`) a
-    chrome trace and what the device sat idle behind (benchmarks/gpu_profile.py's report).
+    report of what the device sat idle behind (benchmarks/gpu_profile.py's).
 
     python3 -m benchmarks.engine_profile --shape qwen2_5_vl_3b --checkpoints runs/shapes --device cuda \
         --prompt-pass --rows 16 --out runs/prompt-profile
@@ -34,9 +34,8 @@ import asyncio
 import collections
 import dataclasses
 import functools
-import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +43,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from benchmarks.engine_generate import TEXT_PROMPT, checkpoint_for, dtype_of, image_prompts, shape_parser
-from benchmarks.gpu_profile import idle_report
+from benchmarks.gpu_profile import profiled_idle_report
 from vistarl.trainer.rollout.engines.base import GenerateRequest
 from vistarl.trainer.rollout.engines.hf import HFEngine
 from vistarl.trainer.rollout.engines.sglang_api import SamplingParams
@@ -59,10 +58,20 @@ GEMM_NAMES = ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas")
 async def greedy_round(engine: HFEngine, rows: int, new_tokens: int) -> float:
     """Wall seconds for `rows` greedy text requests of `new_tokens` each, sent at once."""
     ids = list(engine.processor.tokenizer.encode(TEXT_PROMPT))
+    return await timed_round(engine, [(ids, [])] * rows, new_tokens)
+
+
+async def timed_round(
+    engine: HFEngine, prompts: Sequence[tuple[list[int], list[str]]], new_tokens: int
+) -> float:
+    """Wall seconds for `prompts` (ids, images) sent at once, `new_tokens` greedy tokens each."""
     params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     started = time.perf_counter()
     await asyncio.gather(
-        *(engine.generate(GenerateRequest(engine_ids=ids, sampling=params)) for _ in range(rows))
+        *(
+            engine.generate(GenerateRequest(engine_ids=ids, images=images, sampling=params))
+            for ids, images in prompts
+        )
     )
     return time.perf_counter() - started
 
@@ -231,12 +240,12 @@ async def prompt_profile(checkpoint: str, args: argparse.Namespace) -> None:
     )
     prompts = await image_prompts(engine.processor, 3 * args.rows)
     rounds = [prompts[i * args.rows : (i + 1) * args.rows] for i in range(3)]
-    await first_tokens(engine, rounds[0])  # warm-up
+    await timed_round(engine, rounds[0], 1)  # warm-up
     before = dataclasses.replace(engine.stats)
-    wall_s = await first_tokens(engine, rounds[1])
+    wall_s = await timed_round(engine, rounds[1], 1)
     passes = engine.stats.since(before)
     remove = hook_ranges(engine.model)
-    prof = await profiled(engine, first_tokens(engine, rounds[2]))
+    prof = await profiled(engine, timed_round(engine, rounds[2], 1))
     remove()
     await engine.close()
     on_gpu = engine.device.type == "cuda"
@@ -251,31 +260,15 @@ async def prompt_profile(checkpoint: str, args: argparse.Namespace) -> None:
     print(f"    wall minus the kernels' own time: {wall_s * 1e3 - kernels_ms:.1f} ms (host and launch gaps)")
     if args.out and on_gpu:
         args.out.mkdir(parents=True, exist_ok=True)
-        trace = args.out / "prompt_pass_trace.json"
-        prof.export_chrome_trace(str(trace))
-        report = idle_report(json.loads(trace.read_text())["traceEvents"])
-        (args.out / "prompt_pass_idle.txt").write_text(report)
+        (args.out / "prompt_pass_idle.txt").write_text(profiled_idle_report(prof))
         print(f"    what the device sat idle behind: {args.out / 'prompt_pass_idle.txt'}")
-
-
-async def first_tokens(engine: HFEngine, prompts: list[tuple[list[int], list[str]]]) -> float:
-    """Wall seconds for `prompts` sent at once, one greedy token each (their prompt passes)."""
-    params = SamplingParams(max_new_tokens=1, temperature=0.0)
-    started = time.perf_counter()
-    await asyncio.gather(
-        *(
-            engine.generate(GenerateRequest(engine_ids=ids, images=images, sampling=params))
-            for ids, images in prompts
-        )
-    )
-    return time.perf_counter() - started
 
 
 def main() -> None:
     parser = shape_parser(__doc__, rows=128)
     parser.add_argument("--cache-len", type=int, default=4096, help="the eager pass's static cache")
     parser.add_argument("--prompt-pass", action="store_true", help="(c) only: image prompts' prompt passes")
-    parser.add_argument("--out", type=Path, help="(c): where the chrome trace and the idle report go")
+    parser.add_argument("--out", type=Path, help="(c): where the idle report goes")
     args = parser.parse_args()
     checkpoint = checkpoint_for(args)
     if args.prompt_pass:

@@ -56,11 +56,15 @@ def profile_step(fn: Callable[[], None], device: torch.device, out_dir: Path, na
     table = profiler.key_averages().table(sort_by=sort_by, row_limit=60, max_name_column_width=70)
     (out_dir / f"{name}_ops.txt").write_text(table)
     if cuda:
-        with tempfile.TemporaryDirectory() as tmp:
-            trace = Path(tmp) / "trace.json"
-            profiler.export_chrome_trace(str(trace))
-            report = idle_report(json.loads(trace.read_text())["traceEvents"])
-        (out_dir / f"{name}_idle.txt").write_text(report)
+        (out_dir / f"{name}_idle.txt").write_text(profiled_idle_report(profiler))
+
+
+def profiled_idle_report(profiler: torch.profiler.profile) -> str:
+    """`idle_report` of a finished profiler's CUDA trace."""
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        profiler.export_chrome_trace(str(trace))
+        return idle_report(json.loads(trace.read_text())["traceEvents"])
 
 
 def sync_report(fn: Callable[[], None], out_path: Path) -> None:
