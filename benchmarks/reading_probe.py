@@ -72,15 +72,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def boards(args: argparse.Namespace, cfg: TrainConfig, encoder: TurnEncoder) -> dict[str, list[Trajectory]]:
-    """The training boards, the held-out ones, and with `--other-prompt` the held-out ones with the system
-    prompt the other way round (`other`), as trajectories, each set written under `--out` first."""
+    """The training boards, the held-out ones (with the system prompt unless training never shows it), and
+    with `--other-prompt` the held-out ones with the system prompt the other way round (`other`), as
+    trajectories, each set written under `--out` first."""
     args.out.mkdir(parents=True, exist_ok=True)
     system = cfg.sft.transcribe_system_prompt
-    held = list(transcriptions(args.options, args.held_out, system_prompt=system, first_seed=HELD_OUT_SEED))
+    shown = system is not False
+    held = list(transcriptions(args.options, args.held_out, system_prompt=shown, first_seed=HELD_OUT_SEED))
     keys = {key for record in held for key in record["levels"]}
     records = {"train": transcriptions(args.options, args.boards, keys, system), "held-out": iter(held)}
     if args.other_prompt:
-        records["other"] = transcriptions(args.options, args.held_out, frozenset(), not system, HELD_OUT_SEED)
+        records["other"] = transcriptions(args.options, args.held_out, frozenset(), not shown, HELD_OUT_SEED)
     sets = {}
     for name, chosen in records.items():
         path = args.out / f"{name}.jsonl"

@@ -37,20 +37,19 @@ def plain_boards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("system_prompt", [True, False])
+@pytest.mark.parametrize("system_prompt", ["true", "false", "alternate"])
 def test_demo_learn_writes_boards_with_the_system_prompt_only_when_asked(
-    system_prompt: bool, tmp_path: Path
+    system_prompt: str, tmp_path: Path
 ) -> None:
-    cfg = load_config(
-        DEMO_CONFIG,
-        ["sft.transcribe_boards=4", f"sft.transcribe_system_prompt={str(system_prompt).lower()}"],
-    )
+    cfg = load_config(DEMO_CONFIG, ["sft.transcribe_boards=4", f"sft.transcribe_system_prompt={system_prompt}"])
     options = SokobanOptions.model_validate(cfg.env.options)
     trained = write_sft_data(cfg, options, 4, None, tmp_path, Console(file=io.StringIO()))
     assert trained.sft.transcribe_data is not None
     boards = [json.loads(line) for line in trained.sft.transcribe_data.read_text().splitlines()]
-    roles = {tuple(m["role"] for m in board["messages"]) for board in boards}
-    assert roles == {("system", "user", "assistant") if system_prompt else ("user", "assistant")}
+    roles = [tuple(m["role"] for m in board["messages"]) for board in boards]
+    shown, plain = ("system", "user", "assistant"), ("user", "assistant")
+    expected = {"true": [shown] * 4, "false": [plain] * 4, "alternate": [plain, shown] * 2}
+    assert roles == expected[system_prompt]
 
 
 def reading_trainer(model: Path, sets: list[str]) -> tuple[PolicyTrainer, TrainConfig]:

@@ -555,10 +555,10 @@ class SFTConfig(_Section):
         description="each SFT stage's learning rate after its warmup: constant, or decaying linearly or "
         "along a half cosine towards zero at the stage's last step",
     )
-    transcribe_system_prompt: bool = Field(
+    transcribe_system_prompt: bool | Literal["alternate"] = Field(
         default=True,
         description="`vistarl demo learn`: the boards to read carry the env's system prompt; false: the "
-        "image and the instruction alone",
+        "image and the instruction alone; alternate: every other board with it",
     )
     vision_lr_scale: float = Field(
         default=1.0,

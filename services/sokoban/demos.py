@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Iterator, Set
-from typing import Any
+from typing import Any, Literal
 
 from vistarl.services.env_api import user_message
 from vistarl.services.sokoban.env import SokobanEnv
@@ -28,6 +28,9 @@ from vistarl.services.sokoban.game import DIRECTIONS, Game, Level
 from vistarl.services.sokoban.levels import level_key
 from vistarl.services.sokoban.options import SokobanOptions
 from vistarl.services.sokoban.prompt import IMAGE_HINT
+
+SystemPrompt = bool | Literal["alternate"]
+"""Whether boards to read carry the env's system prompt: always, never, or every other board."""
 from vistarl.services.sokoban.render import render_image
 from vistarl.services.sokoban.solver import solve
 
@@ -111,16 +114,17 @@ def transcriptions(
     options: SokobanOptions,
     count: int,
     held_out: Set[str] = frozenset(),
-    system_prompt: bool = True,
+    system_prompt: SystemPrompt = True,
     first_seed: int = TRANSCRIBE_FIRST_SEED,
 ) -> Iterator[dict[str, Any]]:
-    """`count` boards to read (`transcription`, with or without the system prompt) from `first_seed` up,
-    leaving out each board of a held-out level or that shows one (`held_out`: their keys); a `ValueError`
-    once `MAX_SKIPPED_BOARDS` boards in a row are left out."""
+    """`count` boards to read (`transcription`, with or without the system prompt; `"alternate"`: the odd
+    ones with it) from `first_seed` up, leaving out each board of a held-out level or that shows one
+    (`held_out`: their keys); a `ValueError` once `MAX_SKIPPED_BOARDS` boards in a row are left out."""
     seeds = itertools.count(first_seed)
-    for _ in range(count):
+    for index in range(count):
+        system = index % 2 == 1 if system_prompt == "alternate" else system_prompt
         for _ in range(MAX_SKIPPED_BOARDS):
-            record = transcription(options, next(seeds), system_prompt)
+            record = transcription(options, next(seeds), system)
             if held_out.isdisjoint(record["levels"]):
                 yield record
                 break

@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from vistarl.services.sokoban.demos import SystemPrompt
     from vistarl.services.sokoban.options import SokobanOptions
 
 sokoban_app = typer.Typer(
@@ -162,10 +163,10 @@ def write_transcriptions(
     count: int,
     out: Path,
     held_out: Set[str] = frozenset(),
-    system_prompt: bool = True,
+    system_prompt: SystemPrompt = True,
 ) -> list[int]:
     """Write `count` boards to read (`transcriptions`, none of a level whose key is in `held_out`, with or
-    without the env's system prompt) to `out` as JSONL conversations, for SFT's reading stage
+    without the env's system prompt, or alternately) to `out` as JSONL conversations, for SFT's reading stage
     (`sft.transcribe_data`); returns their turns (1 each)."""
     from vistarl.services.sokoban.demos import transcriptions
 
