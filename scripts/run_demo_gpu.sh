@@ -3,7 +3,9 @@
 # Sokoban, SFT on DEMOS solver demonstrations (default 2000: 375 SFT steps; with 600 the runs levelled off
 # near 25%, docs/results.md) then GRPO (`vistarl demo learn`), three curricula side by side:
 #   3moves    levels of up to 3 moves, one reply of up to 3 moves (configs/sokoban_demo_gpu.yaml as it is);
-#   3turns    the same levels, up to 3 turns to solve them;
+#   3turns    the same levels, one move a turn, up to 3 turns: the board seen again after every move (each
+#             demonstration a move a turn; with up to 3 moves a reply, as before 2026-11-29, the demonstrations
+#             never showed a second turn and the policy wrote garbage in it, docs/results.md);
 #   1move     levels one move from solved.
 # Each run's GRPO stage stops after the step that passes train.max_time_s (240 s), so the whole script
 # fits one 10-minute command.
@@ -52,7 +54,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-3}   # the runs share the machine's co
 overrides() {  # a curriculum's --set overrides of configs/sokoban_demo_gpu.yaml
     case $1 in
         3moves) ;;
-        3turns) echo rollout.max_turns=3 ;;
+        3turns) echo rollout.max_turns=3 env.options.max_actions_per_turn=1 ;;
         1move) echo env.options.max_solution_len=1 ;;
         *) echo "unknown curriculum $1 (3moves, 3turns, 1move)" >&2; exit 2 ;;
     esac

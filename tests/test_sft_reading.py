@@ -41,7 +41,8 @@ def plain_boards(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_demo_learn_writes_boards_with_the_system_prompt_only_when_asked(
     system_prompt: str, tmp_path: Path
 ) -> None:
-    cfg = load_config(DEMO_CONFIG, ["sft.transcribe_boards=4", f"sft.transcribe_system_prompt={system_prompt}"])
+    sets = ["sft.transcribe_boards=4", f"sft.transcribe_system_prompt={system_prompt}"]
+    cfg = load_config(DEMO_CONFIG, sets)
     options = SokobanOptions.model_validate(cfg.env.options)
     trained = write_sft_data(cfg, options, 4, None, tmp_path, Console(file=io.StringIO()))
     assert trained.sft.transcribe_data is not None

@@ -28,9 +28,6 @@ from vistarl.services.sokoban.game import DIRECTIONS, Game, Level
 from vistarl.services.sokoban.levels import level_key
 from vistarl.services.sokoban.options import SokobanOptions
 from vistarl.services.sokoban.prompt import IMAGE_HINT
-
-SystemPrompt = bool | Literal["alternate"]
-"""Whether boards to read carry the env's system prompt: always, never, or every other board."""
 from vistarl.services.sokoban.render import render_image
 from vistarl.services.sokoban.solver import solve
 
@@ -42,6 +39,9 @@ __all__ = [
     "transcription",
     "transcriptions",
 ]
+
+SystemPrompt = bool | Literal["alternate"]
+"""Whether boards to read carry the env's system prompt: always, never, or every other board."""
 
 TRANSCRIBE_INSTRUCTION = "Write the board as a text grid, one line per row."
 TRANSCRIBE_FIRST_SEED = 1_000_000  # above the demonstrations' seeds and both held-out sets
