@@ -23,7 +23,6 @@ from vistarl.trainer.rollout.engines.sglang import SGLangEngine
 from vistarl.trainer.rollout.env_handle import Envs
 from vistarl.trainer.rollout.episode import run_episode
 from vistarl.trainer.rollout.job import EpisodeJob, EpisodeSettings, group_jobs
-from vistarl.trainer.rollout.policy_gate import PolicyGate
 from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.rollout.runner import RolloutRunner, run_jobs
 from vistarl.trainer.rollout.trajectory import Behaviour, Status, Trajectory
@@ -265,39 +264,6 @@ async def test_the_episode_deadline_aborts_a_slow_episode(processor: VLProcessor
     trajectory = await run_episode(handle, engine, processor, slow, deadline_s=1.2)
     assert trajectory.status is Status.ABORTED and "deadline of 1.2 s" in (trajectory.error or "")
     assert 1 <= len(trajectory.turn_rewards) <= 3  # 0.5 s steps: the deadline, not the 100-step target
-
-
-async def test_the_gate_holds_the_first_generation_until_its_version_and_aborts_if_it_closes(
-    processor: VLProcessor, envs: Envs
-) -> None:
-    engine = ScriptedEngine(processor, lambda index, request: "inc")
-    gate = PolicyGate(served=1)
-    later = job("tests.envs.counter", config(), options={"target": 1}, policy_version=2)
-    held = asyncio.create_task(
-        run_episode(await envs.open("tests.envs.counter"), engine, processor, later, gate=gate)
-    )
-    now = await run_episode(
-        await envs.open("tests.envs.counter"),
-        engine,
-        processor,
-        later.model_copy(update={"policy_version": 1}),
-        gate=gate,
-    )
-    assert now.status is Status.COMPLETED and len(engine.requests) == 1  # its version is served: no wait
-    await asyncio.sleep(0.1)
-    assert not held.done() and len(engine.requests) == 1  # reset, prompted, not generating before version 2
-    gate.open(2)
-    trajectory = await held
-    assert trajectory.status is Status.COMPLETED and trajectory.timings["held"] >= 0.1
-    closed = job("tests.envs.counter", config(), options={"target": 1}, policy_version=3)
-    waiting = asyncio.create_task(
-        run_episode(await envs.open("tests.envs.counter"), engine, processor, closed, gate=gate)
-    )
-    await asyncio.sleep(0.05)
-    gate.close()
-    aborted = await waiting
-    assert aborted.status is Status.ABORTED and "before policy version 3 was served" in (aborted.error or "")
-    assert len(engine.requests) == 2
 
 
 async def test_cancellation_propagates_and_closes_the_session(

@@ -18,7 +18,6 @@ from vistarl.trainer.eval import eval_starts
 from vistarl.trainer.learner.update import PolicyTrainer
 from vistarl.trainer.rollout.engines.base import GenerateRequest, GenerateResult
 from vistarl.trainer.rollout.engines.scripted import ScriptedEngine
-from vistarl.trainer.rollout.policy_gate import PolicyGate
 from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.run.prompts import PromptSource
 from vistarl.trainer.run.schedule import StepSchedule
@@ -139,12 +138,10 @@ class ArrivalsEngine(ScriptedEngine):
 
 
 def test_the_schedule_puts_the_next_steps_jobs_where_the_rollout_config_says() -> None:
-    """(as the rollout starts, before the update, after the push, generation held, waiting for the packing,
-    the version they are played by while 4 serves) for each schedule, and the schedule each setting of the
-    flags names: resets beside the rollout only where every worker is in process."""
+    """(before the update, after the push, generation held, waiting for the packing, the version they are
+    played by while 4 serves) for each schedule, and the schedule each setting of the flags names."""
     assert {
         schedule: (
-            schedule.enqueues_with_rollout,
             schedule.enqueues_before_update,
             schedule.enqueues_after_push,
             schedule.holds_generation,
@@ -153,69 +150,46 @@ def test_the_schedule_puts_the_next_steps_jobs_where_the_rollout_config_says() -
         )
         for schedule in StepSchedule
     } == {
-        StepSchedule.SYNCHRONOUS: (False, False, True, False, False, 5),
-        StepSchedule.RESETS_BESIDE_ROLLOUT: (True, False, False, False, False, 5),
-        StepSchedule.OVERLAPPED_RESETS: (False, True, False, True, True, 5),
-        StepSchedule.ASYNCHRONOUS: (False, True, False, False, False, 4),
-        StepSchedule.LAST: (False, False, False, False, False, 5),  # enqueues nothing
+        StepSchedule.SYNCHRONOUS: (False, True, False, False, 5),
+        StepSchedule.OVERLAPPED_RESETS: (True, False, True, True, 5),
+        StepSchedule.ASYNCHRONOUS: (True, False, False, False, 4),
+        StepSchedule.LAST: (False, False, False, False, 5),  # enqueues nothing
     }
     named = [
-        StepSchedule.of(
-            RolloutConfig(async_mode=asynchronous, overlap_resets=overlap, max_staleness=1, queue=q)
-        )
-        for asynchronous, overlap, q in (
-            (False, False, None),
-            (False, True, None),
-            (False, True, "redis://127.0.0.1:6379/0"),
-            (True, False, None),
-            (True, True, None),
-        )
+        StepSchedule.of(RolloutConfig(async_mode=asynchronous, overlap_resets=overlap, max_staleness=1))
+        for asynchronous, overlap in ((False, False), (False, True), (True, False), (True, True))
     ]
     assert named == [
         StepSchedule.SYNCHRONOUS,
-        StepSchedule.RESETS_BESIDE_ROLLOUT,
         StepSchedule.OVERLAPPED_RESETS,
         *[StepSchedule.ASYNCHRONOUS] * 2,
     ]
 
 
-@pytest.mark.parametrize(
-    "schedule", [StepSchedule.SYNCHRONOUS, StepSchedule.RESETS_BESIDE_ROLLOUT, StepSchedule.OVERLAPPED_RESETS]
-)
-async def test_the_next_steps_episodes_start_where_the_schedule_says_and_generate_from_its_weights(
-    tiny_qwen25: Path, tmp_path: Path, schedule: StepSchedule, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("overlap", [True, False])
+async def test_the_next_steps_episodes_start_during_the_update_and_generate_from_its_weights(
+    tiny_qwen25: Path, tmp_path: Path, overlap: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     processor = VLProcessor.from_pretrained(tiny_qwen25)
-    cfg = with_changes(scripted_config(tiny_qwen25, tmp_path / "run", steps=2), "rollout", concurrency=16)
+    cfg = scripted_config(tiny_qwen25, tmp_path / "run", steps=2)
     engine = ArrivalsEngine(processor, odd_seeds_count)
-    held: list[int] = []  # the version each episode held at the gate waited for
-    at_packing: list[tuple[int, int]] = []  # (requests arrived, episodes held) as each packing began
-    pack, reached = PolicyTrainer.pack, PolicyGate.reached
+    arrived_at_packing: list[int] = []
+    pack = PolicyTrainer.pack
 
     def slow_pack(self: PolicyTrainer, *args: Any, **kwargs: Any) -> Any:
-        if not at_packing:  # time for episodes started before step 1's packing to reach the gate
+        if not arrived_at_packing:  # resets started before step 1's packing would arrive during it
             time.sleep(1.0)
-        at_packing.append((len(engine.arrivals), len(held)))
+        arrived_at_packing.append(len(engine.arrivals))
         return pack(self, *args, **kwargs)
 
-    async def counted(self: PolicyGate, version: int) -> None:
-        if self.served < version:
-            held.append(version)
-        await reached(self, version)
-
     monkeypatch.setattr(PolicyTrainer, "pack", slow_pack)
-    monkeypatch.setattr(PolicyGate, "reached", counted)
-    monkeypatch.setattr(StepSchedule, "of", classmethod(lambda cls, rollout: schedule))
-    result = await run_training(cfg, engine=engine)
-    # However early step 2's episodes start, their first requests wait for version 1 (the in-process
-    # workers' gate; workers elsewhere, the engine's hold), so no episode lags and none is stale. Beside the
-    # rollout they start, and are held, before step 1 packs; with overlapped resets once it has packed (its
-    # torch calls would wait for the GIL behind them); synchronously after the push, held not at all.
-    started_early = {StepSchedule.RESETS_BESIDE_ROLLOUT: 8}.get(schedule, 0)
-    assert at_packing[0] == (8, started_early)
-    assert at_packing[-1] == (16, 0 if schedule is StepSchedule.SYNCHRONOUS else 8)
-    assert held == ([] if schedule is StepSchedule.SYNCHRONOUS else [1] * 8)
-    assert engine.arrivals == ["0"] * 8 + ["1"] * 8
+    result = await run_training(with_changes(cfg, "rollout", overlap_resets=overlap), engine=engine)
+    # With the overlap, step 2's requests arrive while version 0 still serves (their resets and prompts ran
+    # during step 1's update, once it had packed: its packing's torch calls would wait for the GIL behind
+    # them), and are held until version 1 answers them; without it they arrive after the push. Either way
+    # no episode lags and none is stale.
+    assert arrived_at_packing[0] == 8 and arrived_at_packing[-1] == 16
+    assert engine.arrivals == (["0"] * 16 if overlap else ["0"] * 8 + ["1"] * 8)
     assert [r["rollout/policy_lag"] for r in result.history] == [0.0, 0.0]
     assert all(r["rollout/stale"] == 0 and r["rollout/episodes"] == 8 for r in result.history)
 

@@ -309,8 +309,7 @@ class RolloutConfig(_Section):
     overlap_resets: bool = Field(
         default=False,
         description="synchronous mode: the next step's episodes reset their envs and build their prompts "
-        "early, their generation held for the new weights: beside this step's rollout with in-process "
-        "workers only (`rollout.queue` unset), else during the update (docs/training.md)",
+        "during the update, while the engine holds their generation for the new weights",
     )
 
     @field_validator("engine")

@@ -25,7 +25,6 @@ from typing import Any, TypeVar
 from vistarl.trainer.rollout.engines.base import Engine, GenerateRequest, GenerateResult, policy_version_of
 from vistarl.trainer.rollout.episode_env import EnvError, EpisodeEnv, opening_messages
 from vistarl.trainer.rollout.job import EpisodeJob, EpisodeSettings
-from vistarl.trainer.rollout.policy_gate import GateClosedError, PolicyGate
 from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.rollout.rewards import RewardFn, env_reward
 from vistarl.trainer.rollout.tokenization import TokenTrackError, TokenTracks, TurnEncoder
@@ -57,7 +56,6 @@ class _Episode:
     encoder: TurnEncoder
     settings: EpisodeSettings
     session: str
-    gate: PolicyGate | None = None
     tracks: TokenTracks = field(init=False)
     turn_rewards: list[float] = field(default_factory=list, init=False)
     info: dict[str, Any] = field(default_factory=dict, init=False)
@@ -73,9 +71,6 @@ class _Episode:
         message, self.info = await self._timed_env(self.env.reset(job))
         with self._timer("tokenize"):
             self.tracks.add_prompt(opening_messages(self.env, message))
-        if self.gate is not None and self.gate.served < job.policy_version:
-            with self._timer("held"):
-                await self.gate.reached(job.policy_version)
         while True:
             text = await self._generate()
             message, answer = await self._timed_env(self.env.step(text))
@@ -198,20 +193,18 @@ async def run_episode(
     *,
     reward_fn: RewardFn = env_reward,
     deadline_s: float | None = None,
-    gate: PolicyGate | None = None,
 ) -> Trajectory:
     """Play `job` on `env` (which it resets and always closes) with `engine`; never raises but cancellation.
 
     `processor` may be a `TurnEncoder` built once and shared across episodes. `deadline_s` bounds the whole
-    episode (ABORTED when exceeded). With a `gate`, the first generation waits until it serves the job's
-    policy version (ABORTED if it closes first).
+    episode (ABORTED when exceeded).
     """
     encoder = processor if isinstance(processor, TurnEncoder) else TurnEncoder(processor)
     started = time.perf_counter()
     settings = job.settings
     if job.sampling_seed is not None:
         settings = settings.sampled_with(sampling_seed=job.sampling_seed)
-    episode = _Episode(env, engine, encoder, settings, job.episode_id, gate)
+    episode = _Episode(env, engine, encoder, settings, job.episode_id)
     status, error = await _play(episode, job, deadline_s)
     reward = 0.0
     if status in (Status.COMPLETED, Status.TRUNCATED) and episode.turn_rewards:
@@ -255,8 +248,6 @@ async def _play(episode: _Episode, job: EpisodeJob, deadline_s: float | None) ->
         return ended.status, str(ended)
     except EnvError as exc:
         return Status.FAILED, str(exc)
-    except GateClosedError as exc:
-        return Status.ABORTED, str(exc)
     except TokenTrackError as exc:
         return Status.FAILED, f"cannot tokenize the env's message: {exc}"
     except TimeoutError:

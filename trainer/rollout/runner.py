@@ -16,7 +16,6 @@ from vistarl.trainer.rollout.env_handle import Envs
 from vistarl.trainer.rollout.episode import failed_trajectory, run_episode
 from vistarl.trainer.rollout.episode_env import EnvError
 from vistarl.trainer.rollout.job import EpisodeJob
-from vistarl.trainer.rollout.policy_gate import PolicyGate
 from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.rollout.rewards import RewardFn, env_reward
 from vistarl.trainer.rollout.tokenization import TurnEncoder
@@ -26,8 +25,7 @@ __all__ = ["RolloutRunner", "run_jobs"]
 
 
 class RolloutRunner:
-    """Maps `job.env` through `env_urls` (else takes it as given) to an env, then runs the episode on it
-    (its first generation held at `gate`, if given, until the job's policy version is served)."""
+    """Maps `job.env` through `env_urls` (else takes it as given) to an env, then runs the episode on it."""
 
     def __init__(
         self,
@@ -39,7 +37,6 @@ class RolloutRunner:
         reward_fn: RewardFn = env_reward,
         deadline_s: float | None = None,
         envs: Envs | None = None,
-        gate: PolicyGate | None = None,
     ) -> None:
         self.engine = engine
         self.encoder = TurnEncoder(processor)
@@ -48,7 +45,6 @@ class RolloutRunner:
         self.reward_fn = reward_fn
         self.deadline_s = deadline_s
         self.envs = envs or Envs(outage_s=self.config.env_outage_s)
-        self.gate = gate
 
     async def __call__(self, job: EpisodeJob) -> Trajectory:
         """Run one job; the trajectory has any status, FAILED when the env cannot even be opened."""
@@ -64,7 +60,6 @@ class RolloutRunner:
             job,
             reward_fn=self.reward_fn,
             deadline_s=self.deadline_s,
-            gate=self.gate,
         )
 
     async def aclose(self) -> None:

@@ -1,13 +1,9 @@
-"""When a training step enqueues the next step's episodes: the run's `StepSchedule`, one of four.
+"""When a training step enqueues the next step's episodes: the run's `StepSchedule`, one of three.
 
 - synchronous (the default): after the step's weight push, so every episode comes from the current policy;
-- resets beside the rollout (`rollout.overlap_resets` with in-process workers only, `rollout.queue`
-  unset): as the step's rollout starts, each episode held after its reset and first prompt until the
-  push (`PolicyGate`), so that the env resets and prompts overlap the step's generation, whose decode
-  steps are CUDA-graph replays of few torch calls, and neither the packing nor the update, whose many
-  short torch calls would each wait for the GIL behind them (docs/benchmarks.md, "GRPO step");
-- overlapped resets (`rollout.overlap_resets` with a queue that workers in other processes may serve):
-  once the step's trajectories are packed, with the engine holding generation until the push;
+- overlapped resets (`rollout.overlap_resets`): once the step's trajectories are packed, with the engine
+  holding generation until the push, so that only the env resets and prompts overlap the update (and
+  not the packing, whose many short torch calls would wait for the GIL behind them);
 - asynchronous (`rollout.async_mode`): before the update, played by the policy the engine serves, so whole
   rollouts overlap training (trajectories over `rollout.max_staleness` versions old are dropped).
 
@@ -30,25 +26,16 @@ class StepSchedule(enum.Enum):
     """Where a step puts the next step's jobs, and for which policy version (the module docstring)."""
 
     SYNCHRONOUS = "synchronous"
-    RESETS_BESIDE_ROLLOUT = "resets beside the rollout"
     OVERLAPPED_RESETS = "overlapped resets"
     ASYNCHRONOUS = "asynchronous"
     LAST = "the run's last step"
 
     @classmethod
     def of(cls, rollout: RolloutConfig) -> StepSchedule:
-        """The schedule `rollout.async_mode` and `rollout.overlap_resets` name (resets beside the rollout
-        where every worker is in process: only they hold an episode until its policy is served)."""
+        """The schedule `rollout.async_mode` and `rollout.overlap_resets` name."""
         if rollout.async_mode:
             return cls.ASYNCHRONOUS
-        if not rollout.overlap_resets:
-            return cls.SYNCHRONOUS
-        return cls.RESETS_BESIDE_ROLLOUT if rollout.queue is None else cls.OVERLAPPED_RESETS
-
-    @property
-    def enqueues_with_rollout(self) -> bool:
-        """Whether the next step's jobs go in as this step's rollout starts."""
-        return self is StepSchedule.RESETS_BESIDE_ROLLOUT
+        return cls.OVERLAPPED_RESETS if rollout.overlap_resets else cls.SYNCHRONOUS
 
     @property
     def enqueues_before_update(self) -> bool:

@@ -41,7 +41,6 @@ from vistarl.trainer.rollout.engines.loading import POOLED_RETRY_DEADLINE_S, mak
 from vistarl.trainer.rollout.engines.pool import EnginePool
 from vistarl.trainer.rollout.engines.sglang import SGLangEngine
 from vistarl.trainer.rollout.job import EpisodeJob
-from vistarl.trainer.rollout.policy_gate import PolicyGate
 from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.rollout.rewards import load_reward_fn
 from vistarl.trainer.rollout.runner import RolloutRunner
@@ -95,7 +94,6 @@ class Stack:
     engine: Engine
     env: str
     max_staleness: int | None = None
-    gate: PolicyGate | None = None
     policy_version: int = field(default=0, init=False)
     unexpected: int = field(default=0, init=False)
     _consumer: ResultConsumer = field(init=False)
@@ -106,12 +104,6 @@ class Stack:
 
     def __post_init__(self) -> None:
         self._consumer = ResultConsumer(self.queue)
-
-    def serve(self, version: int) -> None:
-        """The engines serve `version` now: it is the trainer's, and in-process episodes held for it go on."""
-        self.policy_version = version
-        if self.gate is not None:
-            self.gate.open(version)
 
     @property
     def rejected(self) -> int:
@@ -226,20 +218,17 @@ async def open_stack(
         stack.push_async_callback(engine.close)
         queue = open_queue(cfg.rollout.queue, cfg.rollout.namespace)
         stack.push_async_callback(queue.close)
-        gate = PolicyGate() if cfg.rollout.local_workers else None
-        if gate is not None:
+        if cfg.rollout.local_workers:
             runner = RolloutRunner(
                 engine,
                 processor,
                 cfg.rollout,
                 reward_fn=load_reward_fn(cfg.env.reward_path),
                 deadline_s=cfg.rollout.episode_timeout_s,
-                gate=gate,
             )
             stack.push_async_callback(runner.envs.aclose)
             await stack.enter_async_context(_workers(queue, runner, cfg.rollout.local_workers, cfg))
-            stack.callback(gate.close)  # first on exit: episodes held for a version never pushed end
-        yield Stack(queue, engine, env, max_staleness=cfg.rollout.max_staleness, gate=gate)
+        yield Stack(queue, engine, env, max_staleness=cfg.rollout.max_staleness)
 
 
 def build_engine(

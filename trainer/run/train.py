@@ -17,9 +17,9 @@ One step:
 7. log; save a checkpoint every `train.save_every` steps (and at the end: after `train.steps`, or after
    the first step that ends past `train.max_time_s`, or on SIGTERM: `vistarl.trainer.run.stopping`).
 
-Step k+1's jobs go in where the run's `StepSchedule` (`vistarl.trainer.run.schedule`) puts them: after
-step k's push (synchronous, the default), as its rollout starts or once its update has packed, held until
-the push (overlapped resets), or before its update for the serving policy (asynchronous).
+Step k+1's jobs go in where the run's `StepSchedule` (`vistarl.trainer.run.schedule`) puts them:
+after step k's push (synchronous, the default), or once its update has packed its trajectories, the engine
+holding generation (overlapped resets), or before its update for the serving policy (asynchronous).
 
 Under torchrun every rank trains its share of each mini-batch (FSDP2), gathers its share of each push
 (`vistarl.trainer.weights`) and, with the embedded engine, generates (`run.rank_engines`); rank 0 alone
@@ -153,9 +153,8 @@ class _Lead:
     ) -> bool:
         """Step `step`: gather, train, push (the next step's jobs going in where the schedule puts them),
         maybe evaluate, log; True if it is the run's last."""
-        cfg, started = self.cfg, time.perf_counter()
-        if self.schedule.enqueues_with_rollout and step < cfg.train.steps and time.monotonic() < deadline:
-            await submit(step + 1, 0, self.schedule.next_version(self.state.policy_version))
+        cfg = self.cfg
+        started = time.perf_counter()
         gathered = await self._gather_learnable(stack, step, submit)
         timings = {"time/rollout": time.perf_counter() - started}
         rollout = rollout_metrics(gathered, stack)  # lags against the policy that was serving
@@ -197,7 +196,8 @@ class _Lead:
     async def _gather_learnable(self, stack: Stack, step: int, submit: Submit) -> Gathered:
         """Step `step`'s episodes once some can be learned from: a try with none does not count as a step
         and is played again, up to `train.max_unusable_steps` tries in a row, then the run stops."""
-        cfg, tries = self.cfg, self.cfg.train.max_unusable_steps
+        cfg = self.cfg
+        tries = cfg.train.max_unusable_steps
         played_again: list[Gathered] = []
         for attempt in range(1, tries + 1):
             gathered = await self.stop.unless_asked(stack.gather(f"s{step}", cfg.rollout.collect_timeout_s))

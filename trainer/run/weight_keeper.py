@@ -102,7 +102,7 @@ class WeightKeeper:
                     raise
                 self.note(f"the push of weight version {version} failed ({exc}); trying again")
                 served = await self._answer()
-        self.stack.serve(version)
+        self.stack.policy_version = version
         self._reached = reached
         self._pushed = True
 
