@@ -1,17 +1,31 @@
 """The decode step's fused projections (`trainer/rollout/engines/hf/fused.py`): one product for q/k/v and
-one for the MLP's gate/up give what the separate layers give, and in-place weight updates reach them."""
+one for the MLP's gate/up give what the separate layers give, and in-place weight updates reach them; the
+rotary embedding in fewer kernels gives HF's bit for bit."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 
 import pytest
 import torch
+from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
+from transformers.models.qwen3_vl import modeling_qwen3_vl
 
 from tests.hf_models import Loaded
+from tests.test_engine_hf import greedy, images, sampled, user_turn
 from vistarl.trainer.rollout.engines.base import GenerateRequest
 from vistarl.trainer.rollout.engines.hf import HFEngine
-from vistarl.trainer.rollout.engines.hf.fused import Fused, Fusions, fuse_projections, fused_projections
+from vistarl.trainer.rollout.engines.hf.fused import (
+    Fused,
+    Fusions,
+    fuse_projections,
+    fused_projections,
+    fused_rotary,
+    rotated,
+    signed_sin,
+)
 from vistarl.trainer.rollout.engines.sglang_api import SamplingParams
 
 
@@ -37,12 +51,17 @@ def test_fused_projections_give_the_separate_layers_outputs_and_follow_in_place_
         fused = hidden_of((model, processor))
     assert "forward" not in vars(first.qkv.modules[0]) and "forward" not in vars(first.mlp)
     torch.testing.assert_close(fused, separate, atol=1e-5, rtol=1e-5)
+    with fused_projections(layers), fused_rotary(layers):
+        assert "forward" in vars(first.attention)
+        rotary = hidden_of((model, processor))
+    assert "forward" not in vars(first.attention)
+    assert torch.equal(rotary, fused)
 
     with torch.no_grad():  # as `update_weights` does: in place, into the named parameters
         first.qkv.modules[1].weight.mul_(3.0)
         first.gate_up.modules[1].weight.add_(0.5)
     updated = hidden_of((model, processor))
-    with fused_projections(layers):
+    with fused_projections(layers), fused_rotary(layers):
         fused = hidden_of((model, processor))
     assert not torch.allclose(updated, separate, atol=1e-3)
     torch.testing.assert_close(fused, updated, atol=1e-5, rtol=1e-5)
@@ -62,13 +81,13 @@ async def test_prompt_passes_run_fused_and_engines_on_one_model_share_its_fusion
 ) -> None:
     model, processor = copy.deepcopy(qwen25)
     products: list[int] = []
-    outputs = Fused.outputs
+    product = Fused.product
 
-    def counted(self: Fused, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def counted(self: Fused, hidden: torch.Tensor) -> torch.Tensor:
         products.append(hidden.shape[-2])
-        return outputs(self, hidden)
+        return product(self, hidden)
 
-    monkeypatch.setattr(Fused, "outputs", counted)
+    monkeypatch.setattr(Fused, "product", counted)
     first, second = HFEngine(model, processor, batch_wait_s=0.0), HFEngine(model, processor, batch_wait_s=0.0)
     assert first.fusions is second.fusions is Fusions.of(model)
     ids = processor.tokenizer.encode("<|im_start|>user\nfused<|im_end|>\n<|im_start|>assistant\n")
@@ -78,3 +97,48 @@ async def test_prompt_passes_run_fused_and_engines_on_one_model_share_its_fusion
     assert products == [len(ids)] * 2 * layers  # the prompt pass: q/k/v and gate/up, once a layer each
     await first.close()
     await second.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_rotary_embedding_of_q_and_k_together_is_hfs_bit_for_bit(dtype: torch.dtype) -> None:
+    """`rotated` over q and k side by side gives the bits of both architectures' `apply_rotary_pos_emb`."""
+    generator = torch.Generator().manual_seed(0)
+    batch, tokens, heads, kv_heads, dim = 3, 5, 8, 2, 32
+    qk = (torch.randn(batch, tokens, heads + kv_heads, dim, generator=generator) * 4).to(dtype)
+    qk[0, 0, 0, :4] = torch.tensor([0.0, -0.0, 0.0, -0.0])  # zeros keep their signs too
+    angles = torch.rand(batch, tokens, dim // 2, generator=generator) * 300
+    cos, sin = (torch.cat((f, f), dim=-1).to(dtype) for f in (angles.cos(), angles.sin()))
+
+    ours = rotated(qk, cos.unsqueeze(-2), signed_sin(sin).unsqueeze(-2)).transpose(1, 2)
+    query, key = qk.transpose(1, 2).split([heads, kv_heads], dim=1)
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    for module in (modeling_qwen2_5_vl, modeling_qwen3_vl):
+        hf = torch.cat(module.apply_rotary_pos_emb(query, key, cos, sin), dim=1)
+        assert torch.equal(ours.contiguous().view(bits), hf.contiguous().view(bits))
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+async def test_the_engine_decodes_as_before_with_its_rotary_embedding_fused(
+    request: pytest.FixtureRequest, arch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same tokens and logprobs, exactly, with and without `fused_rotary`: a prompt pass of prompts with
+    and without images, then static decode steps, greedy and sampled, as rows finish. One batch each time:
+    when rows join a running batch depends on when they arrive, and other steps' rows round differently."""
+    model, processor = copy.deepcopy(request.getfixturevalue("qwen25" if arch == "qwen2_5_vl" else "qwen3"))
+    requests = [
+        GenerateRequest(engine_ids=user_turn(processor, "rotate"), sampling=greedy(6)),
+        GenerateRequest(
+            engine_ids=user_turn(processor, "one", 1), images=images(3, (32, 32)), sampling=sampled(9, 1)
+        ),
+        GenerateRequest(engine_ids=user_turn(processor, "later, longer"), sampling=sampled(5, 2)),
+    ]
+    runs = []
+    for rotary in (True, False):
+        if not rotary:
+            monkeypatch.setattr(f"{fused_rotary.__module__}.fused_rotary", lambda _: contextlib.nullcontext())
+        engine = HFEngine(model, processor, max_batch_size=3, batch_wait_s=1.0, static_cache_len=200)
+        runs.append(await asyncio.gather(*(engine.generate(r) for r in requests)))
+        assert engine.stats.static_batches == engine.stats.batches == 1
+        await engine.close()
+    for with_rotary, without in zip(*runs, strict=True):
+        assert (with_rotary.output_ids, with_rotary.logprobs) == (without.output_ids, without.logprobs)

@@ -222,7 +222,7 @@ class BatchRun:
         return None
 
     def _timed_prefill(self, jobs: list[Job], rows: DecodeRows) -> list[Job]:
-        """`_prefill` with the model's norms and projections fused, counted in `stats`."""
+        """`_prefill` with the model's norms, projections and rotary embedding fused, counted in `stats`."""
         started = time.perf_counter()
         with self.fusions.applied():
             going = self._prefill(jobs, rows)

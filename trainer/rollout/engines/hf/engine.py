@@ -115,7 +115,7 @@ class HFEngine:
         self.vocab_size = self.prompts.vocab_size
         self.stats = EngineStats()
         self.prefix_cache = PrefixCache(prefix_cache_mb << 20) if prefix_cache_mb else None
-        self.fusions = Fusions.of(model)  # norms and projections fused, for prompt passes and decode steps
+        self.fusions = Fusions.of(model)  # fused kernels for prompt passes and decode steps (`fused.py`)
         self.static = static_decoder(model, self.fusions, max_batch_size, cuda_graphs, static_cache_len)
         self.prompt_attention = SEQUENCE_SDPA_ATTENTION  # the packed prompt pass's attention
         if self.device.type == "cuda" and model.dtype in (torch.bfloat16, torch.float16):

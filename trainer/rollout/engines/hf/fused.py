@@ -1,12 +1,14 @@
-"""One kernel where HF's modules launch several, for decode steps and prompt passes: fused RMSNorms, and one
-matrix product for the q/k/v projections and one for the MLP's gate/up. A step at batch 128 runs
-thousands of tiny kernels, so their count, not their bytes, sets much of its time (docs/benchmarks.md,
-"The HF engine's decode step")."""
+"""One kernel where HF's modules launch several, for decode steps and prompt passes: fused RMSNorms, one
+matrix product for the q/k/v projections and one for the MLP's gate/up; and the text attention's rotary
+embedding in four elementwise kernels for q and k together (five on Qwen3-VL, which joins its normed q and
+k first) where HF launches ten. A step at batch 128 runs thousands of tiny kernels, so their count, not
+their bytes, sets much of its time (docs/benchmarks.md, "The HF engine's decode step")."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,6 +17,7 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 
 def rms_norms(model: nn.Module) -> list[nn.Module]:
@@ -71,10 +74,13 @@ class Fused:
             start = rows.stop
         return cls(modules, weight, bias)
 
+    def product(self, hidden: torch.Tensor) -> torch.Tensor:
+        """All the modules' outputs for `hidden`, side by side in the last dimension."""
+        return F.linear(hidden, self.weight, self.bias)
+
     def outputs(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Each module's output for `hidden`, from one product."""
-        product = F.linear(hidden, self.weight, self.bias)
-        return product.split([m.out_features for m in self.modules], dim=-1)
+        return self.product(hidden).split([m.out_features for m in self.modules], dim=-1)
 
     def intact(self) -> bool:
         """Whether the modules' weights are still this tensor's rows (nothing rebound them since)."""
@@ -90,8 +96,9 @@ def fuse_projections(text_model: Any) -> list[FusedLayer]:
 
 @dataclass(frozen=True)
 class FusedLayer:
-    """A decoder layer's MLP, with its attention's q/k/v and its gate/up weights fused."""
+    """A decoder layer's attention and MLP, with the attention's q/k/v and the MLP's gate/up weights fused."""
 
+    attention: Any
     mlp: Any
     qkv: Fused
     gate_up: Fused
@@ -100,7 +107,7 @@ class FusedLayer:
     def of(cls, layer: Any) -> FusedLayer:
         attention, mlp = layer.self_attn, layer.mlp
         qkv = Fused.of((attention.q_proj, attention.k_proj, attention.v_proj))
-        return cls(mlp, qkv, Fused.of((mlp.gate_proj, mlp.up_proj)))
+        return cls(attention, mlp, qkv, Fused.of((mlp.gate_proj, mlp.up_proj)))
 
     def intact(self) -> bool:
         return self.qkv.intact() and self.gate_up.intact()
@@ -158,6 +165,90 @@ def _gated_mlp(mlp: Any, gate_up: Fused, hidden: torch.Tensor) -> torch.Tensor:
     return mlp.down_proj(mlp.act_fn(gate) * up)
 
 
+@contextlib.contextmanager
+def fused_rotary(layers: list[FusedLayer]) -> Iterator[None]:
+    """Run each layer's attention as `_attention` for the body of the `with`: HF's Qwen2.5-VL and Qwen3-VL
+    text attention, with q, k and v from the layer's fused product (its q/k/v modules go uncalled), and q
+    and k rotated together in four elementwise kernels (`rotated`) where HF's `apply_rotary_pos_emb`
+    launches five for each. Patched per module, as the other fusions: another model (a learner's, on
+    another thread) runs HF's own."""
+    sines = _SignedSines()
+    for layer in layers:
+        layer.attention.forward = functools.partial(_attention, layer.attention, layer.qkv, sines)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.attention.forward
+
+
+def rotated(x: torch.Tensor, cos: torch.Tensor, signed: torch.Tensor) -> torch.Tensor:
+    """HF's `x * cos + rotate_half(x) * sin`, bit for bit, in four kernels where HF's takes five:
+    rotate_half's slices and concatenation as one flip of the two halves (a roll would copy a strided `x`
+    first on a GPU), its negation moved onto the sine (`signed`, from `signed_sin`). Exact, as
+    (-a) * b == a * (-b); the products and their sum are rounded as HF's are."""
+    return x * cos + x.unflatten(-1, (2, -1)).flip(-2).flatten(-2) * signed
+
+
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """`sin` with its first half negated: the sine `rotated` takes, rotate_half's negation moved onto it."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+class _SignedSines:
+    """`signed_sin` of the text model's rotary sine, made once a forward pass: every layer gets the same
+    `sin`."""
+
+    def __init__(self) -> None:
+        self.last: tuple[torch.Tensor, torch.Tensor] | None = None  # a sine, and it signed
+
+    def of(self, sin: torch.Tensor) -> torch.Tensor:
+        if self.last is None or self.last[0] is not sin:
+            self.last = sin, signed_sin(sin)
+        return self.last[1]
+
+
+def _attention(
+    attention: Any,
+    qkv: Fused,
+    sines: _SignedSines,
+    hidden_states: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor],
+    attention_mask: torch.Tensor | None = None,
+    cache: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """HF's text attention (Qwen2.5-VL's, and Qwen3-VL's with its per-head q/k norms) from the fused q/k/v
+    product, q and k rotated as one tensor: the heads of both, side by side in the product (or joined
+    after Qwen3-VL's norms)."""
+    config = attention.config
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    product = qkv.product(hidden_states).unflatten(-1, (-1, attention.head_dim))
+    qk, value = product.split([heads + kv_heads, kv_heads], dim=-2)
+    if hasattr(attention, "q_norm"):
+        qk = torch.cat((attention.q_norm(qk[..., :heads, :]), attention.k_norm(qk[..., heads:, :])), dim=-2)
+    cos, sin = position_embeddings
+    qk = rotated(qk, cos.unsqueeze(-2), sines.of(sin).unsqueeze(-2))
+    query, key = qk.transpose(1, 2).split([heads, kv_heads], dim=1)
+    value = value.transpose(1, 2)
+    if cache is not None:
+        key, value = cache.update(key, value, attention.layer_idx, kwargs=kwargs)
+    eager = sys.modules[type(attention).__module__].eager_attention_forward
+    out, weights = ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, eager)(
+        attention,
+        query,
+        key,
+        value,
+        attention_mask,
+        dropout=attention.attention_dropout if attention.training else 0.0,
+        scaling=attention.scaling,
+        sliding_window=getattr(attention, "sliding_window", None),
+        **kwargs,
+    )
+    return attention.o_proj(out.reshape(*hidden_states.shape[:-1], -1).contiguous()), weights
+
+
 @dataclass(frozen=True)
 class Fusions:
     """A model's RMSNorms and its text layers' fused projections, found and made once, by its engine."""
@@ -179,8 +270,9 @@ class Fusions:
 
     @contextlib.contextmanager
     def applied(self) -> Iterator[None]:
-        """The fused norms and projections, for the body of the `with` (a prompt pass, a decode step)."""
-        with fused_norms(self.norms), fused_projections(self.projections):
+        """The fused norms, projections and rotary embedding, for the body of the `with` (a prompt pass, a
+        decode step)."""
+        with fused_norms(self.norms), fused_projections(self.projections), fused_rotary(self.projections):
             yield
 
 
