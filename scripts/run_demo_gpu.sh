@@ -50,7 +50,9 @@ read -r -a confirm <<< "${CONFIRM_SEEDS-200000 200200}"
 demos=${DEMOS:-2000}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-3}   # the runs share the machine's cores
 
-[ -d runs/demo-model-gpu ] || vistarl model tiny --shape medium --out runs/demo-model-gpu
+mkdir -p runs
+{ flock 9  # two scripts started side by side write the model once, and neither reads it half-written
+  [ -d runs/demo-model-gpu ] || vistarl model tiny --shape medium --out runs/demo-model-gpu; } 9> runs/.demo-model-gpu.lock
 overrides() {  # a curriculum's --set overrides of configs/sokoban_demo_gpu.yaml
     case $1 in
         3moves) ;;
