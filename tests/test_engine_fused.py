@@ -21,8 +21,8 @@ from vistarl.trainer.rollout.engines.hf.fused import (
     Fused,
     Fusions,
     fuse_projections,
-    fused_projections,
-    fused_rotary,
+    fused_attentions,
+    fused_mlps,
     rotated,
     signed_sin,
 )
@@ -46,22 +46,17 @@ def test_fused_projections_give_the_separate_layers_outputs_and_follow_in_place_
     layers = fuse_projections(model.model.language_model)
     first = layers[0]
     assert first.qkv.modules[1].weight.data_ptr() != first.qkv.weight.data_ptr()  # k's rows, after q's
-    with fused_projections(layers):
-        assert "forward" in vars(first.qkv.modules[0]) and "forward" in vars(first.mlp)
+    with fused_mlps(layers), fused_attentions(layers):
+        assert "forward" in vars(first.mlp) and "forward" in vars(first.attention)
         fused = hidden_of((model, processor))
-    assert "forward" not in vars(first.qkv.modules[0]) and "forward" not in vars(first.mlp)
+    assert "forward" not in vars(first.mlp) and "forward" not in vars(first.attention)
     torch.testing.assert_close(fused, separate, atol=1e-5, rtol=1e-5)
-    with fused_projections(layers), fused_rotary(layers):
-        assert "forward" in vars(first.attention)
-        rotary = hidden_of((model, processor))
-    assert "forward" not in vars(first.attention)
-    assert torch.equal(rotary, fused)
 
     with torch.no_grad():  # as `update_weights` does: in place, into the named parameters
         first.qkv.modules[1].weight.mul_(3.0)
         first.gate_up.modules[1].weight.add_(0.5)
     updated = hidden_of((model, processor))
-    with fused_projections(layers), fused_rotary(layers):
+    with fused_mlps(layers), fused_attentions(layers):
         fused = hidden_of((model, processor))
     assert not torch.allclose(updated, separate, atol=1e-3)
     torch.testing.assert_close(fused, updated, atol=1e-5, rtol=1e-5)
@@ -72,8 +67,9 @@ def test_weights_rebound_instead_of_updated_in_place_are_refused(qwen25: Loaded)
     layers = fuse_projections(model.model.language_model)
     q_proj = layers[0].qkv.modules[0]
     q_proj.weight = torch.nn.Parameter(q_proj.weight.detach().clone(), requires_grad=False)
-    with pytest.raises(RuntimeError, match="rebound, not updated in place"), fused_projections(layers):
-        pass
+    for fusion in (fused_mlps, fused_attentions):
+        with pytest.raises(RuntimeError, match="rebound, not updated in place"), fusion(layers):
+            pass
 
 
 async def test_prompt_passes_run_fused_and_engines_on_one_model_share_its_fusions(
@@ -118,12 +114,13 @@ def test_the_rotary_embedding_of_q_and_k_together_is_hfs_bit_for_bit(dtype: torc
 
 
 @pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
-async def test_the_engine_decodes_as_before_with_its_rotary_embedding_fused(
+async def test_the_engine_decodes_as_with_hfs_attention_with_its_attention_fused(
     request: pytest.FixtureRequest, arch: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The same tokens and logprobs, exactly, with and without `fused_rotary`: a prompt pass of prompts with
-    and without images, then static decode steps, greedy and sampled, as rows finish. One batch each time:
-    when rows join a running batch depends on when they arrive, and other steps' rows round differently."""
+    """The same tokens and logprobs, exactly, with `fused_attentions` and with HF's attention and separate
+    q/k/v products: a prompt pass of prompts with and without images, then static decode steps, greedy and
+    sampled, as rows finish. One batch each time: when rows join a running batch depends on when they
+    arrive, and other steps' rows round differently."""
     model, processor = copy.deepcopy(request.getfixturevalue("qwen25" if arch == "qwen2_5_vl" else "qwen3"))
     requests = [
         GenerateRequest(engine_ids=user_turn(processor, "rotate"), sampling=greedy(6)),
@@ -133,12 +130,14 @@ async def test_the_engine_decodes_as_before_with_its_rotary_embedding_fused(
         GenerateRequest(engine_ids=user_turn(processor, "later, longer"), sampling=sampled(5, 2)),
     ]
     runs = []
-    for rotary in (True, False):
-        if not rotary:
-            monkeypatch.setattr(f"{fused_rotary.__module__}.fused_rotary", lambda _: contextlib.nullcontext())
+    for fused in (True, False):
+        if not fused:
+            monkeypatch.setattr(
+                f"{fused_attentions.__module__}.fused_attentions", lambda _: contextlib.nullcontext()
+            )
         engine = HFEngine(model, processor, max_batch_size=3, batch_wait_s=1.0, static_cache_len=200)
         runs.append(await asyncio.gather(*(engine.generate(r) for r in requests)))
         assert engine.stats.static_batches == engine.stats.batches == 1
         await engine.close()
-    for with_rotary, without in zip(*runs, strict=True):
-        assert (with_rotary.output_ids, with_rotary.logprobs) == (without.output_ids, without.logprobs)
+    for with_fused, without in zip(*runs, strict=True):
+        assert (with_fused.output_ids, with_fused.logprobs) == (without.output_ids, without.logprobs)

@@ -12,7 +12,7 @@ import sys
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -114,50 +114,23 @@ class FusedLayer:
 
 
 @contextlib.contextmanager
-def fused_projections(layers: list[FusedLayer]) -> Iterator[None]:
-    """Run each layer's q/k/v projections as one product and its MLP's gate/up as another for the body of
-    the `with`: a decode step at batch 128 spends much of its time in the fixed cost of small matrix
-    products. HF's attention calls q, k and v in turn on the same input; the q call computes all three
-    and the k and v calls take theirs (computing their own for any other input)."""
-    if not all(layer.intact() for layer in layers):
-        raise RuntimeError("a fused projection's weights were rebound, not updated in place")
-    patched: list[Any] = []
+def fused_mlps(layers: list[FusedLayer]) -> Iterator[None]:
+    """Run each layer's MLP with its gate/up projections as one product for the body of the `with`: a
+    decode step at batch 128 spends much of its time in the fixed cost of small matrix products."""
+    _refuse_rebound(layers)
     for layer in layers:
-        q, k, v = cast(tuple[Any, Any, Any], layer.qkv.modules)
-        stash = _Stash(layer.qkv)
-        q.forward, k.forward, v.forward = (
-            stash.first,
-            functools.partial(stash.take, k, 1),
-            functools.partial(stash.take, v, 2),
-        )
         layer.mlp.forward = functools.partial(_gated_mlp, layer.mlp, layer.gate_up)
-        patched += [q, k, v, layer.mlp]
     try:
         yield
     finally:
-        for module in patched:
-            del module.forward
+        for layer in layers:
+            del layer.mlp.forward
 
 
-class _Stash:
-    """The outputs of one fused product, kept for the modules called after the first on the same input."""
-
-    def __init__(self, fused: Fused) -> None:
-        self.fused = fused
-        self.input: torch.Tensor | None = None
-        self.outputs: tuple[torch.Tensor, ...] = ()
-
-    def first(self, hidden: torch.Tensor) -> torch.Tensor:
-        self.input, self.outputs = hidden, self.fused.outputs(hidden)
-        return self.outputs[0]
-
-    def take(self, module: nn.Linear, index: int, hidden: torch.Tensor) -> torch.Tensor:
-        if hidden is not self.input:
-            return F.linear(hidden, module.weight, module.bias)
-        output = self.outputs[index]
-        if index == len(self.outputs) - 1:
-            self.input, self.outputs = None, ()
-        return output
+def _refuse_rebound(layers: list[FusedLayer]) -> None:
+    """Fail where a weight was rebound (`Fused.intact`): the fused product would compute with the old one."""
+    if not all(layer.intact() for layer in layers):
+        raise RuntimeError("a fused projection's weights were rebound, not updated in place")
 
 
 def _gated_mlp(mlp: Any, gate_up: Fused, hidden: torch.Tensor) -> torch.Tensor:
@@ -166,12 +139,13 @@ def _gated_mlp(mlp: Any, gate_up: Fused, hidden: torch.Tensor) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def fused_rotary(layers: list[FusedLayer]) -> Iterator[None]:
+def fused_attentions(layers: list[FusedLayer]) -> Iterator[None]:
     """Run each layer's attention as `_attention` for the body of the `with`: HF's Qwen2.5-VL and Qwen3-VL
-    text attention, with q, k and v from the layer's fused product (its q/k/v modules go uncalled), and q
-    and k rotated together in four elementwise kernels (`rotated`) where HF's `apply_rotary_pos_emb`
-    launches five for each. Patched per module, as the other fusions: another model (a learner's, on
-    another thread) runs HF's own."""
+    text attention, with q, k and v from one product (its q/k/v modules go uncalled), and q and k rotated
+    together in four elementwise kernels (`rotated`) where HF's `apply_rotary_pos_emb` launches five for
+    each. Patched per module, as the other fusions: another model (a learner's, on another thread) runs
+    HF's own."""
+    _refuse_rebound(layers)
     sines = _SignedSines()
     for layer in layers:
         layer.attention.forward = functools.partial(_attention, layer.attention, layer.qkv, sines)
@@ -270,9 +244,8 @@ class Fusions:
 
     @contextlib.contextmanager
     def applied(self) -> Iterator[None]:
-        """The fused norms, projections and rotary embedding, for the body of the `with` (a prompt pass, a
-        decode step)."""
-        with fused_norms(self.norms), fused_projections(self.projections), fused_rotary(self.projections):
+        """The fused norms, MLPs and attentions, for the body of the `with` (a prompt pass, a decode step)."""
+        with fused_norms(self.norms), fused_mlps(self.projections), fused_attentions(self.projections):
             yield
 
 
