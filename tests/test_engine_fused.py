@@ -62,6 +62,35 @@ def test_fused_projections_give_the_separate_layers_outputs_and_follow_in_place_
     torch.testing.assert_close(fused, updated, atol=1e-5, rtol=1e-5)
 
 
+class RecordedCache:
+    """A KV cache that keeps what each attention layer hands it."""
+
+    def __init__(self) -> None:
+        self.updates: list[tuple[int, torch.Size]] = []
+
+    def update(
+        self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.updates.append((layer_idx, key.shape))
+        return key, value
+
+
+@pytest.mark.parametrize("name", ["cache", "past_key_values"])
+def test_the_fused_attention_fills_the_kv_cache_under_either_of_its_names(qwen25: Loaded, name: str) -> None:
+    """transformers 5.24's decoder layer hands the attention its KV cache as `cache`, 5.17's as
+    `past_key_values`: the fused attention writes to it under both (the engine's prompt pass reads it)."""
+    model, _ = copy.deepcopy(qwen25)
+    text = model.model.language_model
+    layers = fuse_projections(text)
+    hidden = torch.randn(1, 4, text.config.hidden_size)
+    embeddings = text.rotary_emb(hidden, torch.arange(4).expand(3, 1, 4))
+    cache = RecordedCache()
+    with torch.inference_mode(), fused_attentions(layers):
+        layers[1].attention(hidden, position_embeddings=embeddings, attention_mask=None, **{name: cache})
+    kv_heads, head_dim = text.config.num_key_value_heads, layers[1].attention.head_dim
+    assert cache.updates == [(1, torch.Size([1, kv_heads, 4, head_dim]))]
+
+
 def test_weights_rebound_instead_of_updated_in_place_are_refused(qwen25: Loaded) -> None:
     model, _ = copy.deepcopy(qwen25)
     layers = fuse_projections(model.model.language_model)

@@ -191,11 +191,14 @@ def _attention(
     position_embeddings: tuple[torch.Tensor, torch.Tensor],
     attention_mask: torch.Tensor | None = None,
     cache: Any = None,
+    past_key_values: Any = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """HF's text attention (Qwen2.5-VL's, and Qwen3-VL's with its per-head q/k norms) from the fused q/k/v
     product, q and k rotated as one tensor: the heads of both, side by side in the product (or joined
-    after Qwen3-VL's norms)."""
+    after Qwen3-VL's norms). The decoder layer passes the KV cache as `cache`, or as `past_key_values`
+    before transformers renamed it (5.17 does)."""
+    cache = cache if cache is not None else past_key_values
     config = attention.config
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     product = qkv.product(hidden_states).unflatten(-1, (-1, attention.head_dim))
