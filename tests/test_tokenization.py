@@ -306,3 +306,19 @@ def test_a_groups_prompts_are_rendered_once(
     odd = TokenTracks(encoder)
     odd.add_prompt([SYSTEM, unhashable])
     assert len(rendered) == 3 and odd.engine_ids == alone.engine_ids
+
+
+def test_image_pads_expand_per_grid_and_a_count_that_differs_is_refused(
+    encoders: dict[str, TurnEncoder],
+) -> None:
+    """Each image's one pad becomes its grid's count of pads, the text around it kept in order; a prompt
+    with fewer or more pads than images is refused, naming both counts."""
+    processor = encoders["qwen2_5_vl"].processor
+    pad = processor.ids.image_pad
+    grids = [[1, 4, 6], [1, 2, 2]]
+    ids = (7, pad, 8, 9, pad)
+    assert processor.expand_image_pads(ids, grids) == [7, *[pad] * 6, 8, 9, pad]
+    with pytest.raises(ValueError, match="1 image pads for 2 images"):
+        processor.expand_image_pads([7, pad, 8], grids)
+    with pytest.raises(ValueError, match=r"more image pads than images \(1\)"):
+        processor.expand_image_pads(ids, grids[:1])

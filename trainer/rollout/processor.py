@@ -133,20 +133,23 @@ class VLProcessor:
         return t * h * w // (self.merge_size**2)
 
     def expand_image_pads(self, ids: Sequence[int], grids: Sequence[Sequence[int]]) -> list[int]:
-        """Replace the single pad of image k by `num_image_tokens(grids[k])` pads."""
+        """Replace the single pad of image k by `num_image_tokens(grids[k])` pads. The pads are found by
+        `list.index` and the runs between them copied as slices: a prompt's tokens are not walked in
+        Python (this runs for every episode's prompt, beside the GRPO update's torch calls)."""
+        ids, pad = list(ids), self.ids.image_pad
         out: list[int] = []
-        k = 0
-        for token in ids:
-            if token != self.ids.image_pad:
-                out.append(token)
-                continue
-            if k >= len(grids):
-                raise ValueError(f"more image pads than images ({len(grids)})")
-            out.extend([token] * self.num_image_tokens(grids[k]))
-            k += 1
-        if k != len(grids):
-            raise ValueError(f"{k} image pads for {len(grids)} images")
-        return out
+        start = 0
+        for k, grid in enumerate(grids):
+            try:
+                at = ids.index(pad, start)
+            except ValueError:
+                raise ValueError(f"{k} image pads for {len(grids)} images") from None
+            out += ids[start:at]
+            out += [pad] * self.num_image_tokens(grid)
+            start = at + 1
+        if pad in ids[start:]:
+            raise ValueError(f"more image pads than images ({len(grids)})")
+        return out + ids[start:]
 
     def pixel_inputs(self, images: Sequence[ImageLike]) -> PixelInputs:
         """Preprocess images (in pad order) into `pixel_values` and `image_grid_thw` (`image_inputs`,
