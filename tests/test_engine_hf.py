@@ -541,8 +541,9 @@ async def test_bad_requests_raise_and_leave_the_engine_working(engine: HFEngine)
     expanded = processor.expand_image_pads(ids, [processor.image_grid(one_image[0])])
     with pytest.raises(EngineRequestError, match="single-pad"):
         await engine.generate(GenerateRequest(engine_ids=expanded, images=one_image, sampling=greedy(1)))
-    with pytest.raises(EngineRequestError, match="out of range"):
-        await engine.generate(GenerateRequest(engine_ids=[10**7], sampling=greedy(1)))
+    for out_of_range in ([10**7], [5, -1]):
+        with pytest.raises(EngineRequestError, match="out of range"):
+            await engine.generate(GenerateRequest(engine_ids=out_of_range, sampling=greedy(1)))
     with pytest.raises(EngineRequestError, match="bad image"):
         await engine.generate(GenerateRequest(engine_ids=ids, images=["data:image/png;base64,AAAA"]))
     ok = await engine.generate(GenerateRequest(engine_ids=ids, images=one_image, sampling=greedy(1)))

@@ -99,8 +99,8 @@ class PromptRules:
         """Check the ids, decode the images, expand each single pad to the image's token count, find the
         prompt's mRoPE positions with the model's `get_rope_index`, and key it for the prefix cache."""
         ids = request.engine_ids
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
+        if ids and (min(ids) < 0 or max(ids) >= self.vocab_size):  # in C: every episode's prompt comes here
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
             raise EngineRequestError(f"token ids out of range [0, {self.vocab_size}): {bad[:5]}")
         pads = ids.count(self.processor.ids.image_pad)
         if pads != len(request.images):
