@@ -1,17 +1,24 @@
-"""The stack's one decision about trajectories: how far behind the trainer's policy each one is."""
+"""The stack's one decision about trajectories, how far behind the trainer's policy each one is; and how a
+batch's episodes start generating at the embedded engine."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.hf_models import Loaded
 from tests.runners import SETTINGS, trajectory_for
+from tests.test_engine_hf import greedy, user_turn
 from vistarl.trainer.queue.memory import MemoryQueue
+from vistarl.trainer.rollout.engines.base import GenerateRequest, GenerateResult
+from vistarl.trainer.rollout.engines.hf import HFEngine
 from vistarl.trainer.rollout.engines.scripted import ScriptedEngine
 from vistarl.trainer.rollout.job import EpisodeJob
 from vistarl.trainer.rollout.processor import VLProcessor
-from vistarl.trainer.run.stack import Stack, StalePolicyError
+from vistarl.trainer.run.stack import Stack, StalePolicyError, StartTogether
 
 
 def jobs(versions: range) -> list[EpisodeJob]:
@@ -50,3 +57,48 @@ async def test_a_trajectory_ahead_of_the_trainer_is_an_error(engine: ScriptedEng
     await publish(queue, 1)
     with pytest.raises(StalePolicyError, match="policy version 3, ahead of the trainer's 0"):
         await stack.gather("step", timeout_s=2.0)
+
+
+def staggered(engine: HFEngine, count: int, gap_s: float) -> list[asyncio.Task[GenerateResult]]:
+    """`count` first turns sent `gap_s` apart, as a batch's episodes send theirs when their resets end."""
+
+    async def one(index: int) -> GenerateResult:
+        await asyncio.sleep(index * gap_s)
+        ids = user_turn(engine.processor, f"episode {index}")
+        return await engine.generate(GenerateRequest(engine_ids=ids, sampling=greedy(2)))
+
+    return [asyncio.create_task(one(index)) for index in range(count)]
+
+
+async def test_a_batchs_first_requests_start_together_within_a_bound_and_not_inside_a_hold(
+    qwen25: Loaded,
+) -> None:
+    """Held at its start, a batch's first requests, arriving 50 ms apart, run in one prompt pass (let go
+    as they come, in several); with fewer arrivals than the workers run at once the hold ends at its bound;
+    inside `holding` (overlapped resets) the start does not let generation go before the hold ends."""
+    passes = {}
+    for together in (None, StartTogether(in_flight=4, wait_s=10.0)):
+        engine = HFEngine(*qwen25, batch_wait_s=0.0)
+        stack = Stack(MemoryQueue("stack-start"), engine, "counter", start_together=together)
+        async with stack._starting_together(6):  # six jobs, four at once
+            tasks = staggered(engine, 4, 0.05)
+        assert all(not result.aborted for result in await asyncio.gather(*tasks))
+        passes[together is not None] = engine.stats.prompt_passes
+        await engine.close()
+    assert passes[True] == 1 < passes[False]
+
+    engine = HFEngine(*qwen25, batch_wait_s=0.0)
+    stack = Stack(MemoryQueue("stack-bound"), engine, "counter", start_together=StartTogether(5, 0.3))
+    started = time.monotonic()
+    async with stack._starting_together(5):
+        tasks = staggered(engine, 4, 0.0)
+    assert 0.3 <= time.monotonic() - started < 5.0
+    await asyncio.gather(*tasks)
+
+    async with stack.holding(True):
+        async with stack._starting_together(2):
+            tasks = staggered(engine, 2, 0.0)
+        await asyncio.sleep(0.1)
+        assert engine.queued == 2
+    assert all(not result.aborted for result in await asyncio.gather(*tasks))
+    await engine.close()

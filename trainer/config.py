@@ -306,6 +306,14 @@ class RolloutConfig(_Section):
     namespace: str = Field(default="vistarl", min_length=1, pattern=r"^[\w.-]+$")
     max_staleness: int = Field(default=0, ge=0, description="policy versions a trajectory may lag behind")
     async_mode: bool = False
+    start_together_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="with embedded engines and in-process workers (not async_mode, whose resets overlap the "
+        "update), a batch's first requests wait until every episode the workers run at once has sent its "
+        "first, this long at most, and start as one batch instead of each starting or joining a batch of a "
+        "few rows as its reset ends (0: no wait)",
+    )
     overlap_resets: bool = Field(
         default=False,
         description="synchronous mode: the next step's episodes reset their envs and build their prompts "

@@ -22,7 +22,7 @@ import math
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 
 ENV_SERVER_LOG = "env-server.log"
 WORKER_STOP_GRACE_S = 30.0
+START_POLL_S = 0.002
+"""How often a held batch start looks at the engines' queues (`StartTogether`)."""
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -78,6 +80,17 @@ class StalePolicyError(RuntimeError):
     did not push (a previous run's, say)."""
 
 
+@dataclass(frozen=True)
+class StartTogether:
+    """A batch's episodes start generating as one batch at the embedded engines: their generation is held
+    from the enqueue until `in_flight` first requests (what the in-process workers run at once) wait
+    there, `wait_s` at most. Released as they came, the first requests would each start or join a batch
+    of a few rows while the other episodes still reset (`rollout.start_together_s`)."""
+
+    in_flight: int
+    wait_s: float
+
+
 @dataclass(eq=False)
 class Stack:
     """What the trainer drives: the queue it feeds, the engine it syncs, and the env its jobs name
@@ -94,6 +107,7 @@ class Stack:
     engine: Engine
     env: str
     max_staleness: int | None = None
+    start_together: StartTogether | None = None
     policy_version: int = field(default=0, init=False)
     unexpected: int = field(default=0, init=False)
     _consumer: ResultConsumer = field(init=False)
@@ -101,6 +115,7 @@ class Stack:
     _batches: dict[str, Gathered] = field(default_factory=dict, init=False)
     _requests_seen: list[int] = field(default_factory=list, init=False)
     _engine_seen: EngineStats = field(default_factory=EngineStats, init=False)
+    _held: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         self._consumer = ResultConsumer(self.queue)
@@ -121,7 +136,8 @@ class Stack:
             raise ValueError(f"a batch named {key!r} is already in flight")
         self._batches[key] = Gathered([], expected=len(jobs))
         self._keys.update({job.episode_id: key for job in jobs})
-        await self.queue.enqueue(jobs)
+        async with self._starting_together(len(jobs)):
+            await self.queue.enqueue(jobs)
 
     async def gather(self, key: str, timeout_s: float) -> Gathered:
         """Wait (at most `timeout_s`) until every job of batch `key` has its trajectory; returns what came."""
@@ -144,10 +160,44 @@ class Stack:
             yield
             return
         await self.engine.pause_generation("in_place")
+        self._held = True
         try:
             yield
         finally:
+            self._held = False
             await self.engine.continue_generation()
+
+    @contextlib.asynccontextmanager
+    async def _starting_together(self, jobs: int) -> AsyncIterator[None]:
+        """Around a batch's enqueue: hold the embedded engines' generation until the first request of each
+        of its episodes that the workers run at once waits at them (`StartTogether`), then let them start
+        as one batch. Not inside `holding`, whose hold lasts until the push."""
+        queued = self._queued_at_engines()
+        together = self.start_together
+        if together is None or self._held or queued is None:
+            yield
+            return
+        expected = min(jobs, together.in_flight)
+        await self.engine.pause_generation("in_place")
+        try:
+            yield
+            deadline = time.monotonic() + together.wait_s
+            while queued() < expected and time.monotonic() < deadline:
+                await asyncio.sleep(START_POLL_S)
+        finally:
+            await self.engine.continue_generation()
+
+    def _queued_at_engines(self) -> Callable[[], int] | None:
+        """How many requests wait for a batch at this process's engines, as a function; None unless every
+        engine of the stack is an `HFEngine` here (a server's queue is its own)."""
+        engine = self.engine
+        if isinstance(engine, EnginePool) and engine.router is not None:
+            return None
+        engines = engine.members if isinstance(engine, EnginePool) else [engine]
+        local = [member for member in engines if isinstance(member, HFEngine)]
+        if len(local) < len(engines):
+            return None
+        return lambda: sum(member.queued for member in local)
 
     def engine_requests(self) -> list[int]:
         """The generation requests each engine of a pool took since the last call; none for one engine, a
@@ -228,7 +278,11 @@ async def open_stack(
             )
             stack.push_async_callback(runner.envs.aclose)
             await stack.enter_async_context(_workers(queue, runner, cfg.rollout.local_workers, cfg))
-        yield Stack(queue, engine, env, max_staleness=cfg.rollout.max_staleness)
+        together = None
+        if cfg.rollout.start_together_s and cfg.rollout.local_workers and not cfg.rollout.async_mode:
+            in_flight = cfg.rollout.local_workers * cfg.rollout.concurrency
+            together = StartTogether(in_flight, cfg.rollout.start_together_s)
+        yield Stack(queue, engine, env, max_staleness=cfg.rollout.max_staleness, start_together=together)
 
 
 def build_engine(
