@@ -75,7 +75,7 @@ async def test_a_batchs_first_requests_start_together_within_a_bound_and_not_ins
 ) -> None:
     """Held at its start, a batch's first requests, arriving 50 ms apart, run in one prompt pass (let go
     as they come, in several); with fewer arrivals than the workers run at once the hold ends at its bound;
-    inside `holding` (overlapped resets) the start does not let generation go before the hold ends."""
+    inside `holding` (overlapped resets) the start lets nothing go, and the hold's end waits for them."""
     passes = {}
     for together in (None, StartTogether(in_flight=4, wait_s=10.0)):
         engine = HFEngine(*qwen25, batch_wait_s=0.0)
@@ -95,10 +95,12 @@ async def test_a_batchs_first_requests_start_together_within_a_bound_and_not_ins
     assert 0.3 <= time.monotonic() - started < 5.0
     await asyncio.gather(*tasks)
 
+    passes_before = engine.stats.prompt_passes
     async with stack.holding(True):
         async with stack._starting_together(2):
-            tasks = staggered(engine, 2, 0.0)
-        await asyncio.sleep(0.1)
-        assert engine.queued == 2
+            tasks = staggered(engine, 2, 0.2)
+        await asyncio.sleep(0.05)
+        assert engine.queued == 1  # the first waits for the hold's end, which waits for the second
     assert all(not result.aborted for result in await asyncio.gather(*tasks))
+    assert engine.stats.prompt_passes == passes_before + 1
     await engine.close()

@@ -312,7 +312,8 @@ class RolloutConfig(_Section):
         description="with embedded engines and in-process workers (not async_mode, whose resets overlap the "
         "update), a batch's first requests wait until every episode the workers run at once has sent its "
         "first, this long at most, and start as one batch instead of each starting or joining a batch of a "
-        "few rows as its reset ends (0: no wait)",
+        "few rows as its reset ends; with overlap_resets, the hold until the push waits for them at its end "
+        "(0: no wait)",
     )
     overlap_resets: bool = Field(
         default=False,

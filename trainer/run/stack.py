@@ -91,6 +91,22 @@ class StartTogether:
     wait_s: float
 
 
+@dataclass(frozen=True)
+class _Arrivals:
+    """The first requests a held start waits for: `expected` of them counted by `queued`, `wait_s` at most
+    (none by default: nothing to wait for)."""
+
+    queued: Callable[[], int] = lambda: 0
+    expected: int = 0
+    wait_s: float = 0.0
+
+    async def wait(self) -> None:
+        """Return once `expected` requests wait at the engines, or `wait_s` has passed."""
+        deadline = time.monotonic() + self.wait_s
+        while self.queued() < self.expected and time.monotonic() < deadline:
+            await asyncio.sleep(START_POLL_S)
+
+
 @dataclass(eq=False)
 class Stack:
     """What the trainer drives: the queue it feeds, the engine it syncs, and the env its jobs name
@@ -116,6 +132,7 @@ class Stack:
     _requests_seen: list[int] = field(default_factory=list, init=False)
     _engine_seen: EngineStats = field(default_factory=EngineStats, init=False)
     _held: bool = field(default=False, init=False)
+    _arrivals: _Arrivals = field(default_factory=_Arrivals, init=False)
 
     def __post_init__(self) -> None:
         self._consumer = ResultConsumer(self.queue)
@@ -163,27 +180,30 @@ class Stack:
         self._held = True
         try:
             yield
+            await self._arrivals.wait()
         finally:
-            self._held = False
+            self._held, self._arrivals = False, _Arrivals()
             await self.engine.continue_generation()
 
     @contextlib.asynccontextmanager
     async def _starting_together(self, jobs: int) -> AsyncIterator[None]:
         """Around a batch's enqueue: hold the embedded engines' generation until the first request of each
         of its episodes that the workers run at once waits at them (`StartTogether`), then let them start
-        as one batch. Not inside `holding`, whose hold lasts until the push."""
+        as one batch. Inside `holding` (overlapped resets), the hold's end waits for them instead."""
         queued = self._queued_at_engines()
         together = self.start_together
-        if together is None or self._held or queued is None:
+        if together is None or queued is None:
             yield
             return
-        expected = min(jobs, together.in_flight)
+        arrivals = _Arrivals(queued, min(jobs, together.in_flight), together.wait_s)
+        if self._held:  # the hold's own end waits for them
+            self._arrivals = arrivals
+            yield
+            return
         await self.engine.pause_generation("in_place")
         try:
             yield
-            deadline = time.monotonic() + together.wait_s
-            while queued() < expected and time.monotonic() < deadline:
-                await asyncio.sleep(START_POLL_S)
+            await arrivals.wait()
         finally:
             await self.engine.continue_generation()
 
