@@ -70,7 +70,7 @@ def staggered(engine: HFEngine, count: int, gap_s: float) -> list[asyncio.Task[G
     return [asyncio.create_task(one(index)) for index in range(count)]
 
 
-async def test_a_batchs_first_requests_start_together_within_a_bound_and_not_inside_a_hold(
+async def test_a_batchs_first_requests_start_together_within_a_bound_and_at_a_holds_end(
     qwen25: Loaded,
 ) -> None:
     """Held at its start, a batch's first requests, arriving 50 ms apart, run in one prompt pass (let go

@@ -147,9 +147,10 @@ class VLProcessor:
             out += ids[start:at]
             out += [pad] * self.num_image_tokens(grid)
             start = at + 1
-        if pad in ids[start:]:
+        rest = ids[start:]
+        if pad in rest:
             raise ValueError(f"more image pads than images ({len(grids)})")
-        return out + ids[start:]
+        return out + rest
 
     def pixel_inputs(self, images: Sequence[ImageLike]) -> PixelInputs:
         """Preprocess images (in pad order) into `pixel_values` and `image_grid_thw` (`image_inputs`,

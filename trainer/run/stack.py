@@ -172,7 +172,8 @@ class Stack:
 
     @contextlib.asynccontextmanager
     async def holding(self, hold: bool) -> AsyncIterator[None]:
-        """With `hold`, the engine starts no generation inside the block (requests wait), then resumes."""
+        """With `hold`, the engine starts no generation inside the block (requests wait), then resumes,
+        once the first requests of a batch enqueued inside it have arrived (`_starting_together`)."""
         if not hold:
             yield
             return
@@ -189,35 +190,34 @@ class Stack:
     async def _starting_together(self, jobs: int) -> AsyncIterator[None]:
         """Around a batch's enqueue: hold the embedded engines' generation until the first request of each
         of its episodes that the workers run at once waits at them (`StartTogether`), then let them start
-        as one batch. Inside `holding` (overlapped resets), the hold's end waits for them instead."""
+        as one batch: the end of a hold (`holding`) waits for them, its own or, with overlapped resets, the
+        one that lasts until the push."""
         queued = self._queued_at_engines()
         together = self.start_together
         if together is None or queued is None:
             yield
             return
-        arrivals = _Arrivals(queued, min(jobs, together.in_flight), together.wait_s)
-        if self._held:  # the hold's own end waits for them
-            self._arrivals = arrivals
+        async with self.holding(not self._held):  # a hold of its own, or the one it is inside
+            self._arrivals = _Arrivals(queued, min(jobs, together.in_flight), together.wait_s)
             yield
-            return
-        await self.engine.pause_generation("in_place")
-        try:
-            yield
-            await arrivals.wait()
-        finally:
-            await self.engine.continue_generation()
 
     def _queued_at_engines(self) -> Callable[[], int] | None:
         """How many requests wait for a batch at this process's engines, as a function; None unless every
         engine of the stack is an `HFEngine` here (a server's queue is its own)."""
-        engine = self.engine
-        if isinstance(engine, EnginePool) and engine.router is not None:
+        if isinstance(self.engine, EnginePool) and self.engine.router is not None:
             return None
-        engines = engine.members if isinstance(engine, EnginePool) else [engine]
-        local = [member for member in engines if isinstance(member, HFEngine)]
-        if len(local) < len(engines):
+        local = self._local_engines()
+        if len(local) < len(self._engines()):
             return None
         return lambda: sum(member.queued for member in local)
+
+    def _engines(self) -> list[Engine]:
+        """The stack's engine, or its pool's members."""
+        return self.engine.members if isinstance(self.engine, EnginePool) else [self.engine]
+
+    def _local_engines(self) -> list[HFEngine]:
+        """The stack's `HFEngine`s in this process: an embedded one, or a pool's colocated ones."""
+        return [engine for engine in self._engines() if isinstance(engine, HFEngine)]
 
     def engine_requests(self) -> list[int]:
         """The generation requests each engine of a pool took since the last call; none for one engine, a
@@ -233,8 +233,7 @@ class Stack:
     def engine_stats(self) -> EngineStats | None:
         """The counters of this process's HF engines (an embedded engine, or a pool's colocated ones) since
         the last call, together; None with no such engine (a server's are at its `/metrics`)."""
-        engines = self.engine.members if isinstance(self.engine, EnginePool) else [self.engine]
-        local = [engine.stats for engine in engines if isinstance(engine, HFEngine)]
+        local = [engine.stats for engine in self._local_engines()]
         if not local:
             return None
         now = EngineStats.total(local)
