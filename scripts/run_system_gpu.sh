@@ -2,7 +2,8 @@
 # The whole system on a 2-GPU host, as docs/benchmarks.md measures it ("The whole system on GPUs"):
 # `vistarl up` with the trainer on GPU 0 and `vistarl engine serve` on GPU 1, on a random-init
 # checkpoint of the real shape (written once under MODELS by `vistarl model tiny --shape ...`), each run
-# sized to play its 20 steps in about 6 minutes. It starts detached and returns at once.
+# sized to play its 20 steps in about 6 minutes. It starts detached and returns at once (FOREGROUND=1: it
+# runs in the foreground and returns when the run ends, as scripts/run_system_4gpu.sh runs them).
 # The same GPUs for both (TRAINER_GPUS=0 ENGINE_GPUS=0, or 0,1,2,3 for both) run colocated: no engine
 # server and no worker process; each trainer rank generates on its own GPU, rank 0 running the two
 # workers in process (docs/deploy.md, "Placement"). Several engine GPUs (ENGINE_GPUS=1,2,3) start an
@@ -75,6 +76,8 @@ model=${MODELS:-runs/models}/$shape
 if [ ! -f "$model/config.json" ]; then
     "$PYTHON" -m vistarl.cli.main model tiny --shape "$shape" --arch "$arch" --out "$model"
 fi
-exec "$PYTHON" -m vistarl.cli.main up --config "$config" --out "$out" --detach \
+detach=(--detach)
+if [ "${FOREGROUND:-0}" = 1 ]; then detach=(); fi
+exec "$PYTHON" -m vistarl.cli.main up --config "$config" --out "$out" "${detach[@]}" \
     --trainer-gpus "${TRAINER_GPUS-0}" --engine-gpus "${ENGINE_GPUS-1}" --workers 2 \
     --set "model.path=$model" "${every_run[@]}" "${sized[@]}" "$@"

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import msgpack
 import pytest
+import torch.distributed as dist
 
 from tests.machine import outlasting
 from vistarl.httpserver.launch import free_port
 from vistarl.trainer.learner.checkpoint import TrainerState
 from vistarl.trainer.rollout.trajectory import Behaviour, Status, Trajectory
+from vistarl.trainer.run import ranks
 from vistarl.trainer.run.rank_commands import Push, Save, Stop, Train, decode, encode
 
 REPO = Path(__file__).resolve().parent.parent
@@ -75,6 +77,21 @@ def test_an_unknown_command_is_refused() -> None:
 
 @pytest.mark.slow  # two torchrun ranks: minutes of CPU
 @outlasting(RANKS_S)
+def test_rank_messages_travel_on_a_cpu_group_of_their_own(tmp_path: Path) -> None:
+    """A rank waiting for rank 0's next command holds no GPU: the messages go over a gloo group beside the
+    default one (NCCL on GPUs), made once."""
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        assert ranks.broadcast_bytes(b"step 3") == b"step 3"
+        assert ranks.gather_bytes(b"http://127.0.0.1:1") == [b"http://127.0.0.1:1"]
+        group = ranks._control_group()
+        assert group is not dist.group.WORLD and dist.get_backend(group) == "gloo"
+        assert ranks._control_group() is group
+    finally:
+        dist.destroy_process_group()
+        ranks._control_group.cache_clear()
+
+
 def test_two_ranks_train_two_steps_as_rank_0_commands(tiny_qwen25: Path, tmp_path: Path) -> None:
     out_dir = tmp_path / "out"
     out_dir.mkdir()

@@ -194,7 +194,7 @@ def run_sft(cfg: TrainConfig, *, name: str = "sft", console: Console | None = No
     init_distributed()
     rank = current_rank()
     device = rank_device()
-    run_dir = agreed_run_dir(cfg, name, False, device)
+    run_dir = agreed_run_dir(cfg, name, False)
     torch.manual_seed(cfg.train.seed)
     if cfg.sft.lr is not None:
         cfg = cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"lr": cfg.sft.lr})})

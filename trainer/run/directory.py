@@ -10,8 +10,6 @@ import os
 from datetime import datetime
 from pathlib import Path
 
-import torch
-
 from vistarl.trainer.config import TrainConfig
 from vistarl.trainer.learner.checkpoint import latest_checkpoint
 from vistarl.trainer.run.ranks import broadcast_bytes, current_rank
@@ -41,7 +39,7 @@ def resolve_run_dir(cfg: TrainConfig, name: str, resume: bool) -> Path:
     return Path("runs") / f"{name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def agreed_run_dir(cfg: TrainConfig, name: str, resume: bool, device: torch.device) -> Path:
+def agreed_run_dir(cfg: TrainConfig, name: str, resume: bool) -> Path:
     """Rank 0's `resolve_run_dir` on every rank (call it on all of them)."""
     chosen = os.fsencode(resolve_run_dir(cfg, name, resume)) if current_rank() == 0 else None
-    return Path(os.fsdecode(broadcast_bytes(chosen, device)))
+    return Path(os.fsdecode(broadcast_bytes(chosen)))

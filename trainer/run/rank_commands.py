@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
-import torch
 from pydantic import TypeAdapter
 
 from vistarl.trainer.learner.checkpoint import TrainerState
@@ -84,12 +83,12 @@ def decode(payload: bytes) -> RankCommand:
     return command
 
 
-def share_command(command: RankCommand | None, device: torch.device) -> RankCommand:
+def share_command(command: RankCommand | None) -> RankCommand:
     """Rank 0's `command` on every rank (the others pass None); rank 0 keeps its own object."""
     if current_rank() != 0:
-        return decode(broadcast_bytes(None, device))
+        return decode(broadcast_bytes(None))
     if command is None:
         raise ValueError("rank 0 gives the command")
     if is_distributed():
-        broadcast_bytes(encode(command), device)
+        broadcast_bytes(encode(command))
     return command

@@ -55,7 +55,7 @@ async def rank_engines(
     The other ranks: for the block, serve their embedded engine, pushed in process, if they have one;
     None. `note` prints rank 0's line on the engines' sizes."""
     embeds = learner.distributed and engine is None and cfg.rollout.engine_url is None
-    flag = await _collective(learner, broadcast_bytes, b"1" if embeds else b"0", learner.device)
+    flag = await _collective(learner, broadcast_bytes, b"1" if embeds else b"0")
     if flag != b"1":
         yield engine
         return
@@ -65,10 +65,10 @@ async def rank_engines(
     assert isinstance(local, HFEngine)
     if learner.rank != 0:
         async with _served(local) as url, learner.sending_to(local):
-            await _collective(learner, gather_bytes, url.encode(), learner.device)
+            await _collective(learner, gather_bytes, url.encode())
             yield None
         return
-    urls = [url.decode() for url in await _collective(learner, gather_bytes, b"", learner.device)]
+    urls = [url.decode() for url in await _collective(learner, gather_bytes, b"")]
     deadline = POOLED_RETRY_DEADLINE_S
     others = [SGLangEngine(url, learner.processor, retry_deadline_s=deadline) for url in urls[1:]]
     note(_sizes(cfg, local, world))

@@ -38,7 +38,7 @@ from vistarl.trainer.modeling.device import shorten_switch_interval, use_device
 from vistarl.trainer.rollout.engines.base import Engine
 from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.run.rank_commands import Push, RankCommand, Save, Stop, Train, share_command
-from vistarl.trainer.run.ranks import current_rank
+from vistarl.trainer.run.ranks import barrier, current_rank
 from vistarl.trainer.run.stack import DTYPES
 from vistarl.trainer.weights.sync import WeightSync, weight_sync
 
@@ -137,7 +137,7 @@ class RankLearner:
         self, command: RankCommand | None, packed: Callable[[], object] | None
     ) -> tuple[RankCommand, dict[str, float]]:
         """Every rank: take rank 0's command and carry it out."""
-        shared = share_command(command, self.device)
+        shared = share_command(command)
         return shared, self._carry_out(shared, packed)
 
     def _carry_out(self, command: RankCommand, packed: Callable[[], object] | None) -> dict[str, float]:
@@ -154,6 +154,7 @@ class RankLearner:
                 return metrics
             case Push(version=version, reconnect=reconnect, engines=engines):
                 self.sync.push(self.trainer.actor, version, reconnect=reconnect, engines=engines)
+                barrier()  # every rank's engine serves `version` before rank 0 plays on with it
             case Save(state=state):
                 self._save(state)
         return {}

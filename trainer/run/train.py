@@ -45,7 +45,7 @@ from rich.console import Console
 from vistarl.trainer.config import TrainConfig
 from vistarl.trainer.eval import evaluate
 from vistarl.trainer.learner.checkpoint import TrainerState, latest_checkpoint
-from vistarl.trainer.learner.fsdp import init_distributed, rank_device
+from vistarl.trainer.learner.fsdp import init_distributed
 from vistarl.trainer.rollout.engines.base import Engine
 from vistarl.trainer.run.directory import agreed_run_dir
 from vistarl.trainer.run.outputs import RunLogger, failure_places, timed
@@ -235,7 +235,7 @@ async def run_training(
     Returns on every rank; only rank 0's result carries the metric history."""
     resume = resume or cfg.train.resume
     init_distributed()
-    run_dir = agreed_run_dir(cfg, name, resume, rank_device())
+    run_dir = agreed_run_dir(cfg, name, resume)
     torch.manual_seed(cfg.train.seed)
     random.seed(cfg.train.seed)
     learner = RankLearner(cfg, run_dir, resume)
