@@ -5,7 +5,8 @@
 # manylinux, the versions this venv holds), pytest-asyncio for `make gpu-test`, Geo3k's grader, moderngl for
 # VSI's frames, Debian's Redis 7 with its libraries for `vistarl up`, and glvnd's libEGL and libGL, through
 # which moderngl reaches the NVIDIA driver's EGL (a GPU host with the driver's graphics libraries has its
-# vendor file in /usr/share/glvnd/egl_vendor.d). On the GPU host, in the checkout:
+# vendor file in /usr/share/glvnd/egl_vendor.d), and py-spy for scripts/profile_up.sh. On the GPU host, in
+# the checkout:
 #   source scripts/gpu_host_setup.sh DIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +29,8 @@ for name in "${names[@]}"; do
     "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         "${platforms[@]}" -d "$dir" "$name==$version"
 done
+"$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    "${platforms[@]}" -d "$dir" py-spy==0.4.3
 (cd "$dir" && apt-get download redis-server redis-tools liblzf1 libjemalloc2 liblua5.1-0 \
     libegl1 libgl1 libglvnd0 libglx0)
 ls "$dir"

@@ -15,8 +15,10 @@
 #                                             leaves OUT/RUN/ (the `vistarl up` directory), and
 #                                             OUT/RUN/status.json and status.txt when it ends
 #   bash scripts/run_system_4gpu.sh OUT >OUT.log 2>&1 &   as the device runs it, detached (setsid)
-# Settings: those of scripts/run_system_gpu.sh (MODELS, PYTHON), and RUN_TIMEOUT_S (default 1500): a run
-# still going then is stopped as `vistarl down` stops it (SIGTERM), and the next one starts.
+# Settings: those of scripts/run_system_gpu.sh (MODELS, PYTHON); RUN_TIMEOUT_S (default 1500): a run still
+# going then is stopped as `vistarl down` stops it (SIGTERM), and the next one starts; PROFILE_S (default 0):
+# from each run's third step on, profile its host time for that many seconds (scripts/profile_up.sh, into
+# OUT/RUN.profile.txt, the samples in OUT/RUN/profile-*.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x .venv/bin/python ]; then PYTHON=${PYTHON:-.venv/bin/python}; else PYTHON=${PYTHON:-python3}; fi
@@ -46,9 +48,14 @@ for name in "${runs[@]}"; do
             ;;
     esac
     echo "$(date +%T) $name: scripts/run_system_gpu.sh $run on GPUs $gpus ${args[*]}"
-    code=0
+    code=0 profiler=
+    if [ "${PROFILE_S:-0}" -gt 0 ]; then
+        bash scripts/profile_up.sh "$out/$name" "$PROFILE_S" 3 >"$out/$name.profile.txt" 2>&1 &
+        profiler=$!
+    fi
     FOREGROUND=1 TRAINER_GPUS=$gpus ENGINE_GPUS=$gpus timeout --signal=TERM --kill-after=120 \
         "${RUN_TIMEOUT_S:-1500}" bash scripts/run_system_gpu.sh "$run" "$out/$name" "${args[@]}" || code=$?
+    if [ -n "$profiler" ]; then kill "$profiler" 2>/dev/null || true; fi  # a run that ended before its third step
     "$PYTHON" -m vistarl.cli.main status "$out/$name" --json >"$out/$name/status.json" || true
     "$PYTHON" -m vistarl.cli.main status "$out/$name" >"$out/$name/status.txt" || true
     echo "$(date +%T) $name: ended with exit code $code"
