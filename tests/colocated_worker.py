@@ -1,6 +1,6 @@
-"""Two steps of `run_training` under torchrun with the embedded engine (`tests/test_rank_engines.py`): each rank
-embeds an `HFEngine` of its own, rank 0's pool spreads the episodes over both, and each rank pushes its
-engine in process.
+"""Two steps of `run_training` under torchrun with the embedded engine (`tests/test_rank_engines.py`): each
+rank embeds an `HFEngine` of its own, rank 0's pool spreads the episodes over both, and each rank pushes
+its engine in process.
 
     torchrun --nproc-per-node 2 tests/colocated_worker.py CHECKPOINT OUT_DIR
 
