@@ -105,6 +105,7 @@ def test_the_cpu_plan_is_the_compose_files_services_on_this_hosts_ports(
     assert flag(worker, "--env-url") == f"sokoban={plan.urls['env']}"
     assert flag(worker, "--metrics-port") != flag(specs["worker-1"].argv, "--metrics-port")
     assert flag(specs["sokoban"].argv, "--session-store") == plan.urls["redis"].removesuffix("/0") + "/1"
+    assert flag(specs["sokoban"].argv, "--max-sessions") == "256"  # the default: 2 x 8 episodes at once fit
     engine = specs["engine"].argv
     assert "--await-weights" in engine and flag(engine, "--device") == "cpu"
     assert flag(engine, "--max-batch-size") == "16"  # the tiny config's 8 episodes a worker, 2 workers
@@ -207,6 +208,17 @@ def trainer_config(plan_specs: tuple[ProcessSpec, ...]) -> TrainConfig:
     (trainer,) = [spec for spec in plan_specs if spec.name == "trainer"]
     sets = [arg.removeprefix("--set=") for arg in trainer.argv if arg.startswith("--set=")]
     return load_config(TINY_CONFIG, sets)
+
+
+def test_the_env_server_holds_twice_the_episodes_the_workers_run_at_once(
+    tmp_path: Path, tiny_qwen25: Path
+) -> None:
+    """Past its `max_sessions`, an env server answers resets with 503 and they wait: `vistarl up` sizes it
+    for every worker's episodes at once, twice over (a restarted worker's sessions live on until they
+    expire), and never below the server's default."""
+    wide = options(tmp_path, tiny_qwen25, workers=2, overrides=("rollout.concurrency=200",))
+    env = next(spec for spec in plan_processes(wide).processes if spec.role == "env")
+    assert flag(env.argv, "--max-sessions") == "800"
 
 
 def test_the_users_sync_mode_wins_over_vistarl_ups_and_the_urls_win_over_the_users(

@@ -36,6 +36,7 @@ from typing import Literal
 
 from vistarl.httpserver.launch import free_port
 from vistarl.launcher.addresses import is_loopback, reach
+from vistarl.services.server.settings import ServerSettings
 from vistarl.trainer.config import ConfigError, TrainConfig, load_config
 
 __all__ = [
@@ -255,11 +256,17 @@ def _redis(options: UpOptions, port: int) -> ProcessSpec:
 
 
 def _env_server(options: UpOptions, cfg: TrainConfig, port: int, redis_url: str) -> ProcessSpec:
-    """`vistarl serve ENV`, its sessions in Redis, as compose's env services."""
+    """`vistarl serve ENV`, its sessions in Redis, as compose's env services, with room for twice the
+    episodes the workers run at once (a restarted worker's sessions stay until they expire), the server's
+    default at least: past it, resets wait out 503s."""
     sessions = _database(redis_url, SESSIONS_DB)
-    argv = vistarl(
-        "serve", cfg.env.name, "--host", options.host, "--port", str(port), "--session-store", sessions
+    room = max(
+        ServerSettings.model_fields["max_sessions"].default, 2 * options.workers * cfg.rollout.concurrency
     )
+    argv = vistarl(
+        "serve", cfg.env.name, "--host", options.host, "--port", str(port), "--session-store", sessions,
+        "--max-sessions", str(room),
+    )  # fmt: skip
     return ProcessSpec(
         _safe_name(cfg.env.name), "env", argv, ready=f"http://{reach(options.host)}:{port}/health",
         stop_grace_s=STOP_GRACE_S["env"], start_timeout_s=START_TIMEOUT_S["env"],
