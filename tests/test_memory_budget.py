@@ -192,3 +192,28 @@ def test_vistarl_train_refuses_a_run_that_cannot_fit(tiny_qwen25: Path, tmp_path
     assert "training failed" in result.output
     assert "does not fit the 0.1 GiB planned for (train.gpu_memory_gib=0.05)" in result.output
     assert not list((tmp_path / "run").glob("checkpoints/*"))
+
+
+@pytest.mark.parametrize("ranks", [1, 4])
+def test_each_ranks_engine_is_counted_at_its_share_of_the_episodes_and_its_prefix_cache(ranks: int) -> None:
+    """Colocated, each rank's engine batches its share of every in-process worker's episodes, and keeps
+    a prefix cache up to its bound: the KV cache counted is that many rows of the context, not one
+    worker's `rollout.concurrency`."""
+    counts = ModelCounts.of(qwen_vl_config("qwen3_vl", SHAPES["qwen3_vl_2b"]))  # 112 KiB a position
+    cfg = TrainConfig.model_validate(
+        {
+            "model": {"path": "unused"},
+            "rollout": {
+                "engine": "hf",
+                "local_workers": 2,
+                "concurrency": 128,
+                "rollout_max_context_len": 4096,
+            },
+        }
+    )
+    parts = estimate_budget(cfg, counts, ranks).parts
+    rows = 2 * 128 // ranks
+    assert parts[("engine", "KV cache")] == rows * 4096 * 112 * 2**10
+    assert parts[("engine", "prefix cache")] == cfg.rollout.prefix_cache_mb * 2**20
+    cfg.rollout.prefix_cache = False
+    assert ("engine", "prefix cache") not in estimate_budget(cfg, counts, ranks).parts

@@ -9,6 +9,7 @@ the key instead of a silently ignored setting. `load_config` turns pydantic's er
 from __future__ import annotations
 
 import json
+import math
 import re
 import urllib.parse
 from pathlib import Path
@@ -356,6 +357,11 @@ class RolloutConfig(_Section):
     def samples_per_step(self) -> int:
         """Trajectories per training step: prompts times samples per prompt."""
         return self.rollout_batch_size * self.n_samples_per_prompt
+
+    def engine_batch(self, engines: int) -> int:
+        """Requests one of `engines` embedded engines batches: its share of the episodes that the in-process
+        workers run at once (one worker's when there are none here), the rows of its static KV cache."""
+        return max(1, math.ceil(max(1, self.local_workers) * self.concurrency / engines))
 
 
 class AlgoConfig(_Section):

@@ -7,9 +7,11 @@ The parts, in bytes:
   moments of its trainable parameters (`train.optimizer_state_dtype`: 4 or 2 bytes each), sharded over the
   ranks; with `train.optimizer_offload: critic` the critic's are in host memory;
 - the frozen reference (with a KL term): float32 weights, sharded;
-- the embedded engine (`rollout.engine: hf` on the trainer's GPU): weights in `model.dtype`, the static KV
-  cache of `rollout.concurrency` rows of `rollout.rollout_max_context_len` positions, and one prompt pass's
-  MLP over a whole context (an engine server on the same GPU is not counted: its memory is not free);
+- the embedded engine (`rollout.engine: hf` on the trainer's GPU, one a rank): weights in `model.dtype`,
+  the static KV cache of its share of the episodes in flight (`RolloutConfig.engine_batch`) at
+  `rollout.rollout_max_context_len` positions each, one prompt pass's MLP over a whole context, and its
+  prefix cache at its bound (`rollout.prefix_cache_mb`); an engine server on the same GPU is not counted:
+  its memory is not free;
 - while a model trains (`PolicyTrainer.optimize`: the actor, then the critic, never both at once): its
   float32 gradients (of the critic's root unit alone when offloaded), the bfloat16 copy of its weights that
   compute reads (the whole model on one rank, `keep_gathered`; the root, the vision tower and two decoder
@@ -171,7 +173,7 @@ def estimate_budget(cfg: TrainConfig, counts: ModelCounts, world: int = 1) -> Bu
     if cfg.algo.use_kl:
         parts[("reference", "weights")] = 4 * counts.params / world
     if cfg.rollout.engine_url is None:
-        parts |= _engine_parts(cfg, counts)
+        parts |= _engine_parts(cfg, counts, world)
     passes = {"the actor's update": _pass_parts(cfg, counts, world, "actor", actor_trained)}
     if cfg.algo.needs_critic:
         critic_grads = counts.embedding_params if offloaded else counts.critic_params / world
@@ -233,16 +235,20 @@ def _activations(
     return tokens * (kept + 3 * h) * compute + vision + max(working)
 
 
-def _engine_parts(cfg: TrainConfig, counts: ModelCounts) -> dict[tuple[str, str], float]:
-    """The embedded engine on the trainer's GPU: weights, static KV cache, one prompt pass's MLP."""
+def _engine_parts(cfg: TrainConfig, counts: ModelCounts, world: int) -> dict[tuple[str, str], float]:
+    """The embedded engine on the trainer's GPU, one of `world` (one a rank): weights, the static KV cache
+    of its share of the episodes in flight, one prompt pass's MLP, and its prefix cache at its bound."""
     size = DTYPE_BYTES[cfg.model.dtype]
     context = cfg.rollout.rollout_max_context_len
-    kv = cfg.rollout.concurrency * context * counts.layers * 2 * counts.kv_width * size
-    return {
+    kv = cfg.rollout.engine_batch(world) * context * counts.layers * 2 * counts.kv_width * size
+    parts: dict[tuple[str, str], float] = {
         ("engine", "weights"): counts.params * size,
         ("engine", "KV cache"): kv,
         ("engine", "prompt pass"): context * (3 * counts.intermediate + 2 * counts.hidden) * size,
     }
+    if cfg.rollout.prefix_cache:
+        parts[("engine", "prefix cache")] = cfg.rollout.prefix_cache_mb * 2**20
+    return parts
 
 
 def _compute_bytes(cfg: TrainConfig) -> int:

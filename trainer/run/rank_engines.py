@@ -38,7 +38,7 @@ from vistarl.trainer.rollout.engines.sglang import SGLangEngine
 from vistarl.trainer.rollout.engines.sglang_api import SERVER_KEEP_ALIVE_S
 from vistarl.trainer.run.rank_learner import RankLearner
 from vistarl.trainer.run.ranks import broadcast_bytes, gather_bytes
-from vistarl.trainer.run.stack import DTYPES, build_engine, engine_batch
+from vistarl.trainer.run.stack import DTYPES, build_engine
 
 __all__ = ["kv_cache_bytes", "rank_engines"]
 
@@ -81,7 +81,7 @@ async def rank_engines(
 
 def _sizes(cfg: TrainConfig, engine: HFEngine, world: int) -> str:
     """What each rank's engine batches, and the static KV cache that takes on a GPU."""
-    rows, positions = engine_batch(cfg, world), cfg.rollout.rollout_max_context_len
+    rows, positions = cfg.rollout.engine_batch(world), cfg.rollout.rollout_max_context_len
     size = kv_cache_bytes(engine.model.config, rows, positions, DTYPES[cfg.model.dtype]) / 2**30
     return (
         f"{world} embedded engines, one a rank, each batching {rows} requests (on a GPU, a static KV cache "

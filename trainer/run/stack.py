@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import time
 from collections import Counter
@@ -329,18 +328,13 @@ def build_engine(
         f"hf:{model_path}",
         device=str(target),
         dtype=DTYPES[cfg.model.dtype],
-        max_batch_size=engine_batch(cfg, engines),
+        max_batch_size=cfg.rollout.engine_batch(engines),
         cuda_graphs=cfg.rollout.cuda_graphs,
         static_cache_len=cfg.rollout.rollout_max_context_len if target.type == "cuda" else None,
         prefix_cache_mb=cfg.rollout.prefix_cache_mb if cfg.rollout.prefix_cache else 0,
         gil_switch_ms=cfg.rollout.gil_switch_ms,
         hold_joins=cfg.rollout.hold_joins,
     )
-
-
-def engine_batch(cfg: TrainConfig, engines: int) -> int:
-    """Requests one of `engines` embedded engines batches: its share of the episodes in flight."""
-    return max(1, math.ceil(max(1, cfg.rollout.local_workers) * cfg.rollout.concurrency / engines))
 
 
 @contextlib.asynccontextmanager
