@@ -77,6 +77,19 @@ def test_images_match_by_their_content_and_whole() -> None:
         key([PAD, PAD, PAD], [1], [2])
 
 
+def test_an_images_content_key_is_its_pixels_however_it_comes(qwen25: Loaded) -> None:
+    """Keys part images that differ in one pixel, and give one image one key however it comes: a data
+    URL, a new string of it (as every turn resends it), or the PIL image it encodes."""
+    _, processor = qwen25
+    board = noise_image(np.random.default_rng(0), 56, 56)
+    moved = board.copy()
+    moved.putpixel((0, 0), (0, 0, 0) if board.getpixel((0, 0)) != (0, 0, 0) else (1, 1, 1))
+    url = encode_image(board)
+    keys = processor.content_keys([url, "".join(url), board, encode_image(moved), moved])
+    assert keys[0] == keys[1] == keys[2] != keys[3] == keys[4]
+    assert all(0 <= k < 2**63 for k in keys)
+
+
 def test_the_least_recently_used_entry_goes_first_and_an_extended_one_at_once() -> None:
     cache = PrefixCache(8 * 200)  # 200 tokens
     first, second, third = (list(range(start, start + 64)) for start in (1000, 2000, 3000))
