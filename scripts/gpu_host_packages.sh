@@ -24,13 +24,14 @@ for tag in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 man
     manylinux_2_5_x86_64 manylinux1_x86_64; do
     platforms+=(--platform "$tag")
 done
-for name in "${names[@]}"; do
-    version=$("$PY" -m pip show "$name" | awk '/^Version:/ {print $2}')
+wheel() {  # the CPython 3.12 manylinux wheel of the requirement $1 into DIR
     "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        "${platforms[@]}" -d "$dir" "$name==$version"
+        "${platforms[@]}" -d "$dir" "$1"
+}
+for name in "${names[@]}"; do
+    wheel "$name==$("$PY" -m pip show "$name" | awk '/^Version:/ {print $2}')"
 done
-"$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    "${platforms[@]}" -d "$dir" py-spy==0.4.3
+wheel py-spy==0.4.3  # not in the venv (an optional extra): the version is pinned here
 (cd "$dir" && apt-get download redis-server redis-tools liblzf1 libjemalloc2 liblua5.1-0 \
     libegl1 libgl1 libglvnd0 libglx0)
 ls "$dir"

@@ -4,8 +4,9 @@
 # the env server with its env workers, once the run has logged its first AFTER steps (default 2).
 #   bash scripts/profile_up.sh DIR SECONDS [AFTER]
 # Writes DIR/profile-rank0.txt and DIR/profile-env.txt, collapsed stacks (one line a stack, its samples
-# last), and prints each one's 25 functions (all their lines together) with the most samples of their own. py-spy comes with the
-# wheels of scripts/gpu_host_packages.sh; the samples need ptrace (root, or a relaxed ptrace_scope).
+# last), and prints each one's 25 functions (all their lines together) with the most samples of their own.
+# py-spy comes with the wheels of scripts/gpu_host_packages.sh; the samples need ptrace (root, or a relaxed
+# ptrace_scope).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x .venv/bin/python ]; then PYTHON=${PYTHON:-.venv/bin/python}; else PYTHON=${PYTHON:-python3}; fi
