@@ -3,8 +3,10 @@
 # threads holding the GIL: the loop that drives every episode, its engine's model thread, the update) and
 # the env server with its env workers, once the run has logged its first AFTER steps (default 2).
 #   bash scripts/profile_up.sh DIR SECONDS [AFTER]
-# Writes DIR/profile-rank0.txt and DIR/profile-env.txt, collapsed stacks (one line a stack, its samples
-# last), and prints each one's 25 functions (all their lines together) with the most samples of their own.
+# Writes DIR/profile-rank0.txt (its first frame the thread) and DIR/profile-env.txt, collapsed stacks (one
+# line a stack, its samples last). Prints how often rank 0's GIL was held, in all and by thread (near 100%:
+# its Python is the limit), and each profile's 25 functions (all their lines together) with the most
+# samples of their own.
 # py-spy comes with the wheels of scripts/gpu_host_packages.sh; the samples need ptrace (root, or a relaxed
 # ptrace_scope).
 set -euo pipefail
@@ -27,11 +29,15 @@ rank0=$(pid_of trainer)  # the trainer itself, on the CPU; under torchrun, its w
 for child in $(pgrep -P "$rank0"); do
     if tr '\0' '\n' <"/proc/$child/environ" | grep -qx RANK=0; then rank0=$child; fi
 done
-"$pyspy" record --gil --rate 200 --duration "$seconds" --format raw --output "$dir/profile-rank0.txt" \
-    --pid "$rank0" >/dev/null 2>&1 &
-"$pyspy" record --subprocesses --rate 200 --duration "$seconds" --format raw \
+"$pyspy" record --nonblocking --gil --threads --rate 200 --duration "$seconds" --format raw \
+    --output "$dir/profile-rank0.txt" --pid "$rank0" >/dev/null 2>&1 &
+"$pyspy" record --nonblocking --subprocesses --rate 200 --duration "$seconds" --format raw \
     --output "$dir/profile-env.txt" --pid "$(pid_of env)" >/dev/null 2>&1 &
 wait
+echo "== $dir/profile-rank0.txt: the GIL held in this share of the $((seconds * 200)) samples, by thread"
+awk -v want="$((seconds * 200))" '{n = $NF; split($0, f, ";"); held[f[1]] += n; all += n}
+    END {printf "%6.1f%%  all threads\n", 100 * all / want; for (t in held) printf "%6.1f%%  %s\n", 100 * held[t] / want, t}' \
+    "$dir/profile-rank0.txt" | sort -rn | head -8
 for profile in "$dir"/profile-rank0.txt "$dir"/profile-env.txt; do
     echo "== $profile: functions by samples of their own"
     awk '{n = $NF; sub(/ [0-9]+$/, ""); k = split($0, f, ";"); sub(/:[0-9]+\)$/, ")", f[k]); own[f[k]] += n; all += n}
