@@ -5,8 +5,8 @@
 # sized to play its 20 steps in about 6 minutes. It starts detached and returns at once (FOREGROUND=1: it
 # runs in the foreground and returns when the run ends, as scripts/run_system_4gpu.sh runs them).
 # The same GPUs for both (TRAINER_GPUS=0 ENGINE_GPUS=0, or 0,1,2,3 for both) run colocated: no engine
-# server and no worker process; each trainer rank generates on its own GPU, rank 0 running the two
-# workers in process (docs/deploy.md, "Placement"). Several engine GPUs (ENGINE_GPUS=1,2,3) start an
+# server and no worker process; each trainer rank generates on its own GPU, with two workers in process
+# of its own (docs/deploy.md, "Placement"). Several engine GPUs (ENGINE_GPUS=1,2,3) start an
 # engine each. Colocated on one H200, Geo3k and Sokoban hold the trainer's 72-82 GiB plus the engine's
 # weights (4 GiB) and KV cache (28 and 14 GiB); VSI's trainer is estimated at 93.2 GiB with the sizing
 # below (docs/fsdp.md, "Memory").

@@ -275,3 +275,19 @@ def test_an_engine_pool_and_a_router_with_its_servers_are_configs() -> None:
         None, ["rollout.engine=sglang:http://router:30000", "sync.engine_urls=[http://a:1, http://b:2]"]
     )
     assert routed.sync.engine_urls == ["http://a:1", "http://b:2"]
+
+
+def test_with_a_shared_queue_each_ranks_workers_take_their_share_of_the_concurrency() -> None:
+    """Every rank runs `local_workers` workers on its own engine when the queue is shared: each worker
+    runs its share of `concurrency`, and each engine batches what its rank's workers run at once."""
+    spread = load_config(None, ["rollout.queue=redis://127.0.0.1:6379", "rollout.local_workers=2"])
+    spread.rollout.concurrency = 5
+    assert spread.rollout.spreads_workers
+    assert [spread.rollout.rank_concurrency(ranks) for ranks in (1, 2, 4, 8)] == [5, 3, 2, 1]
+    assert [spread.rollout.engine_batch(ranks) for ranks in (1, 2, 4)] == [10, 6, 4]
+    in_memory = load_config(None, ["rollout.local_workers=2"])
+    in_memory.rollout.concurrency = 5
+    assert not in_memory.rollout.spreads_workers  # no other process can take jobs from it
+    assert [in_memory.rollout.engine_batch(ranks) for ranks in (1, 2, 4)] == [10, 5, 3]
+    off = load_config(None, ["rollout.queue=redis://127.0.0.1:6379", "rollout.workers_on_every_rank=false"])
+    assert not off.rollout.spreads_workers

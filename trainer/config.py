@@ -299,6 +299,13 @@ class RolloutConfig(_Section):
     )
     queue: str | None = Field(default=None, pattern=r"^(redis|rediss|unix)://\S+$")
     local_workers: int = Field(default=1, ge=0, description="in-process rollout workers; 0: external ones")
+    workers_on_every_rank: bool = Field(
+        default=True,
+        description="under torchrun with embedded engines and a shared queue (`queue`), every rank runs "
+        "`local_workers` workers on its own engine, each with its share of `concurrency`, so that every "
+        "rank's process carries its episodes' env calls, prompts and requests (off: rank 0's workers run "
+        "them all, reaching the other ranks' engines over HTTP)",
+    )
     collect_timeout_s: float = Field(default=1800.0, gt=0, description="longest wait for one step's episodes")
     episode_timeout_s: float | None = Field(default=600.0, gt=0, description="deadline of one episode")
     env_outage_s: float = Field(
@@ -358,9 +365,23 @@ class RolloutConfig(_Section):
         """Trajectories per training step: prompts times samples per prompt."""
         return self.rollout_batch_size * self.n_samples_per_prompt
 
+    @property
+    def spreads_workers(self) -> bool:
+        """Whether every rank's in-process workers play episodes on its own embedded engine: the queue is
+        shared, so every rank can take jobs from it (`workers_on_every_rank`)."""
+        return self.workers_on_every_rank and self.queue is not None and self.local_workers > 0
+
+    def rank_concurrency(self, ranks: int) -> int:
+        """Episodes a worker runs at once when each of `ranks` ranks runs its own workers: its share of
+        `concurrency`, so that the run has as many in flight as rank 0's workers alone would."""
+        return max(1, math.ceil(self.concurrency / ranks))
+
     def engine_batch(self, engines: int) -> int:
         """Requests one of `engines` embedded engines batches: its share of the episodes that the in-process
-        workers run at once (one worker's when there are none here), the rows of its static KV cache."""
+        workers run at once (one worker's when there are none here), the rows of its static KV cache. With
+        every rank's workers on its own engine, what they run at once."""
+        if engines > 1 and self.spreads_workers:
+            return self.local_workers * self.rank_concurrency(engines)
         return max(1, math.ceil(max(1, self.local_workers) * self.concurrency / engines))
 
 

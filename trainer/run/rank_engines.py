@@ -1,14 +1,19 @@
 """Every rank's embedded engine under torchrun: generation on each GPU of the run, beside its trainer shard.
 
 With the embedded engine (`rollout.engine: hf`, and no engine handed to `run_training`) and several ranks,
-each rank loads an `HFEngine` on its own device. Rank 0 drives the rollout as ever (its stack, its
-in-process workers) through an `EnginePool` of them all: its own engine in process, each other rank's
-over HTTP, served by that rank with `vistarl engine serve`'s app on the rank's event loop, which is idle
-while the rank carries out rank 0's commands on its compute thread. A push reaches every engine in
-process: every rank gathers the whole weights anyway (`vistarl.trainer.weights.buckets`), so each rank
-copies them into its own engine, device to device, with nothing more sent. Each engine batches its share
-of the episodes in flight, which sizes its static KV cache on a GPU (`kv_cache_bytes`; docs/deploy.md,
-"Placement").
+each rank loads an `HFEngine` on its own device. Rank 0 drives the rollout as ever (its stack) through an
+`EnginePool` of them all: its own engine in process, each other rank's over HTTP, served by that rank
+with `vistarl engine serve`'s app on the rank's event loop, which is idle while the rank carries out
+rank 0's commands on its compute thread. Who plays the episodes: with a shared queue
+(`rollout.spreads_workers`, as `vistarl up` runs), every rank's own in-process workers, on its own engine
+and on its own event loop, each with its share of `rollout.concurrency`, so that no one process carries
+every episode's env calls, prompts and requests (one rank's loop fed about 10 of its engine's 64 rows on
+4 GPUs, docs/benchmarks.md); with the in-memory queue, rank 0's workers, through the pool.
+
+A push reaches every engine in process: every rank gathers the whole weights anyway
+(`vistarl.trainer.weights.buckets`), so each rank copies them into its own engine, device to device, with
+nothing more sent. Each engine batches its share of the episodes in flight, which sizes its static KV cache
+on a GPU (`kv_cache_bytes`; docs/deploy.md, "Placement").
 
 On one node the engines listen on loopback; across nodes, on the address of the interface that reaches
 rank 0 (torchrun's MASTER_ADDR), with the engine server's bearer token if `VISTARL_API_TOKEN` is set.
@@ -29,6 +34,7 @@ from transformers import PretrainedConfig
 
 from vistarl.httpserver.launch import serving_in_loop
 from vistarl.trainer.config import TrainConfig
+from vistarl.trainer.queue import open_queue
 from vistarl.trainer.rollout.engines.base import Engine
 from vistarl.trainer.rollout.engines.hf import HFEngine
 from vistarl.trainer.rollout.engines.loading import POOLED_RETRY_DEADLINE_S
@@ -38,7 +44,7 @@ from vistarl.trainer.rollout.engines.sglang import SGLangEngine
 from vistarl.trainer.rollout.engines.sglang_api import SERVER_KEEP_ALIVE_S
 from vistarl.trainer.run.rank_learner import RankLearner
 from vistarl.trainer.run.ranks import broadcast_bytes, gather_bytes
-from vistarl.trainer.run.stack import DTYPES, build_engine
+from vistarl.trainer.run.stack import DTYPES, build_engine, in_process_workers
 
 __all__ = ["kv_cache_bytes", "rank_engines"]
 
@@ -64,7 +70,7 @@ async def rank_engines(
     local = await asyncio.to_thread(build_engine, *args, engines=world)
     assert isinstance(local, HFEngine)
     if learner.rank != 0:
-        async with _served(local) as url, learner.sending_to(local):
+        async with _served(local) as url, learner.sending_to(local), _own_workers(cfg, learner, local, world):
             await _collective(learner, gather_bytes, url.encode())
             yield None
         return
@@ -79,13 +85,33 @@ async def rank_engines(
         await pool.close()
 
 
+@contextlib.asynccontextmanager
+async def _own_workers(
+    cfg: TrainConfig, learner: RankLearner, engine: HFEngine, world: int
+) -> AsyncIterator[None]:
+    """A rank's in-process workers on its own engine, taking jobs from the run's shared queue, when every
+    rank runs its own (`rollout.spreads_workers`); nothing otherwise."""
+    if not cfg.rollout.spreads_workers:
+        yield
+        return
+    queue = open_queue(cfg.rollout.queue, cfg.rollout.namespace)
+    try:
+        concurrency = cfg.rollout.rank_concurrency(world)
+        async with in_process_workers(cfg, queue, engine, learner.processor, concurrency):
+            yield
+    finally:
+        await queue.close()
+
+
 def _sizes(cfg: TrainConfig, engine: HFEngine, world: int) -> str:
     """What each rank's engine batches, and the static KV cache that takes on a GPU."""
     rows, positions = cfg.rollout.engine_batch(world), cfg.rollout.rollout_max_context_len
     size = kv_cache_bytes(engine.model.config, rows, positions, DTYPES[cfg.model.dtype]) / 2**30
+    spread = cfg.rollout.spreads_workers
+    workers = "every rank's workers on its own" if spread else "rank 0's workers on them all"
     return (
         f"{world} embedded engines, one a rank, each batching {rows} requests (on a GPU, a static KV cache "
-        f"of {rows} x {positions} positions: {size:.1f} GiB)"
+        f"of {rows} x {positions} positions: {size:.1f} GiB); {workers}"
     )
 
 

@@ -45,7 +45,7 @@ from vistarl.trainer.rollout.rewards import load_reward_fn
 from vistarl.trainer.rollout.runner import RolloutRunner
 from vistarl.trainer.rollout.trajectory import Trajectory
 
-__all__ = ["ENV_SERVER_LOG", "Gathered", "Stack", "StalePolicyError", "open_stack"]
+__all__ = ["ENV_SERVER_LOG", "Gathered", "Stack", "StalePolicyError", "in_process_workers", "open_stack"]
 
 log = logging.getLogger(__name__)
 
@@ -287,15 +287,9 @@ async def open_stack(
         queue = open_queue(cfg.rollout.queue, cfg.rollout.namespace)
         stack.push_async_callback(queue.close)
         if cfg.rollout.local_workers:
-            runner = RolloutRunner(
-                engine,
-                processor,
-                cfg.rollout,
-                reward_fn=load_reward_fn(cfg.env.reward_path),
-                deadline_s=cfg.rollout.episode_timeout_s,
-            )
-            stack.push_async_callback(runner.envs.aclose)
-            await stack.enter_async_context(_workers(queue, runner, cfg.rollout.local_workers, cfg))
+            generating, concurrency = _worker_placement(cfg, engine)
+            workers = in_process_workers(cfg, queue, generating, processor, concurrency)
+            await stack.enter_async_context(workers)
         together = None
         if cfg.rollout.start_together_s and cfg.rollout.local_workers and not cfg.rollout.async_mode:
             in_flight = cfg.rollout.local_workers * cfg.rollout.concurrency
@@ -337,9 +331,38 @@ def build_engine(
     )
 
 
+def _worker_placement(cfg: TrainConfig, engine: Engine) -> tuple[Engine, int]:
+    """The engine rank 0's workers generate on, and each one's concurrency: with every rank's workers on
+    its own engine (`rollout.spreads_workers`, a pool of the ranks' engines), rank 0's own engine and its
+    share; else the stack's engine, and `rollout.concurrency`."""
+    if isinstance(engine, EnginePool) and engine.local is not None and cfg.rollout.spreads_workers:
+        return engine.members[engine.local], cfg.rollout.rank_concurrency(len(engine.members))
+    return engine, cfg.rollout.concurrency
+
+
+@contextlib.asynccontextmanager
+async def in_process_workers(
+    cfg: TrainConfig, queue: EpisodeQueue, engine: Engine, processor: VLProcessor, concurrency: int
+) -> AsyncIterator[None]:
+    """Run `rollout.local_workers` workers in this process on `queue`, each playing `concurrency` episodes
+    at once on `engine`, until the block ends; then drain them (bounded) and close their env clients."""
+    runner = RolloutRunner(
+        engine,
+        processor,
+        cfg.rollout,
+        reward_fn=load_reward_fn(cfg.env.reward_path),
+        deadline_s=cfg.rollout.episode_timeout_s,
+    )
+    try:
+        async with _workers(queue, runner, cfg.rollout.local_workers, concurrency):
+            yield
+    finally:
+        await runner.envs.aclose()
+
+
 @contextlib.asynccontextmanager
 async def _workers(
-    queue: EpisodeQueue, runner: RolloutRunner, count: int, cfg: TrainConfig
+    queue: EpisodeQueue, runner: RolloutRunner, count: int, concurrency: int
 ) -> AsyncIterator[None]:
     """Run `count` in-process workers on `queue` until the block ends, then drain them (bounded)."""
     stop = asyncio.Event()
@@ -348,7 +371,7 @@ async def _workers(
             queue,
             runner,
             consumer=f"local-{os.getpid()}-{i}",
-            concurrency=cfg.rollout.concurrency,
+            concurrency=concurrency,
             shutdown_grace_s=0.0,
         )
         for i in range(count)

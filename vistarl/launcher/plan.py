@@ -13,8 +13,8 @@ tests/test_launcher.py holds them equal); an engine waits for the trainer's weig
 
 Placement (docs/deploy.md, "Placement"): GPUs named for the engines and not the trainer make that split
 layout; the same GPUs for both make it colocated: no engine server and no worker process, the trainer's
-ranks each embed an engine on their GPU (`vistarl.trainer.run.rank_engines`) and rank 0 runs the workers
-(`rollout.local_workers`), on the run's Redis queue.
+ranks each embed an engine on their GPU (`vistarl.trainer.run.rank_engines`) and each runs its own workers
+on it (`rollout.local_workers`, each rank its share of `rollout.concurrency`), on the run's Redis queue.
 
 `--role` narrows a host to its part of a larger run: each part the roles leave out, or whose URL is
 given (`--redis-url`, `--env-url`, `--engine-url`), is not started here, and the processes that need it
@@ -318,8 +318,8 @@ def _worker(
 def _trainer(options: UpOptions, urls: dict[str, str | None]) -> ProcessSpec:
     """`vistarl train` on the config, its rollouts through the queue, the external workers and the engine
     servers, weights pushed over NCCL unless the user's `--set sync.mode` says otherwise (the defaults come
-    before the user's overrides, the URLs after); or, colocated, its rank 0's workers and every rank's
-    embedded engine, pushed in process. Under torchrun on the trainer GPUs (and nodes), plainly on the CPU;
+    before the user's overrides, the URLs after); or, colocated, every rank's workers and embedded engine,
+    pushed in process. Under torchrun on the trainer GPUs (and nodes), plainly on the CPU;
     with `--resume` when the run resumes."""
     overrides = [
         f"train.run_dir={options.out.resolve() / 'run'}",
