@@ -27,9 +27,9 @@ One line per part, mean seconds per step over the measured steps:
 Then episodes/s and training tokens/s (trainable tokens, prompt included, over the step's wall time), the
 peak GPU memory of the process (trainer and embedded engine together; the largest resident set on CPU),
 the embedded engine's batches (over the whole run), their mean rows and how many decoded from the static
-KV cache (CUDA graphs), the mean seconds an episode spent
-in each part (`rollout/seconds/*`: env calls, tokenizing, generating, in all; episodes overlap, so these
-are waits, not shares of the rollout), and one JSON line with every figure.
+KV cache (CUDA graphs), the mean seconds an episode spent in each part (`rollout/seconds/*`: env calls and
+the reset's part of them, tokenizing, generating, in all; episodes overlap, so these are waits, not shares
+of the rollout), and one JSON line with every figure.
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ def test_grpo_step_benchmark_runs_tiny_and_reports_every_part(tmp_path: Path) ->
     assert figures["device"] == "cpu" and figures["peak_memory_gib"] >= 0.1  # torch alone holds more
     assert figures["engine_batches"] >= 3
     split = figures["episode_seconds"]
-    assert set(split) == {"env", "generate", "queue", "tokenize", "total"}
+    assert set(split) == {"env", "env_reset", "generate", "queue", "tokenize", "total"}
+    assert 0 < split["env_reset"] <= split["env"]
     assert split["total"] >= split["env"] + split["generate"] + split["tokenize"] - 1e-3  # one after another
     assert "train/pg_loss" in figures["losses"]

@@ -98,7 +98,8 @@ async def test_valid_moves_complete_the_level_with_its_reward(
         ]
         assert trajectory.messages[-1]["content"] == TWO_MOVES
         assert trajectory.loss_mask[-1] == 1 and trajectory.train_ids[-1] == processor.ids.im_end
-        assert set(trajectory.timings) == {"env", "generate", "tokenize", "total"}
+        assert set(trajectory.timings) == {"env", "env_reset", "generate", "tokenize", "total"}
+        assert 0 < trajectory.timings["env_reset"] < trajectory.timings["env"]  # a step came after it
 
 
 async def test_a_configured_reward_function_replaces_the_envs(processor: VLProcessor, envs: Envs) -> None:

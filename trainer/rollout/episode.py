@@ -68,7 +68,8 @@ class _Episode:
 
     async def play(self, job: EpisodeJob) -> Status:
         """Reset, then take turns until an ending; an early ending raises `_Ended`."""
-        message, self.info = await self._timed_env(self.env.reset(job))
+        with self._timer("env_reset"):  # a part of `env` of its own: a step's resets all come at once
+            message, self.info = await self._timed_env(self.env.reset(job))
         with self._timer("tokenize"):
             self.tracks.add_prompt(opening_messages(self.env, message))
         while True:

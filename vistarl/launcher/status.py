@@ -34,6 +34,7 @@ FIGURES: tuple[tuple[str, str], ...] = (
     ("share/generate", "share of an episode's time generating"),
     ("rollout/seconds/generate", "generating, per episode (s)"),
     ("rollout/seconds/env", "in env calls, per episode (s)"),
+    ("rollout/seconds/env_reset", "of which the reset (s)"),
     ("rollout/seconds/queue", "waiting in the queue, per episode (s)"),
     ("engine/prompt_share", "share of the embedded engine's time in prompt passes"),
     ("engine/cached_share", "share of prompt tokens from the prefix cache"),
