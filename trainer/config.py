@@ -301,10 +301,10 @@ class RolloutConfig(_Section):
     local_workers: int = Field(default=1, ge=0, description="in-process rollout workers; 0: external ones")
     workers_on_every_rank: bool = Field(
         default=True,
-        description="under torchrun with embedded engines and a shared queue (`queue`), every rank runs "
-        "`local_workers` workers on its own engine, each with its share of `concurrency`, so that every "
-        "rank's process carries its episodes' env calls, prompts and requests (off: rank 0's workers run "
-        "them all, reaching the other ranks' engines over HTTP)",
+        description="under torchrun with embedded engines, a shared queue (`queue`) and every rank on one "
+        "node, every rank runs `local_workers` workers on its own engine, each with its share of "
+        "`concurrency`, so that every rank's process carries its episodes' env calls, prompts and requests "
+        "(off: rank 0's workers run them all, reaching the other ranks' engines over HTTP)",
     )
     collect_timeout_s: float = Field(default=1800.0, gt=0, description="longest wait for one step's episodes")
     episode_timeout_s: float | None = Field(default=600.0, gt=0, description="deadline of one episode")

@@ -4,11 +4,12 @@ With the embedded engine (`rollout.engine: hf`, and no engine handed to `run_tra
 each rank loads an `HFEngine` on its own device. Rank 0 drives the rollout as ever (its stack) through an
 `EnginePool` of them all: its own engine in process, each other rank's over HTTP, served by that rank
 with `vistarl engine serve`'s app on the rank's event loop, which is idle while the rank carries out
-rank 0's commands on its compute thread. Who plays the episodes: with a shared queue
-(`rollout.spreads_workers`, as `vistarl up` runs), every rank's own in-process workers, on its own engine
-and on its own event loop, each with its share of `rollout.concurrency`, so that no one process carries
-every episode's env calls, prompts and requests (one rank's loop fed about 10 of its engine's 64 rows on
-4 GPUs, docs/benchmarks.md); with the in-memory queue, rank 0's workers, through the pool.
+rank 0's commands on its compute thread. Who plays the episodes: with a shared queue and every rank on
+one node (`stack.every_rank_plays`, as `vistarl up` runs), every rank's own in-process workers, on its
+own engine and on its own event loop, each with its share of `rollout.concurrency`, so that no one
+process carries every episode's env calls, prompts and requests (one rank's loop fed about 10 of its
+engine's 64 rows on 4 GPUs, docs/benchmarks.md); else (the in-memory queue, or ranks on several nodes,
+which a loopback env server would not reach) rank 0's workers, through the pool.
 
 A push reaches every engine in process: every rank gathers the whole weights anyway
 (`vistarl.trainer.weights.buckets`), so each rank copies them into its own engine, device to device, with
@@ -43,8 +44,8 @@ from vistarl.trainer.rollout.engines.server import EngineServerSettings, create_
 from vistarl.trainer.rollout.engines.sglang import SGLangEngine
 from vistarl.trainer.rollout.engines.sglang_api import SERVER_KEEP_ALIVE_S
 from vistarl.trainer.run.rank_learner import RankLearner
-from vistarl.trainer.run.ranks import broadcast_bytes, gather_bytes
-from vistarl.trainer.run.stack import DTYPES, build_engine, in_process_workers
+from vistarl.trainer.run.ranks import broadcast_bytes, gather_bytes, one_node
+from vistarl.trainer.run.stack import DTYPES, build_engine, every_rank_plays, in_process_workers
 
 __all__ = ["kv_cache_bytes", "rank_engines"]
 
@@ -90,8 +91,8 @@ async def _own_workers(
     cfg: TrainConfig, learner: RankLearner, engine: HFEngine, world: int
 ) -> AsyncIterator[None]:
     """A rank's in-process workers on its own engine, taking jobs from the run's shared queue, when every
-    rank runs its own (`rollout.spreads_workers`); nothing otherwise."""
-    if not cfg.rollout.spreads_workers:
+    rank runs its own (`every_rank_plays`); nothing otherwise."""
+    if not every_rank_plays(cfg):
         yield
         return
     queue = open_queue(cfg.rollout.queue, cfg.rollout.namespace)
@@ -107,8 +108,7 @@ def _sizes(cfg: TrainConfig, engine: HFEngine, world: int) -> str:
     """What each rank's engine batches, and the static KV cache that takes on a GPU."""
     rows, positions = cfg.rollout.engine_batch(world), cfg.rollout.rollout_max_context_len
     size = kv_cache_bytes(engine.model.config, rows, positions, DTYPES[cfg.model.dtype]) / 2**30
-    spread = cfg.rollout.spreads_workers
-    workers = "every rank's workers on its own" if spread else "rank 0's workers on them all"
+    workers = "every rank's workers on its own" if every_rank_plays(cfg) else "rank 0's workers on them all"
     return (
         f"{world} embedded engines, one a rank, each batching {rows} requests (on a GPU, a static KV cache "
         f"of {rows} x {positions} positions: {size:.1f} GiB); {workers}"
@@ -130,7 +130,7 @@ async def _served(engine: HFEngine) -> AsyncIterator[str]:
 def _host() -> str:
     """Where this rank's engine listens: loopback when every rank is on this node, else this node's address
     on the route to rank 0's (a UDP socket's connect sends nothing)."""
-    if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) == dist.get_world_size():
+    if one_node():
         return LOOPBACK
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.connect((os.environ["MASTER_ADDR"], int(os.environ.get("MASTER_PORT", "29500"))))

@@ -15,6 +15,7 @@ holds no GPU, and it may last as long as a rollout and an evaluation take (`COMM
 from __future__ import annotations
 
 import functools
+import os
 from datetime import timedelta
 
 import torch
@@ -22,7 +23,7 @@ import torch.distributed as dist
 
 from vistarl.trainer.learner.fsdp import is_distributed
 
-__all__ = ["COMMAND_TIMEOUT", "barrier", "broadcast_bytes", "current_rank", "gather_bytes"]
+__all__ = ["COMMAND_TIMEOUT", "barrier", "broadcast_bytes", "current_rank", "gather_bytes", "one_node"]
 
 COMMAND_TIMEOUT = timedelta(hours=2)
 """How long a rank waits for rank 0's next message: through a rollout and an evaluation, never forever."""
@@ -31,6 +32,12 @@ COMMAND_TIMEOUT = timedelta(hours=2)
 def current_rank() -> int:
     """This process's rank (0 outside torchrun)."""
     return dist.get_rank() if is_distributed() else 0
+
+
+def one_node() -> bool:
+    """Whether every rank of the job runs on this node (torchrun's `LOCAL_WORLD_SIZE` is the world's size);
+    True outside torchrun."""
+    return not dist.is_initialized() or int(os.environ.get("LOCAL_WORLD_SIZE", "1")) == dist.get_world_size()
 
 
 @functools.cache

@@ -44,6 +44,7 @@ from vistarl.trainer.rollout.processor import VLProcessor
 from vistarl.trainer.rollout.rewards import load_reward_fn
 from vistarl.trainer.rollout.runner import RolloutRunner
 from vistarl.trainer.rollout.trajectory import Trajectory
+from vistarl.trainer.run.ranks import one_node
 
 __all__ = ["ENV_SERVER_LOG", "Gathered", "Stack", "StalePolicyError", "in_process_workers", "open_stack"]
 
@@ -333,11 +334,18 @@ def build_engine(
 
 def _worker_placement(cfg: TrainConfig, engine: Engine) -> tuple[Engine, int]:
     """The engine rank 0's workers generate on, and each one's concurrency: with every rank's workers on
-    its own engine (`rollout.spreads_workers`, a pool of the ranks' engines), rank 0's own engine and its
+    its own engine (`every_rank_plays`, a pool of the ranks' engines), rank 0's own engine and its
     share; else the stack's engine, and `rollout.concurrency`."""
-    if isinstance(engine, EnginePool) and engine.local is not None and cfg.rollout.spreads_workers:
+    if isinstance(engine, EnginePool) and engine.local is not None and every_rank_plays(cfg):
         return engine.members[engine.local], cfg.rollout.rank_concurrency(len(engine.members))
     return engine, cfg.rollout.concurrency
+
+
+def every_rank_plays(cfg: TrainConfig) -> bool:
+    """Whether every torchrun rank's own workers play episodes on its own embedded engine: the queue is
+    shared (`rollout.spreads_workers`) and every rank is on this node, where the run's env server and
+    queue, on loopback as the single-node run starts them, reach them all. Each rank decides it alike."""
+    return cfg.rollout.spreads_workers and one_node()
 
 
 @contextlib.asynccontextmanager
