@@ -68,8 +68,7 @@ class _Episode:
 
     async def play(self, job: EpisodeJob) -> Status:
         """Reset, then take turns until an ending; an early ending raises `_Ended`."""
-        with self._timer("env_reset"):  # a part of `env` of its own: a step's resets all come at once
-            message, self.info = await self._timed_env(self.env.reset(job))
+        message, self.info = await self._timed_env(self.env.reset(job), "env_reset")
         with self._timer("tokenize"):
             self.tracks.add_prompt(opening_messages(self.env, message))
         while True:
@@ -129,18 +128,22 @@ class _Episode:
         """The TRUNCATED ending for a spent budget."""
         return _Ended(Status.TRUNCATED, f"the {budget} budget of {limit} tokens is spent")
 
-    async def _timed_env(self, call: Awaitable[T]) -> T:
-        """Await an env call, counting its time."""
-        with self._timer("env"):
+    async def _timed_env(self, call: Awaitable[T], part: str | None = None) -> T:
+        """Await an env call, counting its time in `env`, and in `part` of it too if named."""
+        with self._timer("env", part):
             return await call
 
     @contextlib.contextmanager
-    def _timer(self, name: str) -> Iterator[None]:
+    def _timer(self, name: str, part: str | None = None) -> Iterator[None]:
+        """Count the block's seconds in `name`, and the same seconds in `part` if named."""
         started = time.perf_counter()
         try:
             yield
         finally:
-            self.timings[name] += time.perf_counter() - started
+            spent = time.perf_counter() - started
+            self.timings[name] += spent
+            if part is not None:
+                self.timings[part] += spent
 
     def policy_version(self, default: int) -> int:
         """The oldest policy version that generated a turn (`policy_version_of`), else `default` (the
